@@ -1,0 +1,33 @@
+# allocstack: a Compose-style stack (coordinator service + workers + verifier)
+# inside ONE allocation. Read README.md first; the DAG is readable from the
+# include lines below, one file per stage.
+from snakemake.utils import min_version, validate
+
+
+min_version("9.27")
+
+
+configfile: "config/config.yaml"
+
+
+validate(config, "workflow/schemas/config.schema.yaml")
+
+
+include: "workflow/rules/common.smk"
+include: "workflow/rules/inputs.smk"
+include: "workflow/rules/coordinator.smk"
+include: "workflow/rules/readiness.smk"
+include: "workflow/rules/workers.smk"
+include: "workflow/rules/collect.smk"
+include: "workflow/rules/verify.smk"
+
+
+localrules:
+    all,
+    validate_inputs,
+
+
+rule all:
+    default_target: True
+    input:
+        f"results/{RUN}/result.json",

@@ -1,0 +1,213 @@
+#!/usr/bin/env bash
+# Build an allocstack Apptainer image and its SHA-256 sidecar.
+#
+#   container/build.sh [--cache-dir DIR] [--mirror URL] DEF OUT.sif
+#
+# Writes OUT.sif and OUT.sif.sha256 (`sha256sum` format: "<hex>  <basename>"), which the
+# workflow checks before every run. Both are written to temporary files beside OUT and renamed
+# into place, so OUT is never a half-written image: it is either the old file or the new one.
+#
+# --cache-dir DIR  reuse DIR/<key>.sif when its own sidecar still matches it, where <key> is
+#                  the SHA-256 of the definition file (plus the mirror, when the file uses
+#                  one). Rebuilds only when the definition changes.
+# --mirror URL     Debian mirror for definition files that use {{ MIRROR }} (container/test.def).
+#                  Default: $ALLOCSTACK_APT_MIRROR, else the main archive in /etc/apt.
+#
+# Builds with `apptainer build --fakeroot`, which needs either root or an entry for your user
+# in /etc/subuid and /etc/subgid (most centers set this up on build or login nodes).
+#
+# Exit codes: 0 ok, 1 build failed, 2 bad usage or missing prerequisite.
+set -Eeuo pipefail
+
+readonly PROG="${0##*/}"
+# Definition files that take the mirror as a build argument say so with {{ MIRROR }}.
+readonly MIRROR_PATTERN='\{\{[[:space:]]*MIRROR[[:space:]]*\}\}'
+
+cache_dir=""
+mirror="${ALLOCSTACK_APT_MIRROR:-}"
+def=""
+out=""
+workdir=""
+# Temporary files not yet renamed into place, removed on any exit.
+pending=()
+# The running `apptainer build`, stopped with us on INT or TERM.
+build_pid=""
+
+usage() {
+  echo "usage: $PROG [--cache-dir DIR] [--mirror URL] DEF OUT.sif" >&2
+  exit 2
+}
+
+# A missing or wrong input: one clear line, exit 2.
+fail() {
+  echo "$PROG: $*" >&2
+  exit 2
+}
+
+die() {
+  echo "$PROG: $*" >&2
+  exit 1
+}
+
+# A build takes a minute: stop it now rather than when it finishes. It runs in the background
+# so that this trap runs at once (bash defers traps until a foreground child exits).
+on_signal() {
+  if [[ -n $build_pid ]]; then
+    kill -TERM "$build_pid" 2>/dev/null || true
+    wait "$build_pid" 2>/dev/null || true
+  fi
+  exit "$1"
+}
+
+cleanup() {
+  [[ -z $workdir ]] || rm -rf -- "$workdir"
+  ((${#pending[@]} == 0)) || rm -f -- "${pending[@]}"
+}
+
+parse_args() {
+  while (($#)); do
+    case $1 in
+      --cache-dir) (($# >= 2)) || usage; cache_dir=$2; shift 2 ;;
+      --mirror) (($# >= 2)) || usage; mirror=$2; shift 2 ;;
+      -h | --help) usage ;;
+      -*) fail "unknown option '$1'" ;;
+      *) break ;;
+    esac
+  done
+  (($# == 2)) || usage
+  def=$1
+  out=$2
+}
+
+check_prerequisites() {
+  command -v apptainer >/dev/null ||
+    fail "apptainer not found on PATH: run 'module load apptainer' (or install Apptainer; on the test machine: tests/cluster/apptainer.sh install)"
+  apptainer --version >/dev/null 2>&1 || fail "'apptainer --version' fails; check your apptainer installation"
+  [[ -f $def && -r $def ]] || fail "definition file '$def' not found or not readable"
+  [[ $out != */ && -n ${out##*/} ]] || fail "OUT must be a file name, not a directory: '$out'"
+  [[ -d $(dirname -- "$out") ]] || fail "output directory '$(dirname -- "$out")' does not exist"
+  [[ -w $(dirname -- "$out") ]] || fail "output directory '$(dirname -- "$out")' is not writable"
+}
+
+# Print the Debian main-archive mirror from the machine's apt sources: the first deb822
+# (*.sources) or one-line (*.list) entry whose suite is the host's own codename, which skips
+# security and third-party repositories.
+host_mirror() {
+  local codename f files=()
+  [[ -r /etc/os-release ]] || return 1
+  # shellcheck source=/dev/null
+  codename=$(. /etc/os-release && echo "${VERSION_CODENAME:-}")
+  [[ -n $codename ]] || return 1
+  for f in /etc/apt/sources.list /etc/apt/sources.list.d/*.list /etc/apt/sources.list.d/*.sources; do
+    [[ -f $f ]] && files+=("$f")
+  done
+  ((${#files[@]})) || return 1
+  awk -v want="$codename" '
+    FILENAME ~ /\.sources$/ {
+      if ($0 ~ /^[[:space:]]*$/) { uris = ""; suites = ""; next }
+      if (tolower($1) == "uris:")   { uris = $2 }
+      if (tolower($1) == "suites:") { suites = " " substr($0, index($0, ":") + 1) " " }
+      if (uris != "" && suites ~ (" " want " ")) { print uris; found = 1; exit }
+      next
+    }
+    $1 == "deb" {
+      i = 2
+      if ($i ~ /^\[/) { while ($i !~ /\]$/) i++; i++ }
+      if ($(i + 1) == want) { print $i; found = 1; exit }
+    }
+    END { exit !found }
+  ' "${files[@]}"
+}
+
+uses_mirror() {
+  grep -Eq "$MIRROR_PATTERN" -- "$def"
+}
+
+# The cache key: what decides the image's contents that we can see from here.
+cache_key() {
+  {
+    cat -- "$def"
+    if uses_mirror; then printf '\nMIRROR=%s\n' "$mirror"; fi
+  } | sha256sum | cut -d' ' -f1
+}
+
+sha256_of() {
+  sha256sum -- "$1" | cut -d' ' -f1
+}
+
+# True when FILE.sha256 exists and matches FILE (checked the way users check it).
+sidecar_matches() {
+  local file=$1
+  [[ -f $file && -f $file.sha256 ]] &&
+    (cd -- "$(dirname -- "$file")" && sha256sum --check --status -- "${file##*/}.sha256")
+}
+
+# Copy SRC to DEST with a DEST.sha256 sidecar, each via a temporary file and a rename.
+# The image is renamed before the sidecar: in between, the old sidecar does not match the new
+# image, so a concurrent check fails closed rather than accepting a wrong image.
+install_with_sidecar() {
+  local src=$1 dest=$2 dir tmp hex
+  dir=$(dirname -- "$dest")
+  hex=$(sha256_of "$src")
+  tmp=$(mktemp "$dir/.${dest##*/}.XXXXXX")
+  pending+=("$tmp")
+  cp --reflink=auto -- "$src" "$tmp"
+  chmod 0644 -- "$tmp"
+  mv -f -- "$tmp" "$dest"
+  tmp=$(mktemp "$dir/.${dest##*/}.sha256.XXXXXX")
+  pending+=("$tmp")
+  printf '%s  %s\n' "$hex" "${dest##*/}" >"$tmp"
+  chmod 0644 -- "$tmp"
+  mv -f -- "$tmp" "$dest.sha256"
+}
+
+# Build DEF into $workdir/image.sif (apptainer's %test section runs as part of the build).
+build_image() {
+  local args=(build --fakeroot)
+  if uses_mirror; then args+=(--build-arg "MIRROR=$mirror"); fi
+  apptainer "${args[@]}" "$workdir/image.sif" "$def" >&2 &
+  build_pid=$!
+  wait "$build_pid" ||
+    die "apptainer build failed for '$def'; see the messages above ($out left unchanged)"
+  build_pid=""
+}
+
+# Seconds since START (an $EPOCHREALTIME value), e.g. "81.3".
+elapsed_since() {
+  awk -v start="$1" -v now="$EPOCHREALTIME" 'BEGIN { printf "%.1f", now - start }'
+}
+
+main() {
+  local started key cached="" source how
+  parse_args "$@"
+  check_prerequisites
+  if uses_mirror && [[ -z $mirror ]]; then
+    mirror=$(host_mirror) || fail "'$def' needs a Debian mirror: pass --mirror URL or set ALLOCSTACK_APT_MIRROR"
+  fi
+  started=$EPOCHREALTIME
+  trap cleanup EXIT
+  trap 'on_signal 130' INT
+  trap 'on_signal 143' TERM
+  workdir=$(mktemp -d "$(dirname -- "$out")/.${out##*/}.build.XXXXXX")
+
+  key=$(cache_key)
+  if [[ -n $cache_dir ]]; then
+    mkdir -p -- "$cache_dir" || fail "cannot create cache directory '$cache_dir'"
+    cached="$cache_dir/$key.sif"
+  fi
+
+  if [[ -n $cached ]] && sidecar_matches "$cached"; then
+    source=$cached
+    how="cache hit $cached"
+  else
+    build_image
+    source="$workdir/image.sif"
+    how="built from $def"
+    [[ -z $cached ]] || install_with_sidecar "$source" "$cached"
+  fi
+  install_with_sidecar "$source" "$out"
+  printf '%s: %s -> %s (sha256 %s) in %.1f s\n' "$PROG" "$how" "$out" \
+    "$(cut -d' ' -f1 "$out.sha256")" "$(elapsed_since "$started")"
+}
+
+main "$@"

@@ -1,0 +1,96 @@
+# Helpers shared by the rules: names, paths and the component launch command.
+# No rules here.
+import shlex
+import shutil
+import sys
+
+from snakemake.exceptions import WorkflowError
+from snakemake.settings.types import DeploymentMethod
+
+RUN = config["run"]
+WORKER_IDS = [f"worker-{i:02d}" for i in range(1, config["workers"] + 1)]
+USE_IMAGE = (
+    bool(config["image"])
+    and DeploymentMethod.APPTAINER in workflow.deployment_settings.deployment_method
+)
+
+
+wildcard_constraints:
+    run=r"[A-Za-z0-9][A-Za-z0-9._-]*",
+    worker=r"worker-[0-9]+",
+
+
+def fail_config(diag, message):
+    """Stop before anything runs with allocstack's one-line error format."""
+    raise WorkflowError(f"allocstack: error [{diag}]: {message}")
+
+
+def check_prerequisites():
+    max_cpus = config["slurm"]["max_cpus"]
+    if max_cpus is not None and config["workers"] + 1 > max_cpus:
+        fail_config(
+            "config",
+            f"workers={config['workers']} needs {config['workers'] + 1} CPUs "
+            f"(one per worker + the coordinator) but slurm.max_cpus is {max_cpus}; "
+            "lower workers or raise slurm.max_cpus to your node size",
+        )
+    if USE_IMAGE and shutil.which("apptainer") is None:
+        fail_config(
+            "prerequisite",
+            f"image is set and --sdm apptainer is on, but apptainer is not on PATH; "
+            f"{config['apptainer']['hint']}",
+        )
+
+
+check_prerequisites()
+
+
+SCRIPTS = os.path.relpath(os.path.join(workflow.basedir, "workflow", "scripts"))
+
+
+def script(name):
+    """Path of a component script (an input, so that code changes rerun it).
+
+    Scripts run from their own directory (not Snakemake's source cache) so they
+    can import the shared ``allocstack`` package next to them.
+    """
+    return os.path.join(SCRIPTS, name)
+
+
+def journal_path(wildcards):
+    return f"{config['state_dir']}/{wildcards.run}/journal.jsonl"
+
+
+def bind_paths(wildcards):
+    """Host paths a containerised component needs (bound at the same place)."""
+    return [
+        f"results/{wildcards.run}",
+        f"{config['state_dir']}/{wildcards.run}",
+        os.path.dirname(os.path.abspath(config["tasks"])),
+        os.path.dirname(os.path.abspath(config["expected"])),
+    ]
+
+
+def launch(component, cpus=1):
+    """Input function: the command that starts ``component`` (see workflow/scripts/launch.py)."""
+
+    def command(wildcards):
+        argv = [
+            sys.executable,
+            script("launch.py"),
+            f"--component={component}",
+            f"--run={wildcards.run}",
+            f"--scratch-root={config['scratch'] or ''}",
+            f"--cpus={cpus}",
+        ]
+        if config["slurm"]["job_steps"]:
+            argv.append("--job-steps")
+            argv += [f"--step-arg={arg}" for arg in config["slurm"]["step_args"]]
+        if USE_IMAGE:
+            argv.append(f"--image={os.path.abspath(config['image'])}")
+            argv += [f"--apptainer-arg={arg}" for arg in config["apptainer"]["args"]]
+            argv.append(f"--apptainer-hint={config['apptainer']['hint']}")
+            argv += [f"--bind={path}" for path in bind_paths(wildcards)]
+        return shlex.join(argv) + " --"
+
+    return command

@@ -1,0 +1,33 @@
+# Stage 1: the coordinator, a long-running service (Compose: the `coordinator`
+# service). Snakemake starts it together with its consumers (the gate and every
+# worker) and sends it SIGTERM when they are all done; it then drains and writes
+# results.json and its end record. A coordinator that crashed writes no end
+# record, so the run fails (Snakemake never checks a service's exit status).
+
+
+rule serve_coordinator:
+    input:
+        tasks=config["tasks"],
+        validated="results/{run}/inputs.json",
+        script=script("coordinator.py"),
+    output:
+        service=service("results/{run}/coordinator.service"),
+        results="results/{run}/results.json",
+        end_record="results/{run}/coordinator.json",
+    log:
+        "logs/serve_coordinator/{run}.log",
+    params:
+        launch=launch("coordinator"),
+        journal=journal_path,
+        lease=config["coordinator"]["lease_seconds"],
+        idle=config["coordinator"]["idle_timeout"],
+        lifetime=config["coordinator"]["lifetime"],
+    group:
+        "stack"
+    threads: 1
+    shell:
+        "exec {params.launch} {input.script} --input {input.tasks:q} "
+        "--results {output.results} --end-record {output.end_record} "
+        "--service-file {output.service} --journal {params.journal:q} "
+        "--lease-seconds {params.lease} --idle-timeout {params.idle} "
+        "--lifetime {params.lifetime} > {log} 2>&1"

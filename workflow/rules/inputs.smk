@@ -1,0 +1,19 @@
+# Stage 0: validate the inputs (and the image's digest) before anything starts.
+# A local rule: it runs where Snakemake runs (the login node), in seconds.
+
+
+rule validate_inputs:
+    input:
+        tasks=config["tasks"],
+        expected=config["expected"],
+        script=script("validate_inputs.py"),
+    output:
+        "results/{run}/inputs.json",
+    log:
+        "logs/validate_inputs/{run}.log",
+    params:
+        image=f"--image {shlex.quote(config['image'])}" if USE_IMAGE else "",
+        workers=config["workers"],
+    shell:
+        "{sys.executable} {input.script} --tasks {input.tasks:q} --expected {input.expected:q} "
+        "--workers {params.workers} {params.image} --output {output} > {log} 2>&1"

@@ -1,0 +1,25 @@
+# Stage 2: the readiness gate (Compose: depends_on + healthcheck). It passes
+# only when the coordinator answers /health with the expected taskCount, and
+# writes the gate record every worker waits for.
+
+
+rule await_readiness:
+    input:
+        service="results/{run}/coordinator.service",
+        validated="results/{run}/inputs.json",
+        script=script("readiness.py"),
+    output:
+        "results/{run}/readiness.json",
+    log:
+        "logs/await_readiness/{run}.log",
+    params:
+        launch=launch("readiness"),
+        timeout=config["readiness"]["timeout"],
+        interval=config["readiness"]["interval"],
+    group:
+        "stack"
+    threads: 0
+    shell:
+        "exec {params.launch} {input.script} --inputs-summary {input.validated} "
+        "--timeout {params.timeout} --interval {params.interval} "
+        "--record {output} > {log} 2>&1"

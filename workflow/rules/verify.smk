@@ -1,0 +1,27 @@
+# Stage 5: verification (Compose: the one-shot `verify` service). The only
+# artifact that says a run succeeded is result.json with status "success",
+# written atomically after every check passed.
+
+
+rule verify_results:
+    input:
+        tasks=config["tasks"],
+        expected=config["expected"],
+        results="results/{run}/results.json",
+        end_record="results/{run}/coordinator.json",
+        events="results/{run}/events.jsonl",
+        script=script("verify.py"),
+    output:
+        "results/{run}/result.json",
+    log:
+        "logs/verify_results/{run}.log",
+    params:
+        launch=launch("verify"),
+        journal=journal_path,
+    group:
+        "stack"
+    threads: 0
+    shell:
+        "{params.launch} {input.script} --input {input.tasks:q} --expected {input.expected:q} "
+        "--results {input.results} --end-record {input.end_record} --events {input.events} "
+        "--output {output} --retire-journal {params.journal:q} > {log} 2>&1"

@@ -1,0 +1,11 @@
+"""Shared building blocks of allocstack's components.
+
+Every script in ``workflow/scripts`` imports from here instead of copying code:
+diagnostics and exit codes (:mod:`errors`), atomic JSON files (:mod:`jsonio`),
+the task/expected documents (:mod:`taskset`), the baseline handler
+(:mod:`handlers`), the event log (:mod:`events`), job-scoped scratch
+(:mod:`scratch`), the endpoint file (:mod:`endpoint`) and the HTTP client of the
+coordinator's protocol (:mod:`client`).
+"""
+
+SCHEMA_VERSION = 1

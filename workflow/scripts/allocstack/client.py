@@ -1,0 +1,58 @@
+"""HTTP client of the coordinator's protocol (workers, the status command, tests, benchmarks)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import requests
+
+from .errors import AllocstackError
+
+
+class CoordinatorClient:
+    """One keep-alive session to the coordinator; not thread-safe (one per thread)."""
+
+    def __init__(self, url: str, token: str, timeout: float = 30.0) -> None:
+        self.url = url
+        self.timeout = timeout
+        self.session = requests.Session()
+        self.session.headers["Authorization"] = f"Bearer {token}"
+
+    def close(self) -> None:
+        self.session.close()
+
+    def _post(self, path: str, body: dict[str, Any], ok: tuple[int, ...] = (200,)) -> tuple[int, dict[str, Any]]:
+        response = self.session.post(self.url + path, json=body, timeout=self.timeout)
+        return self._decode(path, response, ok)
+
+    def _decode(self, path: str, response: requests.Response, ok: tuple[int, ...]) -> tuple[int, dict[str, Any]]:
+        if response.status_code == 401:
+            raise AllocstackError("auth", f"the coordinator refused our token on {path}")
+        if response.status_code not in ok:
+            raise AllocstackError(
+                "worker-exit", f"{path} answered {response.status_code}: {response.text[:200]}"
+            )
+        return response.status_code, response.json()
+
+    def health(self) -> dict[str, Any]:
+        response = self.session.get(self.url + "/health", timeout=self.timeout)
+        return self._decode("/health", response, (200,))[1]
+
+    def status(self) -> dict[str, Any]:
+        response = self.session.get(self.url + "/status", timeout=self.timeout)
+        return self._decode("/status", response, (200,))[1]
+
+    def claim(self, worker: str, max_tasks: int, results: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+        body: dict[str, Any] = {"workerId": worker, "max": max_tasks}
+        if results:
+            body["results"] = results
+        return self._post("/claim", body)[1]
+
+    def post_result(self, worker: str, result: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+        return self._post("/result", {"workerId": worker, **result}, ok=(201, 400, 409))
+
+    def post_results(self, worker: str, results: list[dict[str, Any]]) -> dict[str, Any]:
+        return self._post("/results", {"workerId": worker, "results": results})[1]
+
+    def heartbeat(self, worker: str, task_ids: list[str]) -> list[str]:
+        return self._post("/heartbeat", {"workerId": worker, "taskIds": task_ids})[1]["held"]

@@ -1,0 +1,57 @@
+"""The endpoint file: where the coordinator listens and the run's bearer token.
+
+``{"schemaVersion": 1, "endpoint": "http://127.0.0.1:PORT", "token": "..."}``,
+written atomically with mode 0600 inside the 0700 job-scoped scratch.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+from typing import Any
+from urllib.parse import urlsplit
+
+from . import SCHEMA_VERSION
+from .errors import AllocstackError
+from .jsonio import atomic_write_json, read_json
+
+LOOPBACK_NAMES = {"localhost"}
+
+
+def require_loopback(url: str) -> str:
+    """Return ``url`` when it is an http URL on a loopback address, else raise ``usage``.
+
+    The single-node pattern publishes nothing beyond the node: a coordinator URL
+    that is not loopback is a configuration mistake, not something to probe.
+    """
+    parts = urlsplit(url)
+    if parts.scheme != "http" or not parts.hostname or parts.port is None:
+        raise AllocstackError("usage", f"endpoint {url!r} must look like http://127.0.0.1:PORT")
+    host = parts.hostname
+    if host not in LOOPBACK_NAMES:
+        try:
+            if not ipaddress.ip_address(host).is_loopback:
+                raise AllocstackError("usage", f"endpoint {url!r} is not a loopback address")
+        except ValueError as exc:
+            raise AllocstackError("usage", f"endpoint {url!r} is not a loopback address") from exc
+    if parts.path not in ("", "/") or parts.query or parts.fragment:
+        raise AllocstackError("usage", f"endpoint {url!r} must not have a path, query or fragment")
+    return url.rstrip("/")
+
+
+def write_endpoint(path: str | os.PathLike, url: str, token: str) -> None:
+    atomic_write_json(path, {"schemaVersion": SCHEMA_VERSION, "endpoint": url, "token": token})
+
+
+def read_endpoint(path: str | os.PathLike) -> tuple[str, str]:
+    """Return ``(url, token)`` from an endpoint file.
+
+    :raises AllocstackError: ``prerequisite`` when missing/malformed, ``usage`` when not loopback.
+    """
+    document: Any = read_json(path, "endpoint", diag="prerequisite")
+    if not isinstance(document, dict) or document.get("schemaVersion") != SCHEMA_VERSION:
+        raise AllocstackError("prerequisite", f"endpoint file {path} is not a schemaVersion 1 endpoint document")
+    url, token = document.get("endpoint"), document.get("token")
+    if not isinstance(url, str) or not isinstance(token, str) or not token:
+        raise AllocstackError("prerequisite", f"endpoint file {path} lacks 'endpoint' or 'token'")
+    return require_loopback(url), token

@@ -1,0 +1,75 @@
+"""Stable diagnostic ids and exit codes shared by every component.
+
+A failure is reported as ONE line on stderr::
+
+    allocstack: error [input]: inputs/tasks.json: task 2: id 'a b' is not a valid task id
+
+The id in brackets is stable (documented in the README's diagnostic table) so
+that users and tests can match on it; the rest of the line says what is wrong.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+
+# Exit codes follow sysexits.h where one fits, and the seed's readiness contract.
+EXIT_OK = 0
+EXIT_READINESS_TIMEOUT = 24  # seed: readiness probe timed out
+EXIT_USAGE = 64  # seed: bad arguments
+EXIT_DATA = 65  # malformed input / verification failed
+EXIT_UNAVAILABLE = 69  # a prerequisite (program, service) is missing
+EXIT_SOFTWARE = 70  # internal error of a component
+EXIT_IO = 74  # could not write an artifact
+EXIT_TEMPFAIL = 75  # the run was stopped before it could finish (drain, time limit)
+EXIT_NOPERM = 77  # permission / authentication problem
+EXIT_CONFIG = 78  # bad configuration
+
+#: Diagnostic id -> (exit code, one-line meaning). The README's table is generated from this.
+DIAGNOSTICS: dict[str, tuple[int, str]] = {
+    "usage": (EXIT_USAGE, "a component was called with bad arguments"),
+    "config": (EXIT_CONFIG, "the workflow configuration is invalid"),
+    "input": (EXIT_DATA, "the task or expected document is malformed"),
+    "integrity": (EXIT_DATA, "a SHA-256 sidecar does not match its file"),
+    "prerequisite": (EXIT_UNAVAILABLE, "a program, file or directory the run needs is missing or unsafe"),
+    "readiness-timeout": (EXIT_READINESS_TIMEOUT, "the coordinator did not become ready before the deadline"),
+    "coordinator-exit": (EXIT_SOFTWARE, "the coordinator ended without completing every task"),
+    "worker-exit": (EXIT_TEMPFAIL, "a worker stopped before the run was done"),
+    "auth": (EXIT_NOPERM, "the coordinator refused the token"),
+    "task-failed": (EXIT_DATA, "a task's handler or command failed"),
+    "verification": (EXIT_DATA, "the results are not correct"),
+    "cleanup": (EXIT_IO, "job-scoped scratch could not be removed"),
+    "io": (EXIT_IO, "an artifact could not be written"),
+}
+
+
+@dataclass
+class AllocstackError(Exception):
+    """An expected failure with a stable diagnostic id.
+
+    :param diag: a key of :data:`DIAGNOSTICS`.
+    :param message: what is wrong, naming the file/field/value at fault.
+    """
+
+    diag: str
+    message: str
+
+    def __post_init__(self) -> None:
+        if self.diag not in DIAGNOSTICS:
+            raise ValueError(f"unknown diagnostic id {self.diag!r}")
+        super().__init__(self.message)
+
+    @property
+    def exit_code(self) -> int:
+        return DIAGNOSTICS[self.diag][0]
+
+    def line(self) -> str:
+        """The one-line rendering printed on stderr (never multi-line)."""
+        text = " ".join(self.message.split())
+        return f"allocstack: error [{self.diag}]: {text}"
+
+
+def report(error: AllocstackError, stream=None) -> int:
+    """Print ``error`` as one line on stderr and return its exit code."""
+    print(error.line(), file=stream or sys.stderr, flush=True)
+    return error.exit_code

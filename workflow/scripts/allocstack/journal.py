@@ -1,0 +1,130 @@
+"""The append-only results journal: acknowledged means durable.
+
+The first line is a header naming the input's SHA-256; every other line is one
+accepted result. Results that arrive while an fsync is in progress are written
+and synced together (group commit), so the cost of durability is one fsync per
+batch, not per result. On start the journal is replayed: a torn last line (a
+crash mid-write) is cut off; a journal of a different input is set aside.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from . import SCHEMA_VERSION
+from .errors import AllocstackError
+from .jsonio import fsync_dir
+
+
+def _line(record: dict[str, Any]) -> bytes:
+    return (json.dumps(record, separators=(",", ":"), sort_keys=True) + "\n").encode("utf-8")
+
+
+def replay(path: Path, input_sha256: str) -> tuple[list[dict[str, Any]], str]:
+    """Read the journal at ``path`` for an input with digest ``input_sha256``.
+
+    :returns: (results, note). A missing journal gives ``([], "new")``; a journal of
+        another input is renamed aside (``"stale"``); a torn last line is truncated.
+    :raises AllocstackError: ``integrity`` when a line other than the last is corrupt.
+    """
+    if not path.exists():
+        return [], "new"
+    raw = path.read_bytes()
+    # Every record is written as one line ending in "\n", so bytes after the last
+    # newline are a write the crash cut short. It was never acknowledged (the ack
+    # follows the fsync), so cutting it loses nothing.
+    good_bytes = raw.rfind(b"\n") + 1
+    records: list[dict[str, Any]] = []
+    for number, line in enumerate(raw[:good_bytes].splitlines(), start=1):
+        try:
+            records.append(json.loads(line))
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise AllocstackError("integrity", f"journal {path} line {number} is corrupt") from exc
+    header = records[0] if records else None
+    if not header or header.get("kind") != "header" or header.get("inputSha256") != input_sha256:
+        aside = path.with_name(f"{path.name}.stale-{int(time.time())}")
+        os.replace(path, aside)
+        return [], f"stale (moved to {aside.name})"
+    if good_bytes < len(raw):
+        with open(path, "r+b") as handle:
+            handle.truncate(good_bytes)
+            os.fsync(handle.fileno())
+    results = [r for r in records[1:] if r.get("kind") == "result"]
+    for record in results:
+        record.pop("kind", None)
+    note = f"resumed {len(results)} results" + (" (torn last line cut)" if good_bytes < len(raw) else "")
+    return results, note
+
+
+class Journal:
+    """Durable, group-committed appends to the journal file (one writer: the coordinator)."""
+
+    def __init__(self, path: Path, input_sha256: str) -> None:
+        self.path = path
+        fresh = not path.exists()
+        self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        if fresh:
+            header = {"kind": "header", "schemaVersion": SCHEMA_VERSION, "inputSha256": input_sha256}
+            os.write(self._fd, _line(header))
+            os.fsync(self._fd)
+            fsync_dir(path.parent)
+        self._buffer: list[bytes] = []
+        self._waiters: list[asyncio.Future[None]] = []
+        self._flushing = False
+        self.fsyncs = 0
+        self.records = 0
+
+    async def append(self, results: list[dict[str, Any]]) -> None:
+        """Append ``results``; return once they are on disk (fsync'd)."""
+        if not results:
+            return
+        loop = asyncio.get_running_loop()
+        self._buffer.extend(_line({"kind": "result", **r}) for r in results)
+        waiter: asyncio.Future[None] = loop.create_future()
+        self._waiters.append(waiter)
+        if not self._flushing:
+            self._flushing = True
+            loop.create_task(self._flush_loop())
+        await waiter
+
+    async def _flush_loop(self) -> None:
+        loop = asyncio.get_running_loop()
+        try:
+            while self._buffer:
+                data, waiters = b"".join(self._buffer), self._waiters
+                count = len(self._buffer)
+                self._buffer, self._waiters = [], []
+                try:
+                    await loop.run_in_executor(None, self._write_and_sync, data)
+                except OSError as exc:
+                    error = AllocstackError("io", f"cannot write journal {self.path}: {exc.strerror}")
+                    for waiter in waiters:
+                        waiter.set_exception(error)
+                    continue
+                self.fsyncs += 1
+                self.records += count
+                for waiter in waiters:
+                    if not waiter.done():
+                        waiter.set_result(None)
+        finally:
+            self._flushing = False
+
+    def _write_and_sync(self, data: bytes) -> None:
+        view = memoryview(data)
+        while view:
+            written = os.write(self._fd, view)
+            view = view[written:]
+        os.fsync(self._fd)
+
+    async def drain(self) -> None:
+        """Wait until everything appended so far is durable."""
+        while self._flushing or self._buffer:
+            await asyncio.sleep(0.005)
+
+    def close(self) -> None:
+        os.close(self._fd)

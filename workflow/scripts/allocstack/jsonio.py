@@ -1,0 +1,141 @@
+"""JSON documents on disk: atomic writes, strict reads, digests."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from .errors import AllocstackError
+
+PRIVATE_FILE = 0o600
+
+
+def dumps(document: Any) -> str:
+    """Stable, human-readable JSON (sorted keys, 2-space indent, trailing newline)."""
+    return json.dumps(document, indent=2, sort_keys=True) + "\n"
+
+
+def atomic_write_text(path: str | os.PathLike, text: str, mode: int = PRIVATE_FILE) -> None:
+    """Write ``text`` to ``path`` so readers see the old file or the whole new one.
+
+    Temp file in the same directory, fsync, chmod, rename, fsync of the directory.
+
+    :raises AllocstackError: ``io`` when the directory is missing or not writable.
+    """
+    target = Path(path)
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    except OSError as exc:
+        raise AllocstackError("io", f"cannot write {target}: {exc.strerror}") from exc
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(text)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.chmod(tmp, mode)
+        os.replace(tmp, target)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+    fsync_dir(target.parent)
+
+
+def atomic_write_json(path: str | os.PathLike, document: Any, mode: int = PRIVATE_FILE) -> None:
+    """Atomically write ``document`` as JSON (see :func:`atomic_write_text`)."""
+    atomic_write_text(path, dumps(document), mode)
+
+
+def fsync_dir(directory: str | os.PathLike) -> None:
+    """Make a rename in ``directory`` durable (best effort where unsupported)."""
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def read_json(path: str | os.PathLike, what: str, diag: str = "input") -> Any:
+    """Read a JSON document, turning every failure into one clear line.
+
+    :param what: how to name the document in the message (e.g. ``"tasks"``).
+    :raises AllocstackError: ``diag`` when the file is missing, unreadable or not JSON.
+    """
+    try:
+        with open(path, "rb") as handle:
+            raw = handle.read()
+    except FileNotFoundError as exc:
+        raise AllocstackError(diag, f"{what} file {path} does not exist") from exc
+    except IsADirectoryError as exc:
+        raise AllocstackError(diag, f"{what} file {path} is a directory") from exc
+    except OSError as exc:
+        raise AllocstackError(diag, f"cannot read {what} file {path}: {exc.strerror}") from exc
+    try:
+        return json.loads(raw.decode("utf-8"), parse_constant=_reject_constant)
+    except UnicodeDecodeError as exc:
+        raise AllocstackError(diag, f"{what} file {path} is not UTF-8 text") from exc
+    except json.JSONDecodeError as exc:
+        raise AllocstackError(
+            diag, f"{what} file {path} is not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}"
+        ) from exc
+    except ValueError as exc:
+        raise AllocstackError(diag, f"{what} file {path}: {exc}") from exc
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"non-standard JSON constant {name}")
+
+
+def sha256_bytes(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def sha256_text(text: str) -> str:
+    """Hex SHA-256 of the UTF-8 encoding of ``text`` (a result's digest)."""
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def sha256_file(path: str | os.PathLike) -> str:
+    """Hex SHA-256 of a file's bytes, streamed."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def check_sidecar(path: str | os.PathLike, what: str) -> str:
+    """Check ``<path>.sha256`` (``sha256sum`` format) against the file; return the digest.
+
+    :raises AllocstackError: ``integrity`` when the sidecar is missing, malformed or differs.
+    """
+    sidecar = Path(f"{path}.sha256")
+    if not Path(path).is_file():
+        raise AllocstackError("prerequisite", f"{what} {path} does not exist")
+    try:
+        fields = sidecar.read_text(encoding="utf-8").split()
+    except FileNotFoundError as exc:
+        raise AllocstackError(
+            "integrity", f"{what} {path} has no SHA-256 sidecar {sidecar} (create it with sha256sum)"
+        ) from exc
+    except (OSError, UnicodeDecodeError) as exc:
+        raise AllocstackError("integrity", f"cannot read SHA-256 sidecar {sidecar}: {exc}") from exc
+    if not fields or len(fields[0]) != 64 or any(c not in "0123456789abcdef" for c in fields[0].lower()):
+        raise AllocstackError("integrity", f"SHA-256 sidecar {sidecar} does not start with a 64-digit hex digest")
+    actual = sha256_file(path)
+    if fields[0].lower() != actual:
+        raise AllocstackError(
+            "integrity", f"{what} {path} does not match its sidecar: expected {fields[0].lower()}, got {actual}"
+        )
+    return actual

@@ -1,0 +1,177 @@
+"""The coordinator's state machine, free of I/O so it can be tested directly.
+
+Every task is ``pending``, ``leased`` (claimed by a worker until a deadline) or
+``done`` (its result accepted). A lease that is not finished or renewed by a
+heartbeat before its deadline returns the task to the queue. The first valid
+result for a task wins; every later one is rejected idempotently (409), so each
+task appears exactly once whatever workers die or come back late.
+
+All operations are O(1) per task touched; :meth:`expire` scans only the live
+leases (at most workers x batch size).
+"""
+
+from __future__ import annotations
+
+import re
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+from .taskset import SHA256_PATTERN, TASK_ID_PATTERN
+
+PENDING, LEASED, DONE = 0, 1, 2
+WORKER_ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+MAX_OUTPUT_CHARS = 16 << 20
+
+
+@dataclass
+class Lease:
+    worker: str
+    deadline: float
+
+
+@dataclass
+class WorkerStats:
+    claimed: int = 0
+    completed: int = 0
+    rejected: int = 0
+    last_seen: float = 0.0
+
+
+@dataclass
+class Verdict:
+    """The outcome of one submitted result: HTTP-like ``code`` and a short ``reason``."""
+
+    task_id: str | None
+    code: int
+    reason: str
+
+    @property
+    def accepted(self) -> bool:
+        return self.code == 201
+
+
+@dataclass
+class TaskBoard:
+    tasks: list[dict[str, Any]]
+    lease_seconds: float
+    by_id: dict[str, dict[str, Any]] = field(init=False)
+    state: dict[str, int] = field(init=False)
+    pending: deque[str] = field(init=False)
+    leases: dict[str, Lease] = field(default_factory=dict)
+    grants: dict[str, int] = field(default_factory=dict)
+    results: dict[str, dict[str, Any]] = field(default_factory=dict)
+    workers: dict[str, WorkerStats] = field(default_factory=dict)
+    expired_leases: int = 0
+    restored: int = 0
+
+    def __post_init__(self) -> None:
+        self.by_id = {task["id"]: task for task in self.tasks}
+        self.state = dict.fromkeys(self.by_id, PENDING)
+        self.pending = deque(self.by_id)
+
+    # -- queries -------------------------------------------------------------
+    @property
+    def complete(self) -> bool:
+        return len(self.results) == len(self.by_id)
+
+    def counts(self) -> dict[str, int]:
+        done = len(self.results)
+        leased = len(self.leases)
+        return {"total": len(self.by_id), "pending": len(self.by_id) - done - leased, "leased": leased, "done": done}
+
+    def sorted_results(self) -> list[dict[str, Any]]:
+        return [self.results[task_id] for task_id in sorted(self.results)]
+
+    def _seen(self, worker: str, now: float) -> WorkerStats:
+        stats = self.workers.get(worker)
+        if stats is None:
+            stats = self.workers[worker] = WorkerStats()
+        stats.last_seen = now
+        return stats
+
+    # -- transitions ---------------------------------------------------------
+    def restore(self, results: list[dict[str, Any]]) -> int:
+        """Mark journaled results done (resume); returns how many were restored."""
+        for result in results:
+            task_id = result.get("taskId")
+            if self.state.get(task_id) == PENDING:
+                self.state[task_id] = DONE
+                self.results[task_id] = result
+                self.restored += 1
+        return self.restored
+
+    def claim(self, worker: str, max_tasks: int, now: float) -> list[dict[str, Any]]:
+        """Lease up to ``max_tasks`` pending tasks to ``worker``."""
+        stats = self._seen(worker, now)
+        granted: list[dict[str, Any]] = []
+        while self.pending and len(granted) < max_tasks:
+            task_id = self.pending.popleft()
+            if self.state[task_id] != PENDING:
+                continue  # lazily dropped: done by a late result after its lease expired
+            self.state[task_id] = LEASED
+            self.leases[task_id] = Lease(worker, now + self.lease_seconds)
+            self.grants[task_id] = self.grants.get(task_id, 0) + 1
+            granted.append(self.by_id[task_id])
+        stats.claimed += len(granted)
+        return granted
+
+    def check(self, result: Any) -> Verdict:
+        """Validate one result's shape and state without changing anything."""
+        if not isinstance(result, dict):
+            return Verdict(None, 400, "a result must be a JSON object")
+        task_id = result.get("taskId")
+        if not isinstance(task_id, str) or not TASK_ID_PATTERN.match(task_id):
+            return Verdict(None, 400, "taskId is missing or malformed")
+        unknown = set(result) - {"taskId", "workerId", "output", "sha256"}
+        if unknown:
+            return Verdict(task_id, 400, f"unknown key {sorted(unknown)[0]!r}")
+        output, digest = result.get("output"), result.get("sha256")
+        if not isinstance(output, str) or len(output) > MAX_OUTPUT_CHARS:
+            return Verdict(task_id, 400, "output must be a string")
+        if not isinstance(digest, str) or not SHA256_PATTERN.match(digest):
+            return Verdict(task_id, 400, "sha256 must be 64 lowercase hex digits")
+        if task_id not in self.state:
+            return Verdict(task_id, 409, "unknown task")
+        if self.state[task_id] == DONE:
+            return Verdict(task_id, 409, "duplicate: the task already has a result")
+        if task_id not in self.grants:
+            return Verdict(task_id, 409, "unclaimed: the task was never handed out")
+        return Verdict(task_id, 201, "accepted")
+
+    def accept(self, worker: str, result: dict[str, Any], now: float) -> None:
+        """Record a result that :meth:`check` accepted and whose digest was verified."""
+        task_id = result["taskId"]
+        self.state[task_id] = DONE
+        self.leases.pop(task_id, None)
+        self.results[task_id] = {
+            "taskId": task_id,
+            "workerId": worker,
+            "output": result["output"],
+            "sha256": result["sha256"],
+        }
+        self._seen(worker, now).completed += 1
+
+    def reject(self, worker: str, now: float) -> None:
+        self._seen(worker, now).rejected += 1
+
+    def heartbeat(self, worker: str, task_ids: list[str], now: float) -> list[str]:
+        """Extend ``worker``'s leases on ``task_ids``; return the ids it still holds."""
+        self._seen(worker, now)
+        held = []
+        for task_id in task_ids:
+            lease = self.leases.get(task_id)
+            if lease is not None and lease.worker == worker:
+                lease.deadline = now + self.lease_seconds
+                held.append(task_id)
+        return held
+
+    def expire(self, now: float) -> list[str]:
+        """Return overdue leased tasks to the FRONT of the queue; returns their ids."""
+        overdue = [task_id for task_id, lease in self.leases.items() if lease.deadline <= now]
+        for task_id in reversed(overdue):
+            del self.leases[task_id]
+            self.state[task_id] = PENDING
+            self.pending.appendleft(task_id)
+        self.expired_leases += len(overdue)
+        return overdue

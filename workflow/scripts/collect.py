@@ -1,0 +1,99 @@
+#!/usr/bin/env python3
+"""Collect a finished stack: merge the event log, record provenance, clean scratch.
+
+Runs after the coordinator and every worker ended. Reads the job-scoped event log
+(``SCRATCH/events.jsonl``), writes it sorted by time to the results directory,
+writes ``provenance.json`` (where each component ran: host, Python, OS release
+as seen by the component, Slurm job/step, container; Slurm and Apptainer
+versions; input and image digests), then removes the run's scratch directory.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from allocstack import SCHEMA_VERSION
+from allocstack.cli import ArgumentParser
+from allocstack.errors import EXIT_OK, AllocstackError, report
+from allocstack.events import read_events
+from allocstack.jsonio import atomic_write_json, atomic_write_text, read_json
+from allocstack.scratch import remove_scratch, resolve_root, run_scratch
+
+PROVENANCE_FIELDS = ("host", "python", "pythonVersion", "osRelease", "container", "slurmJobId", "slurmStepId")
+
+
+def tool_version(argv: list[str]) -> str | None:
+    """First line of ``argv``'s output, or None when the tool is not installed or fails."""
+    if shutil.which(argv[0]) is None:
+        return None
+    try:
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=20, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    text = (done.stdout or done.stderr).strip().splitlines()
+    return text[0] if text else None
+
+
+def components(events: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Where each component ran, from the runtime facts in its first event."""
+    found: dict[str, dict[str, Any]] = {}
+    for event in events:
+        name = {"gate-passed": "readiness", "worker-start": event.get("worker"),
+                "coordinator-listening": "coordinator"}.get(event.get("event"))
+        if name and name not in found:
+            found[name] = {key: event.get(key) for key in PROVENANCE_FIELDS}
+    return found
+
+
+def parse_args(argv: list[str] | None):
+    parser = ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--scratch-root", default="", help="configured scratch root ('' = $SLURM_TMPDIR, $TMPDIR, ...)")
+    parser.add_argument("--run", required=True, help="run name (scratch is ROOT/allocstack-UID/RUN)")
+    parser.add_argument("--inputs-summary", type=Path, required=True, help="validate_inputs summary (digests)")
+    parser.add_argument("--events-out", type=Path, required=True, help="merged event log to write")
+    parser.add_argument("--provenance-out", type=Path, required=True, help="provenance record to write")
+    parser.add_argument("--keep-scratch", action="store_true", help="do not remove the scratch directory")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    try:
+        args.scratch = run_scratch(resolve_root(args.scratch_root, os.environ), args.run)
+        events = sorted(read_events(args.scratch / "events.jsonl"), key=lambda e: e.get("t", 0))
+        if not events:
+            raise AllocstackError("prerequisite", f"no events in {args.scratch / 'events.jsonl'}: did the stack run?")
+        atomic_write_text(args.events_out, "".join(json.dumps(e, sort_keys=True) + "\n" for e in events), 0o644)
+        summary = read_json(args.inputs_summary, "inputs summary", diag="prerequisite")
+        atomic_write_json(args.provenance_out, {
+            "schemaVersion": SCHEMA_VERSION,
+            "collectedAt": time.time(),
+            "inputSha256": summary.get("inputSha256"),
+            "expectedSha256": summary.get("expectedSha256"),
+            "image": summary.get("image"),
+            "imageSha256": summary.get("imageSha256"),
+            "slurm": {
+                "version": tool_version(["sinfo", "--version"]) if os.environ.get("SLURM_JOB_ID") else None,
+                "jobId": os.environ.get("SLURM_JOB_ID"),
+                "node": os.environ.get("SLURMD_NODENAME"),
+            },
+            "apptainer": tool_version(["apptainer", "--version"]) if summary.get("image") else None,
+            "components": components(events),
+        }, 0o644)
+        if not args.keep_scratch:
+            remove_scratch(args.scratch)
+    except AllocstackError as error:
+        return report(error)
+    print(f"collect: {len(events)} events merged into {args.events_out}", flush=True)
+    return EXIT_OK
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,105 @@
+#!/usr/bin/env python3
+"""Start one stack component: as a Slurm job step when inside an allocation, in the image when one is set.
+
+This is where a Compose service becomes a program the scheduler launches and
+tracks. ``launch.py [options] -- SCRIPT [ARGS...]`` resolves the run's job-scoped
+scratch (creating it 0700), then REPLACES itself (exec, so signals reach the
+component directly) with::
+
+    [srun STEP_ARGS...] [apptainer exec APPTAINER_ARGS... --bind ... IMAGE] python SCRIPT ARGS...
+
+* ``srun`` is used when ``--job-steps`` is on and ``$SLURM_JOB_ID`` is set, so
+  ``sacct -j JOB`` lists the component as its own step with its own state and
+  CPU time. Outside Slurm the component is a plain process.
+* ``apptainer exec`` is used when ``--image`` is given; paths are bound at the
+  same location inside the container (scripts read-only, plus scratch and the
+  paths in ``--bind``), so the command line needs no rewriting.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import shutil
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+
+from allocstack.cli import ArgumentParser, positive_int
+from allocstack.errors import AllocstackError, report
+from allocstack.scratch import ensure_private_dir, resolve_root, run_scratch
+
+
+def step_prefix(component: str, cpus: int, step_args: list[str]) -> list[str]:
+    """srun arguments that make ``component`` its own job step inside the current allocation.
+
+    ``--overlap`` and ``--mem=0`` because Snakemake's group job already runs inside one
+    step that holds the allocation's CPUs and memory; ``--exact`` so the step gets
+    exactly ``cpus`` CPUs.
+    """
+    return ["srun", f"--job-name={component}", "--ntasks=1", f"--cpus-per-task={cpus}", *step_args]
+
+
+def container_prefix(image: str, apptainer_args: list[str], binds: list[str], env: Mapping[str, str]) -> list[str]:
+    argv = ["apptainer", "exec", *apptainer_args]
+    for name, value in env.items():
+        argv += ["--env", f"{name}={value}"]
+    for path in dict.fromkeys(binds):  # same path inside as outside; de-duplicated, order kept
+        argv += ["--bind", f"{path}:{path}"]
+    return argv + [image]
+
+
+def build_argv(args, scratch: Path, environ: Mapping[str, str]) -> list[str]:
+    script = Path(args.command[0]).absolute()
+    python = "python3" if args.image else sys.executable
+    argv = [python, str(script), *args.command[1:]]
+    if args.image:
+        binds = [str(scratch), str(script.parent), *(str(Path(b).absolute()) for b in args.bind)]
+        env = {"ALLOCSTACK_SCRATCH": str(scratch), "PYTHONDONTWRITEBYTECODE": "1"}
+        if environ.get("CUDA_VISIBLE_DEVICES"):
+            env["CUDA_VISIBLE_DEVICES"] = environ["CUDA_VISIBLE_DEVICES"]
+        argv = container_prefix(args.image, args.apptainer_arg, binds, env) + argv
+    if args.job_steps and environ.get("SLURM_JOB_ID"):
+        argv = step_prefix(args.component, args.cpus, args.step_arg) + argv
+    return argv
+
+
+def check_programs(argv: list[str], hint: str) -> None:
+    """Fail early, naming the fix, when srun or apptainer is needed but not on PATH."""
+    for program in ("srun", "apptainer"):
+        if program in argv and shutil.which(program) is None:
+            fix = f"; {hint}" if program == "apptainer" and hint else ""
+            raise AllocstackError("prerequisite", f"{program} is not on PATH{fix}")
+
+
+def parse_args(argv: list[str] | None):
+    parser = ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--component", required=True, help="name of the component (the job step's name)")
+    parser.add_argument("--run", required=True, help="run name: scratch is ROOT/allocstack-UID/RUN")
+    parser.add_argument("--scratch-root", default="", help="configured scratch root ('' = $SLURM_TMPDIR, $TMPDIR, ...)")
+    parser.add_argument("--image", default="", help="Apptainer image to run the component in ('' = none)")
+    parser.add_argument("--apptainer-arg", action="append", default=[], help="argument for apptainer exec (repeatable)")
+    parser.add_argument("--apptainer-hint", default="", help="how to get apptainer, named when it is missing")
+    parser.add_argument("--bind", action="append", default=[], help="host path to bind at the same place (repeatable)")
+    parser.add_argument("--job-steps", action="store_true", help="run as an srun job step inside a Slurm allocation")
+    parser.add_argument("--step-arg", action="append", default=[], help="argument for srun (repeatable)")
+    parser.add_argument("--cpus", type=positive_int, default=1, help="CPUs of the job step")
+    parser.add_argument("command", nargs="+", help="-- SCRIPT [ARGS...]")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    try:
+        scratch = ensure_private_dir(run_scratch(resolve_root(args.scratch_root, os.environ), args.run))
+        command = build_argv(args, scratch, os.environ)
+        check_programs(command, args.apptainer_hint)
+    except AllocstackError as error:
+        return report(error)
+    env = {**os.environ, "ALLOCSTACK_SCRATCH": str(scratch)}
+    print(f"launch: {args.component}: {shlex.join(command)}", file=sys.stderr, flush=True)
+    os.execvpe(command[0], command, env)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

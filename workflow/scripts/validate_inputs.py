@@ -1,0 +1,60 @@
+#!/usr/bin/env python3
+"""Validate the run's inputs before anything starts; write a summary with their digests.
+
+Checks the task document (schema, ids, payload bounds), the baseline payloads,
+the expected document (coverage, digests), and, when an image is used, the
+image's SHA-256 sidecar. Exit 0 and a summary, or one line and a non-zero exit.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from allocstack import SCHEMA_VERSION
+from allocstack.cli import ArgumentParser, positive_int
+from allocstack.errors import EXIT_OK, AllocstackError, report
+from allocstack.handlers import check_baseline_payload
+from allocstack.jsonio import atomic_write_json, check_sidecar, sha256_file
+from allocstack.taskset import load_expected, load_tasks
+
+
+def parse_args(argv: list[str] | None):
+    parser = ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--tasks", required=True, type=Path, help="task document")
+    parser.add_argument("--expected", required=True, type=Path, help="expected results document")
+    parser.add_argument("--workers", required=True, type=positive_int, help="worker count of the run")
+    parser.add_argument("--handler", default="baseline", choices=["baseline"], help="built-in handler whose payloads to check")
+    parser.add_argument("--image", type=Path, help="container image whose .sha256 sidecar must match")
+    parser.add_argument("--output", required=True, type=Path, help="where to write the summary")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    try:
+        tasks = load_tasks(str(args.tasks))
+        if args.handler == "baseline":
+            for index, task in enumerate(tasks.tasks, start=1):
+                check_baseline_payload(task["payload"], f"tasks {args.tasks}: task {index} ({task['id']})")
+        load_expected(str(args.expected), tasks)
+        summary = {
+            "schemaVersion": SCHEMA_VERSION,
+            "taskCount": len(tasks),
+            "workers": args.workers,
+            "inputSha256": sha256_file(args.tasks),
+            "expectedSha256": sha256_file(args.expected),
+            "handler": args.handler,
+        }
+        if args.image:
+            summary["image"] = str(args.image)
+            summary["imageSha256"] = check_sidecar(args.image, "image")
+        atomic_write_json(args.output, summary, 0o644)
+    except AllocstackError as error:
+        return report(error)
+    print(f"validate_inputs: {len(tasks)} tasks and their expected results are valid", flush=True)
+    return EXIT_OK
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,210 @@
+#!/usr/bin/env python3
+"""A worker: claims tasks from the coordinator until there are none left.
+
+Each round trip posts the results of the previous batch and claims the next one
+(up to ``--batch`` tasks). Long tasks keep their leases alive with heartbeats.
+Every wait is bounded: consecutive "wait" answers by ``--wait-timeout``, an
+unreachable coordinator by ``--connect-timeout``.
+
+Exit codes: 0 all tasks done; 64 bad arguments; 65 a task failed; 69 the
+coordinator could not be reached; 75 the coordinator stopped the run (draining)
+or the wait bound was hit; 77 the token was refused.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import requests
+
+from allocstack import SCHEMA_VERSION
+from allocstack.cli import ArgumentParser, non_negative_float, positive_float, positive_int, runtime_facts
+from allocstack.client import CoordinatorClient
+from allocstack.endpoint import read_endpoint
+from allocstack.errors import EXIT_OK, AllocstackError, report
+from allocstack.events import append_event
+from allocstack.handlers import baseline
+from allocstack.jsonio import atomic_write_json, read_json, sha256_text
+
+Handler = Callable[[dict[str, Any]], str]
+
+
+@dataclass
+class Tally:
+    claims: int = 0
+    completed: int = 0
+    rejected: int = 0
+    waits: int = 0
+    current: list[str] = field(default_factory=list)
+    batch_started: float = 0.0
+
+
+def make_result(task: dict[str, Any], output: str) -> dict[str, Any]:
+    return {"taskId": task["id"], "output": output, "sha256": sha256_text(output)}
+
+
+def simulated(handler: Handler, seconds: float) -> Handler:
+    """Wrap ``handler`` so each task also takes ``seconds`` (to show leases, time limits, kills)."""
+    if seconds <= 0:
+        return handler
+
+    def slow(payload: dict[str, Any]) -> str:
+        time.sleep(seconds)
+        return handler(payload)
+
+    return slow
+
+
+class Heartbeat(threading.Thread):
+    """Renews the leases of the batch in hand when it has run longer than a third of a lease."""
+
+    def __init__(self, url: str, token: str, worker: str, tally: Tally, lease: float) -> None:
+        super().__init__(daemon=True, name="heartbeat")
+        self.client = CoordinatorClient(url, token, timeout=max(1.0, lease / 3))
+        self.worker, self.tally, self.period = worker, tally, lease / 3
+        self.stopped = threading.Event()
+
+    def run(self) -> None:
+        while not self.stopped.wait(self.period / 2):
+            current = list(self.tally.current)
+            if current and time.monotonic() - self.tally.batch_started > self.period:
+                try:
+                    self.client.heartbeat(self.worker, current)
+                except (requests.RequestException, AllocstackError):
+                    pass  # the main loop notices a dead coordinator; leases just expire
+
+
+def claim_with_retry(client: CoordinatorClient, worker: str, batch: int, results: list[dict[str, Any]],
+                     connect_timeout: float) -> dict[str, Any]:
+    """One claim round trip, retried on connection errors for at most ``connect_timeout`` seconds.
+
+    :raises AllocstackError: ``prerequisite`` when the coordinator stays unreachable.
+    """
+    deadline = time.monotonic() + connect_timeout
+    delay = 0.05
+    while True:
+        try:
+            return client.claim(worker, batch, results)
+        except (requests.ConnectionError, requests.Timeout) as exc:
+            if time.monotonic() + delay > deadline:
+                raise AllocstackError(
+                    "prerequisite", f"coordinator {client.url} unreachable for {connect_timeout:g} s ({type(exc).__name__})"
+                ) from exc
+            time.sleep(delay)
+            delay = min(delay * 2, 1.0)
+
+
+def work(client: CoordinatorClient, worker: str, handler: Handler, batch: int, wait_timeout: float,
+         connect_timeout: float, tally: Tally, log: Callable[[str], None]) -> str:
+    """Claim and run tasks until the coordinator says done (returns "done") or stop (raises)."""
+    results: list[dict[str, Any]] = []
+    waited_since: float | None = None
+    while True:
+        reply = claim_with_retry(client, worker, batch, results, connect_timeout)
+        tally.claims += 1
+        tally.completed += len(reply.get("accepted", ()))
+        for rejection in reply.get("rejected", ()):
+            tally.rejected += 1
+            log(f"result for {rejection.get('taskId')} rejected: {rejection.get('code')} {rejection.get('reason')}")
+        results = []
+        status = reply.get("status")
+        if status == "task":
+            waited_since = None
+            tasks = reply["tasks"]
+            tally.current, tally.batch_started = [t["id"] for t in tasks], time.monotonic()
+            for task in tasks:
+                try:
+                    output = handler(task["payload"])
+                except Exception as exc:  # a user's handler may raise anything: report it as the task's failure
+                    raise AllocstackError("task-failed", f"task {task['id']}: {type(exc).__name__}: {exc}") from exc
+                results.append(make_result(task, output))
+            tally.current = []
+        elif status == "wait":
+            now = time.monotonic()
+            waited_since = waited_since or now
+            tally.waits += 1
+            if now - waited_since > wait_timeout:
+                raise AllocstackError("worker-exit", f"no task became available for {wait_timeout:g} s")
+            time.sleep(float(reply.get("retryAfter", 0.1)))
+        elif status == "done":
+            return "done"
+        elif status == "stop":
+            raise AllocstackError("worker-exit", f"the coordinator stopped the run: {reply.get('reason', 'draining')}")
+        else:
+            raise AllocstackError("worker-exit", f"unexpected claim answer {str(reply)[:200]}")
+
+
+def parse_args(argv: list[str] | None):
+    parser = ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--worker-id", required=True, help="e.g. worker-01")
+    parser.add_argument("--scratch", type=Path, default=os.environ.get("ALLOCSTACK_SCRATCH") or None,
+                        help="job-scoped scratch (default $ALLOCSTACK_SCRATCH): endpoint.json and events.jsonl")
+    parser.add_argument("--endpoint-file", type=Path, help="endpoint file (default SCRATCH/endpoint.json)")
+    parser.add_argument("--events", type=Path, help="event log (default SCRATCH/events.jsonl)")
+    parser.add_argument("--gate-record", type=Path, help="refuse to start unless this gate record says ready")
+    parser.add_argument("--record", type=Path, help="write this worker's record (JSON) here at the end")
+    parser.add_argument("--batch", type=positive_int, default=1, help="tasks claimed per round trip")
+    parser.add_argument("--simulate-seconds", type=non_negative_float, default=0.0, help="extra seconds per task")
+    parser.add_argument("--wait-timeout", type=positive_float, default=300.0, help="bound on waiting for work")
+    parser.add_argument("--connect-timeout", type=positive_float, default=30.0, help="bound on an unreachable coordinator")
+    parser.add_argument("--lease-seconds", type=positive_float, default=60.0, help="the coordinator's lease (heartbeat period /3)")
+    args = parser.parse_args(argv)
+    if args.scratch:
+        args.endpoint_file = args.endpoint_file or args.scratch / "endpoint.json"
+        args.events = args.events or args.scratch / "events.jsonl"
+    if not args.endpoint_file:
+        parser.error("--endpoint-file is required when no --scratch (or $ALLOCSTACK_SCRATCH) is given")
+    return args
+
+
+def check_gate(path: Path | None) -> None:
+    if path is None:
+        return
+    record = read_json(path, "gate record", diag="prerequisite")
+    if not isinstance(record, dict) or record.get("status") != "ready":
+        raise AllocstackError("prerequisite", f"gate record {path} does not say ready: refusing to start")
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    worker, tally = args.worker_id, Tally()
+    started = time.time()
+    log = lambda message: print(f"{worker}: {message}", file=sys.stderr, flush=True)  # noqa: E731
+    status, code = "done", EXIT_OK
+    try:
+        check_gate(args.gate_record)
+        url, token = read_endpoint(args.endpoint_file)
+        append_event(args.events, "worker-start", worker=worker, **runtime_facts())
+        client = CoordinatorClient(url, token)
+        heartbeat = Heartbeat(url, token, worker, tally, args.lease_seconds)
+        heartbeat.start()
+        try:
+            handler = simulated(baseline, args.simulate_seconds)
+            work(client, worker, handler, args.batch, args.wait_timeout, args.connect_timeout, tally, log)
+        finally:
+            heartbeat.stopped.set()
+            client.close()
+    except AllocstackError as error:
+        status, code = error.diag, report(error)
+    ended = time.time()
+    append_event(args.events, "worker-end", worker=worker, status=status, completed=tally.completed, exitCode=code)
+    if args.record and code == EXIT_OK:
+        atomic_write_json(args.record, {
+            "schemaVersion": SCHEMA_VERSION, "workerId": worker, "status": status, "tasksCompleted": tally.completed,
+            "claims": tally.claims, "waits": tally.waits, "rejected": tally.rejected,
+            "startedAt": started, "endedAt": ended,
+        }, 0o644)
+    print(f"{worker}: {status}: {tally.completed} tasks in {ended - started:.3f} s, "
+          f"{tally.claims} claims, {tally.waits} waits", flush=True)
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())
