@@ -166,7 +166,8 @@ write_wrapper() {
 # The wrapper itself. It runs in two stages in ONE process: every step `exec`s the next
 # (bash -> unshare -> bash -> apptainer -> apptainer's starter), so the PID the caller started
 # is the PID that receives signals, and a SIGTERM reaches starter, which forwards it to the
-# containerised process. Never fork here.
+# containerised process. Helpers (mount, realpath) run and exit before that exec; never leave
+# a long-lived child between the caller and apptainer.
 wrapper_body() {
   cat <<'EOF'
 # Root only: needs mount namespaces, pivot_root and /dev/fuse.
@@ -230,7 +231,8 @@ enter_toolbox() {
   mount -t proc proc "$ROOTFS/proc" 2>/dev/null || mount --rbind /proc "$ROOTFS/proc"
   cd -- "$ROOTFS"
   pivot_root . .host-root
-  # Drop the host's root: apptainer refuses to run when it can still see it beside the toolbox.
+  # Drop the host's root (apptainer would run with it, too): otherwise the whole host stays
+  # reachable under /.host-root and hides a path someone forgot to bind.
   umount -l /.host-root
   cd -- "$cwd" 2>/dev/null || cd /
   exec /usr/bin/apptainer "$@"

@@ -94,13 +94,18 @@ running_pid() {
     return 1
 }
 
+# Every daemon's stdout+stderr goes to $LOG_DIR/NAME.out (the Slurm daemons
+# copy their log there too, and it holds fatal errors printed before a log file
+# is opened); the Slurm daemons also keep a timestamped $LOG_DIR/NAME.log.
+out_file() { echo "$LOG_DIR/$1.out"; }
+
 # start_daemon NAME CMD...: runs CMD in the foreground of a new session
 # (setsid, so it outlives this script and `stop` can signal its whole process
-# group), output appended to $LOG_DIR/NAME.log, PID in $RUN_DIR/NAME.pid.
+# group), output appended to NAME.out, PID in $RUN_DIR/NAME.pid.
 start_daemon() {
     local name=$1 log
     shift
-    log=$LOG_DIR/$name.log
+    log=$(out_file "$name")
     echo "--- $(date -Is) $PROG start" >>"$log"
     setsid "${DAEMON_ENV[@]}" "$@" </dev/null >>"$log" 2>&1 &
     echo $! >"$(pid_file "$name")"
@@ -138,7 +143,8 @@ stop_daemon() {
 # wait_for NAME WHAT CHECK...: polls CHECK until it succeeds, failing early if
 # the daemon died and at the latest at the start deadline ($DEADLINE).
 wait_for() {
-    local name=$1 what=$2 log=$LOG_DIR/$1.log pid
+    local name=$1 what=$2 log pid
+    log=$(out_file "$name")
     shift 2
     pid=$(<"$(pid_file "$name")")
     until "$@" >/dev/null 2>&1; do
@@ -261,8 +267,8 @@ start_mariadb() {
         info "initialising MariaDB datadir $DB_DIR"
         mariadb-install-db --no-defaults --user=mysql --datadir="$DB_DIR" \
             --auth-root-authentication-method=socket --skip-test-db \
-            >>"$LOG_DIR/mariadb.log" 2>&1 ||
-            die "mariadb-install-db failed; see $LOG_DIR/mariadb.log"
+            >>"$(out_file mariadb)" 2>&1 ||
+            die "mariadb-install-db failed; see $(out_file mariadb)"
     fi
     # Own datadir, socket and port, bound to loopback: independent of any
     # system MariaDB and unreachable from outside. The InnoDB values are the

@@ -27,12 +27,13 @@ def fail_config(diag, message):
 
 def check_prerequisites():
     max_cpus = config["slurm"]["max_cpus"]
-    if max_cpus is not None and config["workers"] + 1 > max_cpus:
+    needed = config["workers"] * config["worker"]["cpus"] + config["coordinator"]["cpus"]
+    if max_cpus is not None and needed > max_cpus:
         fail_config(
             "config",
-            f"workers={config['workers']} needs {config['workers'] + 1} CPUs "
-            f"(one per worker + the coordinator) but slurm.max_cpus is {max_cpus}; "
-            "lower workers or raise slurm.max_cpus to your node size",
+            f"workers={config['workers']} needs {needed} CPUs (workers x worker.cpus + "
+            f"coordinator.cpus) but slurm.max_cpus is {max_cpus}: the job would pend forever; "
+            "lower workers or set slurm.max_cpus to your node size",
         )
     if USE_IMAGE and shutil.which("apptainer") is None:
         fail_config(

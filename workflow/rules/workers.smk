@@ -1,19 +1,26 @@
 # Stage 3: the workers (Compose: `worker` with deploy.replicas). One job, and
 # inside Slurm one job step, per worker. Each consumes the coordinator's service
 # output, which keeps the coordinator alive until the last worker is done.
+#
+# The gate record is the sentinel between the gate and the workers. It is not a
+# Snakemake input on purpose: Snakemake polls for missing inputs once a second,
+# while the worker waits for it itself every 20 ms (bounded), so the first task
+# is claimed within milliseconds of the gate passing. verify_results checks in
+# events.jsonl that the gate passed before every worker started.
 
 
 rule run_worker:
     input:
         service="results/{run}/coordinator.service",
-        gate="results/{run}/readiness.json",
         script=script("worker.py"),
     output:
         "results/{run}/workers/{worker}.json",
     log:
         "logs/run_worker/{run}/{worker}.log",
     params:
-        launch=launch("worker"),
+        launch=launch("worker", config["worker"]["cpus"]),
+        gate="results/{run}/readiness.json",
+        gate_timeout=config["readiness"]["timeout"] + 30,
         batch=config["worker"]["batch"],
         wait=config["worker"]["wait_timeout"],
         connect=config["worker"]["connect_timeout"],
@@ -21,10 +28,12 @@ rule run_worker:
         simulate=config["simulate"]["task_seconds"],
     group:
         "stack"
-    threads: 1
+    threads: 0
+    resources:
+        cpus_per_task=config["worker"]["cpus"],
     shell:
         "exec {params.launch} {input.script} --worker-id {wildcards.worker} "
-        "--gate-record {input.gate} --record {output} --batch {params.batch} "
+        "--gate-record {params.gate} --gate-timeout {params.gate_timeout} --record {output} --batch {params.batch} "
         "--wait-timeout {params.wait} --connect-timeout {params.connect} "
         "--lease-seconds {params.lease} --simulate-seconds {params.simulate} "
         "> {log} 2>&1"

@@ -148,7 +148,8 @@ def parse_args(argv: list[str] | None):
                         help="job-scoped scratch (default $ALLOCSTACK_SCRATCH): endpoint.json and events.jsonl")
     parser.add_argument("--endpoint-file", type=Path, help="endpoint file (default SCRATCH/endpoint.json)")
     parser.add_argument("--events", type=Path, help="event log (default SCRATCH/events.jsonl)")
-    parser.add_argument("--gate-record", type=Path, help="refuse to start unless this gate record says ready")
+    parser.add_argument("--gate-record", type=Path, help="wait for this gate record to say ready before claiming")
+    parser.add_argument("--gate-timeout", type=positive_float, default=60.0, help="bound on waiting for the gate record")
     parser.add_argument("--record", type=Path, help="write this worker's record (JSON) here at the end")
     parser.add_argument("--batch", type=positive_int, default=1, help="tasks claimed per round trip")
     parser.add_argument("--simulate-seconds", type=non_negative_float, default=0.0, help="extra seconds per task")
@@ -164,9 +165,21 @@ def parse_args(argv: list[str] | None):
     return args
 
 
-def check_gate(path: Path | None) -> None:
+def await_gate(path: Path | None, timeout: float) -> None:
+    """Wait (polling every 20 ms, at most ``timeout`` s) for the gate record to say ready.
+
+    The gate record is the sentinel between the readiness gate and the workers:
+    no worker claims a task before the gate has passed.
+
+    :raises AllocstackError: ``prerequisite`` when the record does not appear or does not say ready.
+    """
     if path is None:
         return
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        if time.monotonic() > deadline:
+            raise AllocstackError("prerequisite", f"the readiness gate did not pass within {timeout:g} s (no {path})")
+        time.sleep(0.02)
     record = read_json(path, "gate record", diag="prerequisite")
     if not isinstance(record, dict) or record.get("status") != "ready":
         raise AllocstackError("prerequisite", f"gate record {path} does not say ready: refusing to start")
@@ -179,7 +192,7 @@ def main(argv: list[str] | None = None) -> int:
     log = lambda message: print(f"{worker}: {message}", file=sys.stderr, flush=True)  # noqa: E731
     status, code = "done", EXIT_OK
     try:
-        check_gate(args.gate_record)
+        await_gate(args.gate_record, args.gate_timeout)
         url, token = read_endpoint(args.endpoint_file)
         append_event(args.events, "worker-start", worker=worker, **runtime_facts())
         client = CoordinatorClient(url, token)
