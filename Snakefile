@@ -3,7 +3,6 @@
 # include lines below, one file per stage.
 from snakemake.utils import min_version, validate
 
-
 min_version("9.27")
 
 

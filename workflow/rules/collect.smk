@@ -15,12 +15,15 @@ rule collect_results:
         provenance="results/{run}/provenance.json",
     log:
         "logs/collect_results/{run}.log",
-    params:
-        scratch=config["scratch"] or "",
     group:
         "stack"
+    conda:
+        STACK_ENV
     threads: 0
+    params:
+        python=PYTHON,
+        scratch=config["scratch"] or "",
     shell:
-        "{sys.executable} {input.script} --scratch-root={params.scratch:q} --run {wildcards.run} "
+        "{params.python} {input.script} --scratch-root={params.scratch:q} --run {wildcards.run} "
         "--inputs-summary {input.validated} --events-out {output.events} "
         "--provenance-out {output.provenance} > {log} 2>&1"

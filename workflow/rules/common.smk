@@ -9,6 +9,14 @@ from snakemake.settings.types import DeploymentMethod
 
 RUN = config["run"]
 WORKER_IDS = [f"worker-{i:02d}" for i in range(1, config["workers"] + 1)]
+# Under --sdm conda the rule's environment provides python; otherwise the
+# interpreter running Snakemake (the venv from requirements.txt) does.
+PYTHON = (
+    "python"
+    if DeploymentMethod.CONDA in workflow.deployment_settings.deployment_method
+    else sys.executable
+)
+STACK_ENV = "../envs/stack.yaml"
 USE_IMAGE = (
     bool(config["image"])
     and DeploymentMethod.APPTAINER in workflow.deployment_settings.deployment_method
@@ -27,7 +35,9 @@ def fail_config(diag, message):
 
 def check_prerequisites():
     max_cpus = config["slurm"]["max_cpus"]
-    needed = config["workers"] * config["worker"]["cpus"] + config["coordinator"]["cpus"]
+    needed = sum(
+        [config["workers"] * config["worker"]["cpus"], config["coordinator"]["cpus"]]
+    )
     if max_cpus is not None and needed > max_cpus:
         fail_config(
             "config",
@@ -77,7 +87,7 @@ def launch(component, cpus=1):
 
     def command(wildcards):
         argv = [
-            sys.executable,
+            PYTHON,
             script("launch.py"),
             f"--component={component}",
             f"--run={wildcards.run}",

@@ -16,17 +16,19 @@ rule serve_coordinator:
         end_record="results/{run}/coordinator.json",
     log:
         "logs/serve_coordinator/{run}.log",
+    group:
+        "stack"
+    conda:
+        STACK_ENV
+    threads: 0
+    resources:
+        cpus_per_task=config["coordinator"]["cpus"],
     params:
         launch=launch("coordinator", config["coordinator"]["cpus"]),
         journal=journal_path,
         lease=config["coordinator"]["lease_seconds"],
         idle=config["coordinator"]["idle_timeout"],
         lifetime=config["coordinator"]["lifetime"],
-    group:
-        "stack"
-    threads: 0
-    resources:
-        cpus_per_task=config["coordinator"]["cpus"],
     shell:
         "exec {params.launch} {input.script} --input {input.tasks:q} "
         "--results {output.results} --end-record {output.end_record} "

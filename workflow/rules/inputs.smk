@@ -11,9 +11,12 @@ rule validate_inputs:
         "results/{run}/inputs.json",
     log:
         "logs/validate_inputs/{run}.log",
+    conda:
+        STACK_ENV
     params:
+        python=PYTHON,
         image=f"--image {shlex.quote(config['image'])}" if USE_IMAGE else "",
         workers=config["workers"],
     shell:
-        "{sys.executable} {input.script} --tasks {input.tasks:q} --expected {input.expected:q} "
+        "{params.python} {input.script} --tasks {input.tasks:q} --expected {input.expected:q} "
         "--workers {params.workers} {params.image} --output {output} > {log} 2>&1"

@@ -12,13 +12,15 @@ rule await_readiness:
         "results/{run}/readiness.json",
     log:
         "logs/await_readiness/{run}.log",
+    group:
+        "stack"
+    conda:
+        STACK_ENV
+    threads: 0
     params:
         launch=launch("readiness"),
         timeout=config["readiness"]["timeout"],
         interval=config["readiness"]["interval"],
-    group:
-        "stack"
-    threads: 0
     shell:
         "exec {params.launch} {input.script} --inputs-summary {input.validated} "
         "--timeout {params.timeout} --interval {params.interval} "

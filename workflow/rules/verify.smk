@@ -15,12 +15,14 @@ rule verify_results:
         "results/{run}/result.json",
     log:
         "logs/verify_results/{run}.log",
+    group:
+        "stack"
+    conda:
+        STACK_ENV
+    threads: 0
     params:
         launch=launch("verify"),
         journal=journal_path,
-    group:
-        "stack"
-    threads: 0
     shell:
         "{params.launch} {input.script} --input {input.tasks:q} --expected {input.expected:q} "
         "--results {input.results} --end-record {input.end_record} --events {input.events} "

@@ -17,6 +17,13 @@ rule run_worker:
         "results/{run}/workers/{worker}.json",
     log:
         "logs/run_worker/{run}/{worker}.log",
+    group:
+        "stack"
+    conda:
+        STACK_ENV
+    threads: 0
+    resources:
+        cpus_per_task=config["worker"]["cpus"],
     params:
         launch=launch("worker", config["worker"]["cpus"]),
         gate="results/{run}/readiness.json",
@@ -26,11 +33,6 @@ rule run_worker:
         connect=config["worker"]["connect_timeout"],
         lease=config["coordinator"]["lease_seconds"],
         simulate=config["simulate"]["task_seconds"],
-    group:
-        "stack"
-    threads: 0
-    resources:
-        cpus_per_task=config["worker"]["cpus"],
     shell:
         "exec {params.launch} {input.script} --worker-id {wildcards.worker} "
         "--gate-record {params.gate} --gate-timeout {params.gate_timeout} --record {output} --batch {params.batch} "

@@ -1,0 +1,117 @@
+"""Shared fixtures: real coordinators on ephemeral loopback ports, real subprocesses."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPTS = ROOT / "workflow" / "scripts"
+sys.path.insert(0, str(SCRIPTS))
+PYTHON = sys.executable
+
+
+def write_json(path: Path, document) -> Path:
+    path.write_text(json.dumps(document), encoding="utf-8")
+    return path
+
+
+def make_tasks(count: int, message: str = "m", repeat: int = 2) -> dict:
+    return {
+        "schemaVersion": 1,
+        "tasks": [{"id": f"task-{i:06d}", "payload": {"message": f"{message}{i}", "repeat": repeat}} for i in range(count)],
+    }
+
+
+def expected_for(tasks: dict) -> dict:
+    import hashlib
+
+    results = []
+    for task in tasks["tasks"]:
+        output = task["payload"]["message"] * task["payload"]["repeat"]
+        results.append({"taskId": task["id"], "output": output, "sha256": hashlib.sha256(output.encode()).hexdigest()})
+    return {"schemaVersion": 1, "results": results}
+
+
+def run_script(name: str, *args: str, env: dict | None = None, timeout: float = 60, cwd: Path | None = None):
+    return subprocess.run(
+        [PYTHON, str(SCRIPTS / name), *map(str, args)],
+        capture_output=True, text=True, timeout=timeout, env={**os.environ, **(env or {})}, cwd=cwd,
+    )
+
+
+class RunningCoordinator:
+    """A real coordinator process; ``url``/``token`` come from its endpoint file."""
+
+    def __init__(self, tmp: Path, tasks: dict, *extra: str) -> None:
+        self.tmp = tmp
+        self.scratch = tmp / "scratch"
+        self.tasks_path = write_json(tmp / "tasks.json", tasks)
+        self.results = tmp / "results.json"
+        self.end_record = tmp / "end.json"
+        self.journal = tmp / "state" / "journal.jsonl"
+        self.log = open(tmp / "coordinator.log", "w")
+        self.proc = subprocess.Popen(
+            [PYTHON, str(SCRIPTS / "coordinator.py"), "--input", str(self.tasks_path), "--results", str(self.results),
+             "--scratch", str(self.scratch), "--end-record", str(self.end_record), "--journal", str(self.journal),
+             "--progress-interval", "3600", *extra],
+            stdout=self.log, stderr=subprocess.STDOUT,
+        )
+        endpoint = self.scratch / "endpoint.json"
+        deadline = time.monotonic() + 15
+        while not endpoint.exists():
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"coordinator did not start: {(tmp / 'coordinator.log').read_text()}")
+            time.sleep(0.01)
+        document = json.loads(endpoint.read_text())
+        self.url, self.token = document["endpoint"], document["token"]
+        self.endpoint_file = endpoint
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 15) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+        code = self.proc.wait(timeout=timeout)
+        self.log.close()
+        return code
+
+    def log_text(self) -> str:
+        return (self.tmp / "coordinator.log").read_text()
+
+
+@pytest.fixture
+def start_coordinator(tmp_path):
+    started: list[RunningCoordinator] = []
+
+    def start(tasks: dict | None = None, *extra: str) -> RunningCoordinator:
+        coordinator = RunningCoordinator(tmp_path, tasks or make_tasks(4), *extra)
+        started.append(coordinator)
+        return coordinator
+
+    yield start
+    for coordinator in started:
+        if coordinator.proc.poll() is None:
+            coordinator.proc.kill()
+            coordinator.proc.wait()
+
+
+def pids_mentioning(text: str) -> list[int]:
+    """PIDs of live processes whose command line contains ``text`` (leftover-process checks)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode("utf-8", "replace")
+            state = (entry / "stat").read_text().split(") ", 1)[1].split(" ", 1)[0]
+        except (OSError, IndexError):
+            continue
+        if text in cmdline and state != "Z":
+            found.append(int(entry.name))
+    return found

@@ -1,0 +1,128 @@
+"""Bad inputs are refused before anything starts: one line, a stable id, non-zero, nothing written."""
+
+from __future__ import annotations
+
+import copy
+import json
+
+import pytest
+
+from conftest import expected_for, make_tasks, run_script, write_json
+
+GOOD_TASKS = make_tasks(3)
+GOOD_EXPECTED = expected_for(GOOD_TASKS)
+
+
+def mutate(document, change):
+    document = copy.deepcopy(document)
+    change(document)
+    return document
+
+
+TASK_CASES = {
+    "not an object": ([1, 2], "top level must be a JSON object"),
+    "schemaVersion 2": (mutate(GOOD_TASKS, lambda d: d.update(schemaVersion=2)), "schemaVersion must be 1"),
+    "schemaVersion string": (mutate(GOOD_TASKS, lambda d: d.update(schemaVersion="1")), "schemaVersion must be 1"),
+    "no tasks key": ({"schemaVersion": 1}, "'tasks' must be a list"),
+    "empty tasks": ({"schemaVersion": 1, "tasks": []}, "nothing to run"),
+    "unknown top key": (mutate(GOOD_TASKS, lambda d: d.update(extra=1)), "unknown top-level key"),
+    "task not object": (mutate(GOOD_TASKS, lambda d: d["tasks"].append("x")), "must be a JSON object"),
+    "id missing": (mutate(GOOD_TASKS, lambda d: d["tasks"][0].pop("id")), "id must be a string"),
+    "id with space": (mutate(GOOD_TASKS, lambda d: d["tasks"][0].update(id="a b")), "must match"),
+    "id shell injection": (mutate(GOOD_TASKS, lambda d: d["tasks"][0].update(id="$(rm -rf ~)")), "must match"),
+    "id too long": (mutate(GOOD_TASKS, lambda d: d["tasks"][0].update(id="a" * 65)), "must match"),
+    "id leading dot": (mutate(GOOD_TASKS, lambda d: d["tasks"][0].update(id=".hidden")), "must match"),
+    "duplicate id": (mutate(GOOD_TASKS, lambda d: d["tasks"][1].update(id=d["tasks"][0]["id"])), "duplicate task id"),
+    "payload list": (mutate(GOOD_TASKS, lambda d: d["tasks"][0].update(payload=[1])), "payload must be a JSON object"),
+    "unknown task key": (mutate(GOOD_TASKS, lambda d: d["tasks"][0].update(cmd="ls")), "unknown key"),
+    "repeat string": (mutate(GOOD_TASKS, lambda d: d["tasks"][0]["payload"].update(repeat="2")), "repeat must be an integer"),
+    "repeat bool": (mutate(GOOD_TASKS, lambda d: d["tasks"][0]["payload"].update(repeat=True)), "repeat must be an integer"),
+    "repeat zero": (mutate(GOOD_TASKS, lambda d: d["tasks"][0]["payload"].update(repeat=0)), "repeat must be an integer"),
+    "repeat huge": (mutate(GOOD_TASKS, lambda d: d["tasks"][0]["payload"].update(repeat=10**9)), "repeat must be an integer"),
+    "message empty": (mutate(GOOD_TASKS, lambda d: d["tasks"][0]["payload"].update(message="")), "payload.message"),
+    "message number": (mutate(GOOD_TASKS, lambda d: d["tasks"][0]["payload"].update(message=5)), "payload.message"),
+    "unknown payload key": (mutate(GOOD_TASKS, lambda d: d["tasks"][0]["payload"].update(x=1)), "unknown payload key"),
+    "payload too big": (mutate(GOOD_TASKS, lambda d: d["tasks"][0]["payload"].update(blob="x" * 70000)), "bytes, over"),
+}
+
+EXPECTED_CASES = {
+    "expected version": (mutate(GOOD_EXPECTED, lambda d: d.update(schemaVersion=3)), "schemaVersion must be 1"),
+    "expected missing task": (mutate(GOOD_EXPECTED, lambda d: d["results"].pop()), "no expected result for task"),
+    "expected extra task": (mutate(GOOD_EXPECTED, lambda d: d["results"].append(
+        {**d["results"][0], "taskId": "task-zzz"})), "is not a task of the input"),
+    "expected duplicate": (mutate(GOOD_EXPECTED, lambda d: d["results"].append(d["results"][0])), "duplicate taskId"),
+    "expected bad digest": (mutate(GOOD_EXPECTED, lambda d: d["results"][0].update(sha256="f" * 64)), "not the digest"),
+    "expected uppercase digest": (mutate(GOOD_EXPECTED, lambda d: d["results"][0].update(
+        sha256=d["results"][0]["sha256"].upper())), "64 lowercase hex"),
+    "expected output not string": (mutate(GOOD_EXPECTED, lambda d: d["results"][0].update(output=None)), "output must be a string"),
+}
+
+
+def validate(tmp_path, tasks, expected, *extra):
+    tasks_path = tmp_path / "tasks.json"
+    if isinstance(tasks, (bytes, str)):
+        tasks_path.write_bytes(tasks if isinstance(tasks, bytes) else tasks.encode())
+    else:
+        write_json(tasks_path, tasks)
+    summary = tmp_path / "inputs.json"
+    done = run_script("validate_inputs.py", "--tasks", tasks_path, "--expected",
+                      write_json(tmp_path / "expected.json", expected), "--workers", 2, "--output", summary, *extra)
+    return done, summary
+
+
+def assert_refused(done, summary, words, diag="input"):
+    assert done.returncode != 0
+    assert done.stderr.count("\n") == 1, done.stderr
+    assert f"[{diag}]" in done.stderr and words in done.stderr, done.stderr
+    assert not summary.exists()
+
+
+@pytest.mark.parametrize("case", sorted(TASK_CASES))
+def test_malformed_tasks(tmp_path, case):
+    tasks, words = TASK_CASES[case]
+    assert_refused(*validate(tmp_path, tasks, GOOD_EXPECTED), words)
+
+
+@pytest.mark.parametrize("case", sorted(EXPECTED_CASES))
+def test_malformed_expected(tmp_path, case):
+    expected, words = EXPECTED_CASES[case]
+    assert_refused(*validate(tmp_path, GOOD_TASKS, expected), words)
+
+
+@pytest.mark.parametrize("raw, words", [
+    (b"{not json", "is not valid JSON"),
+    (b"\xff\xfe", "is not UTF-8"),
+    (b'{"schemaVersion": NaN, "tasks": []}', "non-standard JSON constant"),
+    (b"", "is not valid JSON"),
+])
+def test_unparseable_task_files(tmp_path, raw, words):
+    assert_refused(*validate(tmp_path, raw, GOOD_EXPECTED), words)
+
+
+def test_missing_file(tmp_path):
+    summary = tmp_path / "inputs.json"
+    done = run_script("validate_inputs.py", "--tasks", tmp_path / "nope.json", "--expected", tmp_path / "e.json",
+                      "--workers", 1, "--output", summary)
+    assert_refused(done, summary, "does not exist")
+
+
+def test_image_sidecar_checked(tmp_path):
+    image = tmp_path / "stack.sif"
+    image.write_bytes(b"not really an image")
+    done, summary = validate(tmp_path, GOOD_TASKS, GOOD_EXPECTED, "--image", image)
+    assert_refused(done, summary, "has no SHA-256 sidecar", diag="integrity")
+    (tmp_path / "stack.sif.sha256").write_text("0" * 64 + "  stack.sif\n")
+    done, summary = validate(tmp_path, GOOD_TASKS, GOOD_EXPECTED, "--image", image)
+    assert_refused(done, summary, "does not match its sidecar", diag="integrity")
+    import hashlib
+
+    (tmp_path / "stack.sif.sha256").write_text(hashlib.sha256(image.read_bytes()).hexdigest() + "  stack.sif\n")
+    done, summary = validate(tmp_path, GOOD_TASKS, GOOD_EXPECTED, "--image", image)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(summary.read_text())["imageSha256"]
+
+
+def test_good_inputs_summary(tmp_path):
+    done, summary = validate(tmp_path, GOOD_TASKS, GOOD_EXPECTED)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(summary.read_text())["taskCount"] == 3

@@ -1,0 +1,98 @@
+"""The task board, the journal and job-scoped scratch, tested directly."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from allocstack.errors import AllocstackError
+from allocstack.journal import Journal, replay
+from allocstack.scratch import ensure_private_dir, resolve_root, run_scratch
+from allocstack.taskboard import TaskBoard
+from conftest import make_tasks
+
+
+def result_for(task):
+    import hashlib
+
+    out = task["payload"]["message"] * task["payload"]["repeat"]
+    return {"taskId": task["id"], "output": out, "sha256": hashlib.sha256(out.encode()).hexdigest()}
+
+
+def test_board_exactly_once_with_expiry_and_late_results():
+    board = TaskBoard(make_tasks(3)["tasks"], lease_seconds=10)
+    [first] = board.claim("a", 1, now=0)
+    assert board.expire(now=5) == []
+    assert board.expire(now=11) == [first["id"]]
+    [again] = board.claim("b", 1, now=11)
+    assert again["id"] == first["id"]  # requeued at the front
+    late = result_for(first)
+    assert board.check(late).accepted
+    board.accept("a", late, now=12)  # the late worker wins; b's result is now a duplicate
+    assert board.check(result_for(again)).code == 409
+    assert board.counts() == {"total": 3, "pending": 2, "leased": 0, "done": 1}
+    assert [t["id"] for t in board.claim("b", 10, now=13)] == ["task-000001", "task-000002"]
+
+
+def test_board_heartbeat_keeps_lease():
+    board = TaskBoard(make_tasks(1)["tasks"], lease_seconds=10)
+    [task] = board.claim("a", 1, now=0)
+    assert board.heartbeat("a", [task["id"]], now=8) == [task["id"]]
+    assert board.heartbeat("b", [task["id"]], now=8) == []
+    assert board.expire(now=15) == []
+    assert board.expire(now=19) == [task["id"]]
+
+
+def test_journal_group_commit_replay_and_torn_line(tmp_path):
+    path = tmp_path / "journal.jsonl"
+    tasks = make_tasks(20)["tasks"]
+
+    async def write():
+        journal = Journal(path, "abc")
+        await asyncio.gather(*(journal.append([result_for(t)]) for t in tasks))
+        journal.close()
+        return journal.fsyncs
+
+    fsyncs = asyncio.run(write())
+    assert fsyncs < 20  # concurrent appends shared fsyncs
+    with open(path, "ab") as handle:
+        handle.write(b'{"kind":"result","taskId":"torn')
+    results, note = replay(path, "abc")
+    assert len(results) == 20 and "torn" in note
+    assert path.read_bytes().endswith(b"\n")
+    results, note = replay(path, "other-input")
+    assert results == [] and note.startswith("stale")
+    assert not path.exists()
+
+
+def test_journal_corruption_in_the_middle_is_an_integrity_error(tmp_path):
+    path = tmp_path / "journal.jsonl"
+    path.write_text('{"kind":"header","inputSha256":"abc"}\nGARBAGE\n{"kind":"result","taskId":"x"}\n')
+    with pytest.raises(AllocstackError) as raised:
+        replay(path, "abc")
+    assert raised.value.diag == "integrity"
+
+
+def test_scratch_resolution_order(tmp_path):
+    assert resolve_root("/custom", {"TMPDIR": "/t"}) == Path("/custom")
+    assert resolve_root(None, {"SLURM_TMPDIR": "/s", "TMPDIR": "/t"}) == Path("/s")
+    assert resolve_root(None, {"TMPDIR": "/t"}) == Path("/t")
+    with pytest.raises(AllocstackError) as raised:
+        resolve_root(None, {"SLURM_JOB_ID": "42"})
+    assert raised.value.diag == "prerequisite" and "42" in raised.value.message
+
+
+def test_scratch_is_private_and_refuses_foreign_or_symlinked_dirs(tmp_path):
+    path = ensure_private_dir(run_scratch(tmp_path, "run1"))
+    assert path.stat().st_mode & 0o777 == 0o700 and path.parent.stat().st_mode & 0o777 == 0o700
+    os.chmod(path, 0o755)
+    ensure_private_dir(path)
+    assert path.stat().st_mode & 0o777 == 0o700
+    link = run_scratch(tmp_path, "linked")
+    link.symlink_to(tmp_path)
+    with pytest.raises(AllocstackError, match="not a plain directory"):
+        ensure_private_dir(link)

@@ -1,0 +1,74 @@
+"""Workers against a real coordinator."""
+
+from __future__ import annotations
+
+import json
+import time
+
+from conftest import make_tasks, run_script
+
+
+def gate_record(tmp_path):
+    path = tmp_path / "gate.json"
+    path.write_text(json.dumps({"status": "ready"}))
+    return path
+
+
+def test_worker_claims_until_done_in_batches(start_coordinator, tmp_path):
+    coordinator = start_coordinator(make_tasks(50))
+    record = tmp_path / "w.json"
+    done = run_script("worker.py", "--worker-id", "worker-01", "--scratch", coordinator.scratch, "--batch", 8,
+                      "--gate-record", gate_record(tmp_path), "--record", record)
+    assert done.returncode == 0, done.stderr
+    summary = json.loads(record.read_text())
+    assert summary["tasksCompleted"] == 50 and summary["claims"] <= 50 // 8 + 2
+    assert coordinator.stop() == 0
+    assert len(json.loads(coordinator.results.read_text())["results"]) == 50
+
+
+def test_worker_refuses_to_start_before_the_gate(start_coordinator, tmp_path):
+    coordinator = start_coordinator(make_tasks(2))
+    started = time.monotonic()
+    done = run_script("worker.py", "--worker-id", "worker-01", "--scratch", coordinator.scratch,
+                      "--gate-record", tmp_path / "missing.json", "--gate-timeout", 0.3)
+    assert done.returncode == 69 and "[prerequisite]" in done.stderr
+    assert time.monotonic() - started < 5
+    failed_gate = tmp_path / "failed.json"
+    failed_gate.write_text(json.dumps({"status": "timeout"}))
+    done = run_script("worker.py", "--worker-id", "worker-01", "--scratch", coordinator.scratch,
+                      "--gate-record", failed_gate)
+    assert done.returncode == 69 and "does not say ready" in done.stderr
+
+
+def test_wrong_token_exits_77(start_coordinator, tmp_path):
+    coordinator = start_coordinator(make_tasks(1))
+    forged = tmp_path / "forged.json"
+    forged.write_text(json.dumps({"schemaVersion": 1, "endpoint": coordinator.url, "token": "guess"}))
+    done = run_script("worker.py", "--worker-id", "worker-01", "--endpoint-file", forged)
+    assert done.returncode == 77 and "[auth]" in done.stderr
+
+
+def test_unreachable_coordinator_is_bounded(tmp_path):
+    endpoint = tmp_path / "endpoint.json"
+    endpoint.write_text(json.dumps({"schemaVersion": 1, "endpoint": "http://127.0.0.1:9", "token": "t"}))
+    started = time.monotonic()
+    done = run_script("worker.py", "--worker-id", "worker-01", "--endpoint-file", endpoint, "--connect-timeout", 0.5)
+    assert done.returncode == 69 and "unreachable" in done.stderr
+    assert time.monotonic() - started < 5
+
+
+def test_stopping_coordinator_makes_workers_exit_75(start_coordinator, tmp_path):
+    coordinator = start_coordinator(make_tasks(40))
+    import subprocess
+    import sys
+
+    from conftest import SCRIPTS
+
+    worker = subprocess.Popen([sys.executable, str(SCRIPTS / "worker.py"), "--worker-id", "worker-01",
+                               "--scratch", str(coordinator.scratch), "--simulate-seconds", "0.1",
+                               "--connect-timeout", "1"], stderr=subprocess.PIPE, text=True)
+    time.sleep(1.0)
+    coordinator.stop()
+    code = worker.wait(timeout=20)
+    assert code in (69, 75), worker.stderr.read()
+    assert json.loads(coordinator.end_record.read_text())["status"] == "incomplete"
