@@ -41,7 +41,7 @@ def check_prerequisites():
     if max_cpus is not None and needed > max_cpus:
         fail_config(
             "config",
-            f"workers={config['workers']} needs {needed} CPUs (workers x worker.cpus + "
+            f"workers={config['workers']} needs {needed} CPUs (workers x worker.cpus, plus "
             f"coordinator.cpus) but slurm.max_cpus is {max_cpus}: the job would pend forever; "
             "lower workers or set slurm.max_cpus to your node size",
         )
