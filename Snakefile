@@ -1,7 +1,7 @@
 # allocstack: a Compose-style stack (coordinator service + workers + verifier)
 # inside ONE allocation. Read README.md first; the DAG is readable from the
 # include lines below, one file per stage.
-from snakemake.utils import min_version, validate
+from snakemake.utils import min_version
 
 min_version("9.27")
 
@@ -9,9 +9,7 @@ min_version("9.27")
 configfile: "config/config.yaml"
 
 
-validate(config, "workflow/schemas/config.schema.yaml")
-
-
+# common.smk validates the config against workflow/schemas/config.schema.yaml first.
 include: "workflow/rules/common.smk"
 include: "workflow/rules/inputs.smk"
 include: "workflow/rules/coordinator.smk"

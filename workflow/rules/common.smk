@@ -4,8 +4,33 @@ import shlex
 import shutil
 import sys
 
+import jsonschema
+import yaml
 from snakemake.exceptions import WorkflowError
 from snakemake.settings.types import DeploymentMethod
+from snakemake.utils import validate
+
+
+def fail_config(diag, message):
+    """Stop before anything runs with allocstack's one-line error format."""
+    raise WorkflowError(f"allocstack: error [{diag}]: {message}")
+
+
+def validate_config():
+    """Validate (and fill defaults of) the config; a violation is ONE line naming the key."""
+    schema_path = workflow.source_path("../schemas/config.schema.yaml")
+    try:
+        validate(config, schema_path)
+    except WorkflowError:
+        with open(schema_path) as handle:
+            schema = yaml.safe_load(handle)
+        validator = jsonschema.Draft202012Validator(schema)
+        error = jsonschema.exceptions.best_match(validator.iter_errors(config))
+        key = ".".join(str(part) for part in error.absolute_path) or "config"
+        fail_config("config", f"{key}: {error.message}")
+
+
+validate_config()
 
 RUN = config["run"]
 WORKER_IDS = [f"worker-{i:02d}" for i in range(1, config["workers"] + 1)]
@@ -26,11 +51,6 @@ USE_IMAGE = (
 wildcard_constraints:
     run=r"[A-Za-z0-9][A-Za-z0-9._-]*",
     worker=r"worker-[0-9]+",
-
-
-def fail_config(diag, message):
-    """Stop before anything runs with allocstack's one-line error format."""
-    raise WorkflowError(f"allocstack: error [{diag}]: {message}")
 
 
 def check_prerequisites():
@@ -82,7 +102,7 @@ def bind_paths(wildcards):
     ]
 
 
-def launch(component, cpus=1):
+def launch(component, cpus=1, scratch=True):
     """Input function: the command that starts ``component`` (see workflow/scripts/launch.py)."""
 
     def command(wildcards):
@@ -94,6 +114,8 @@ def launch(component, cpus=1):
             f"--scratch-root={config['scratch'] or ''}",
             f"--cpus={cpus}",
         ]
+        if not scratch:
+            argv.append("--no-scratch")
         if config["slurm"]["job_steps"]:
             argv.append("--job-steps")
             argv += [f"--step-arg={arg}" for arg in config["slurm"]["step_args"]]

@@ -21,7 +21,7 @@ rule verify_results:
         STACK_ENV
     threads: 0
     params:
-        launch=launch("verify"),
+        launch=launch("verify", scratch=False),
         journal=journal_path,
     shell:
         "{params.launch} {input.script} --input {input.tasks:q} --expected {input.expected:q} "

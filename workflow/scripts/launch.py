@@ -49,13 +49,16 @@ def container_prefix(image: str, apptainer_args: list[str], binds: list[str], en
     return argv + [image]
 
 
-def build_argv(args, scratch: Path, environ: Mapping[str, str]) -> list[str]:
+def build_argv(args, scratch: Path | None, environ: Mapping[str, str]) -> list[str]:
     script = Path(args.command[0]).absolute()
     python = "python3" if args.image else sys.executable
     argv = [python, str(script), *args.command[1:]]
     if args.image:
-        binds = [str(scratch), str(script.parent), *(str(Path(b).absolute()) for b in args.bind)]
-        env = {"ALLOCSTACK_SCRATCH": str(scratch), "PYTHONDONTWRITEBYTECODE": "1"}
+        binds = [str(script.parent), *(str(Path(b).absolute()) for b in args.bind)]
+        env = {"PYTHONDONTWRITEBYTECODE": "1"}
+        if scratch is not None:
+            binds.insert(0, str(scratch))
+            env["ALLOCSTACK_SCRATCH"] = str(scratch)
         if environ.get("CUDA_VISIBLE_DEVICES"):
             env["CUDA_VISIBLE_DEVICES"] = environ["CUDA_VISIBLE_DEVICES"]
         argv = container_prefix(args.image, args.apptainer_arg, binds, env) + argv
@@ -77,6 +80,7 @@ def parse_args(argv: list[str] | None):
     parser.add_argument("--component", required=True, help="name of the component (the job step's name)")
     parser.add_argument("--run", required=True, help="run name: scratch is ROOT/allocstack-UID/RUN")
     parser.add_argument("--scratch-root", default="", help="configured scratch root ('' = $SLURM_TMPDIR, $TMPDIR, ...)")
+    parser.add_argument("--no-scratch", action="store_true", help="the component needs no scratch (e.g. verification)")
     parser.add_argument("--image", default="", help="Apptainer image to run the component in ('' = none)")
     parser.add_argument("--apptainer-arg", action="append", default=[], help="argument for apptainer exec (repeatable)")
     parser.add_argument("--apptainer-hint", default="", help="how to get apptainer, named when it is missing")
@@ -91,12 +95,16 @@ def parse_args(argv: list[str] | None):
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     try:
-        scratch = ensure_private_dir(run_scratch(resolve_root(args.scratch_root, os.environ), args.run))
-        command = build_argv(args, scratch, os.environ)
+        scratch = run_scratch(resolve_root(args.scratch_root, os.environ), args.run)
+        if not args.no_scratch:
+            ensure_private_dir(scratch)
+        command = build_argv(args, None if args.no_scratch else scratch, os.environ)
         check_programs(command, args.apptainer_hint)
     except AllocstackError as error:
         return report(error)
-    env = {**os.environ, "ALLOCSTACK_SCRATCH": str(scratch)}
+    env = dict(os.environ)
+    if not args.no_scratch:
+        env["ALLOCSTACK_SCRATCH"] = str(scratch)
     print(f"launch: {args.component}: {shlex.join(command)}", file=sys.stderr, flush=True)
     os.execvpe(command[0], command, env)
 

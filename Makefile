@@ -1,0 +1,29 @@
+# The two commands of the README's quick start, and their building blocks.
+#   make run   - set up the venv and run the baseline stack locally
+#   make test  - set up the venv (and, as root, the Slurm test cluster and the
+#                Apptainer toolbox) and run the whole test suite
+PYTHON ?= python3
+VENV := .venv
+STAMP := $(VENV)/.installed
+
+.PHONY: run test venv cluster clean
+
+run: $(STAMP)
+	$(VENV)/bin/snakemake --cores 4
+
+test: $(STAMP)
+	bash tests/cluster/prepare.sh
+	. tests/cluster/env.sh && $(VENV)/bin/pytest -c tests/pytest.ini tests
+
+venv: $(STAMP)
+
+$(STAMP): requirements.txt
+	$(PYTHON) -m venv $(VENV)
+	$(VENV)/bin/pip install --quiet --disable-pip-version-check -r requirements.txt
+	touch $(STAMP)
+
+cluster:
+	bash tests/cluster/prepare.sh
+
+clean:
+	rm -rf results logs state .snakemake

@@ -1,0 +1,134 @@
+"""The workflow itself: dry-run, lint, format, and real local runs in a temporary copy."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import expected_for, make_tasks, pids_mentioning, write_json
+from workflow_helpers import ROOT, SNAKEMAKE, copy_project, snakemake
+
+
+@pytest.fixture
+def project(tmp_path):
+    workdir = copy_project(tmp_path / "project")
+    yield workdir
+    leftovers = pids_mentioning(str(workdir))
+    for pid in leftovers:
+        os.kill(pid, signal.SIGKILL)
+    assert not leftovers, f"processes left running: {leftovers}"
+
+
+def events(workdir: Path, run: str = "baseline") -> list[dict]:
+    return [json.loads(line) for line in (workdir / "results" / run / "events.jsonl").read_text().splitlines()]
+
+
+def test_dry_run_as_typed_shows_the_stack(project):
+    done = snakemake(project, "--dry-run")
+    assert done.returncode == 0, done.stderr + done.stdout
+    table = {line.split()[0]: line.split()[1] for line in done.stdout.splitlines()
+             if len(line.split()) == 2 and line.split()[1].isdigit() and not line.endswith(":")
+             and not line.split()[0].endswith(":")}
+    assert table == {"validate_inputs": "1", "serve_coordinator": "1", "await_readiness": "1", "run_worker": "2",
+                     "collect_results": "1", "verify_results": "1", "all": "1", "total": "8"}
+    assert "service" in done.stdout  # the coordinator is marked as a service
+    assert not (project / "results").exists()
+
+
+def test_lint_and_format_are_clean():
+    lint = subprocess.run([SNAKEMAKE, "--lint"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert lint.returncode == 0 and "Lints for" not in lint.stdout + lint.stderr, lint.stdout + lint.stderr
+    snakefmt = str(Path(SNAKEMAKE).parent / "snakefmt")
+    fmt = subprocess.run([snakefmt, "--check", "."], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert fmt.returncode == 0, fmt.stderr
+
+
+def test_baseline_end_to_end_rerun_and_forcerun(project):
+    done = snakemake(project, "--cores", "4")
+    assert done.returncode == 0, done.stderr[-3000:]
+    marker = json.loads((project / "results/baseline/result.json").read_text())
+    expected = json.loads((ROOT / "expected/results.json").read_text())
+    assert marker["status"] == "success" and marker["taskCount"] == 4
+    assert [{k: r[k] for k in ("taskId", "output", "sha256")} for r in marker["results"]] == expected["results"]
+    log = events(project)
+    gate = next(e["t"] for e in log if e["event"] == "gate-passed")
+    starts = [e["t"] for e in log if e["event"] == "worker-start"]
+    assert len(starts) == 2 and all(gate <= t for t in starts)
+    assert next(e for e in log if e["event"] == "coordinator-end")["status"] == "completed"
+    assert not (project / "state/baseline/journal.jsonl").exists()  # retired after verification
+    assert not list((project / "tmp").glob("allocstack-*/baseline"))  # scratch cleaned after success
+    for rule in ("serve_coordinator", "await_readiness", "collect_results", "verify_results", "validate_inputs"):
+        assert (project / "logs" / rule / "baseline.log").stat().st_size > 0
+    assert (project / "logs/run_worker/baseline/worker-02.log").exists()
+
+    again = snakemake(project, "--cores", "4")
+    assert again.returncode == 0 and "Nothing to be done" in again.stdout + again.stderr
+
+    before = (project / "results/baseline/result.json").stat().st_mtime
+    forced = snakemake(project, "--cores", "4", "--forcerun", "serve_coordinator")
+    assert forced.returncode == 0, forced.stderr[-3000:]
+    assert (project / "results/baseline/result.json").stat().st_mtime > before
+    assert json.loads((project / "results/baseline/result.json").read_text())["status"] == "success"
+
+
+def test_other_task_set_with_five_workers_via_config(project):
+    tasks = make_tasks(40, message="z", repeat=3)
+    write_json(project / "inputs/forty.json", tasks)
+    write_json(project / "expected/forty.json", expected_for(tasks))
+    done = snakemake(project, "--cores", "4", "--config", "workers=5", "tasks=inputs/forty.json",
+                     "expected=expected/forty.json", "run=forty")
+    assert done.returncode == 0, done.stderr[-3000:]
+    marker = json.loads((project / "results/forty/result.json").read_text())
+    assert marker["status"] == "success" and marker["taskCount"] == 40
+    assert len(list((project / "results/forty/workers").glob("worker-*.json"))) == 5
+    assert sum(json.loads(p.read_text())["tasksCompleted"]
+               for p in (project / "results/forty/workers").glob("*.json")) == 40
+
+
+def test_bad_input_fails_before_anything_starts(project):
+    write_json(project / "inputs/bad.json", {"schemaVersion": 1, "tasks": [{"id": "x y", "payload": {}}]})
+    done = snakemake(project, "--cores", "4", "--config", "tasks=inputs/bad.json", "run=bad")
+    assert done.returncode != 0
+    assert "allocstack: error [input]:" in done.stderr + done.stdout
+    assert not (project / "results/bad/result.json").exists()
+    assert not (project / "results/bad/inputs.json").exists()
+    assert not (project / "logs/serve_coordinator").exists()
+
+
+def test_bad_config_is_refused(project):
+    done = snakemake(project, "--dry-run", "--config", "workers=0")
+    assert done.returncode != 0 and "allocstack: error [config]: workers: 0 is less than" in done.stdout + done.stderr
+    done = snakemake(project, "--dry-run", "--config", "wrokers=3")
+    assert done.returncode != 0 and "[config]" in done.stdout + done.stderr and "wrokers" in done.stdout + done.stderr
+
+
+def test_crashed_coordinator_fails_the_run_and_leaves_nothing(project):
+    tasks = make_tasks(12)
+    write_json(project / "inputs/slow.json", tasks)
+    write_json(project / "expected/slow.json", expected_for(tasks))
+    (project / "config/crash.yaml").write_text(
+        "tasks: inputs/slow.json\nexpected: expected/slow.json\nrun: crash\n"
+        "simulate: {task_seconds: 0.5}\nworker: {connect_timeout: 2}\n")
+    proc = subprocess.Popen(
+        ["timeout", "-k", "10", "240", SNAKEMAKE, "--cores", "4", "--configfile", "config/crash.yaml"],
+        cwd=project, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        env={**os.environ, "TMPDIR": str(project / "tmp")},
+    )
+    deadline = time.monotonic() + 60
+    while not list(project.glob("results/crash/workers")) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    journal = project / "state/crash/journal.jsonl"
+    while (not journal.exists() or journal.read_text().count('"result"') < 2) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    [coordinator] = [pid for pid in pids_mentioning(str(project)) if b"coordinator.py" in Path(f"/proc/{pid}/cmdline").read_bytes()]
+    os.kill(coordinator, signal.SIGKILL)
+    output, _ = proc.communicate(timeout=120)
+    assert proc.returncode != 0
+    assert not (project / "results/crash/result.json").exists()
+    assert "Error in rule" in output

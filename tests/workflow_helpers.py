@@ -1,0 +1,36 @@
+"""Running the real workflow in a temporary copy of the project."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+SNAKEMAKE = str(Path(sys.executable).parent / "snakemake")
+PROJECT_PARTS = ["Snakefile", "workflow", "config", "inputs", "expected", "profiles", "container"]
+
+
+def copy_project(destination: Path) -> Path:
+    """Copy what a user clones (no results, logs or .snakemake) to ``destination``."""
+    destination.mkdir(parents=True, exist_ok=True)
+    ignore = shutil.ignore_patterns("__pycache__", "*.pyc", "*.sif")
+    for part in PROJECT_PARTS:
+        source = ROOT / part
+        if source.is_dir():
+            shutil.copytree(source, destination / part, ignore=ignore)
+        elif source.exists():
+            shutil.copy2(source, destination / part)
+    (destination / "tmp").mkdir()
+    return destination
+
+
+def snakemake(workdir: Path, *args: str, timeout: float = 300, env: dict | None = None) -> subprocess.CompletedProcess:
+    """Run snakemake exactly as a user would, in ``workdir``, bounded by ``timeout``."""
+    environment = {**os.environ, "TMPDIR": str(workdir / "tmp"), **(env or {})}
+    return subprocess.run(
+        ["timeout", "-k", "10", str(timeout), SNAKEMAKE, *args],
+        cwd=workdir, capture_output=True, text=True, env=environment,
+    )
