@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Prepare the real parts the test suite runs against (root only):
+#   1. the single-node Slurm test cluster (tests/cluster/slurm.sh start),
+#   2. the Apptainer toolbox (tests/cluster/apptainer.sh install),
+#   3. the test image, built from container/test.def and cached by its hash.
+# Without root it says why and exits 0: the `slurm` and `apptainer` tests then
+# skip with that reason. With ALLOCSTACK_REQUIRE_CLUSTER=1 (CI) any failure is fatal.
+set -Eeuo pipefail
+
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+root=$(cd "$here/../.." && pwd)
+apptainer_home=${ALLOCSTACK_APPTAINER_HOME:-/opt/allocstack-apptainer}
+image=${ALLOCSTACK_TEST_IMAGE:-$apptainer_home/images/allocstack-test.sif}
+
+if [[ $(id -u) -ne 0 ]]; then
+  echo "prepare: not root: Slurm and Apptainer cannot be installed here; their tests will be skipped" >&2
+  [[ ${ALLOCSTACK_REQUIRE_CLUSTER:-0} == 1 ]] && exit 1
+  exit 0
+fi
+
+started=$SECONDS
+bash "$here/slurm.sh" start
+echo "prepare: Slurm test cluster up after $((SECONDS - started)) s"
+bash "$here/apptainer.sh" install
+echo "prepare: Apptainer toolbox ready after $((SECONDS - started)) s"
+PATH="$apptainer_home/bin:$PATH" bash "$root/container/build.sh" \
+  --cache-dir "$apptainer_home/images/cache" "$root/container/test.def" "$image"
+echo "prepare: test image $image ready after $((SECONDS - started)) s"
