@@ -41,7 +41,11 @@ def step_prefix(component: str, cpus: int, step_args: list[str]) -> list[str]:
 
 
 def container_prefix(image: str, apptainer_args: list[str], binds: list[str], env: Mapping[str, str]) -> list[str]:
-    argv = ["apptainer", "exec", *apptainer_args]
+    """``apptainer exec`` in the current directory with ``binds`` at the same paths.
+
+    ``--pwd`` keeps relative paths working under ``--contain`` (which would start in $HOME).
+    """
+    argv = ["apptainer", "exec", *apptainer_args, "--pwd", os.getcwd()]
     for name, value in env.items():
         argv += ["--env", f"{name}={value}"]
     for path in dict.fromkeys(binds):  # same path inside as outside; de-duplicated, order kept
@@ -55,6 +59,8 @@ def build_argv(args, scratch: Path | None, environ: Mapping[str, str]) -> list[s
     argv = [python, str(script), *args.command[1:]]
     if args.image:
         binds = [str(script.parent), *(str(Path(b).absolute()) for b in args.bind)]
+        for path in args.bind:  # a bind source must exist: results/<run>, state/<run> may not yet
+            Path(path).mkdir(mode=0o700, parents=True, exist_ok=True)
         env = {"PYTHONDONTWRITEBYTECODE": "1"}
         if scratch is not None:
             binds.insert(0, str(scratch))
