@@ -97,9 +97,10 @@ def test_end_record_must_say_completed_for_these_results(run_files):
     end = tmp_path / "end.json"
     write_json(end, {"status": "incomplete", "reason": "signal:SIGKILL"})
     done, marker = verify(tmp_path, tasks, expected, results, "--end-record", end)
-    assert done.returncode == 65 and "not completed" in done.stderr and not marker.exists()
+    assert done.returncode == 70 and "[coordinator-exit]" in done.stderr and "not completed" in done.stderr
+    assert not marker.exists()
     done, marker = verify(tmp_path, tasks, expected, results, "--end-record", tmp_path / "missing.json")
-    assert done.returncode == 65 and "does not exist" in done.stderr and not marker.exists()
+    assert done.returncode == 70 and "does not exist" in done.stderr and not marker.exists()
 
 
 def test_events_must_show_gate_before_workers(run_files):

@@ -64,9 +64,11 @@ def check_results(document: Any, tasks: TaskSet, expected: dict[str, dict[str, A
 def check_end_record(record: Any, task_count: int, input_sha256: str, results_sha256: str) -> None:
     """The coordinator must have completed, on this input, producing exactly this results file."""
     if not isinstance(record, dict):
-        raise fail("coordinator end record is not a JSON object")
+        raise AllocstackError("coordinator-exit", "coordinator end record is not a JSON object")
     if record.get("status") != "completed":
-        raise fail(f"coordinator ended {record.get('status')!r} ({record.get('reason')}), not completed")
+        raise AllocstackError(
+            "coordinator-exit", f"coordinator ended {record.get('status')!r} ({record.get('reason')}), not completed"
+        )
     if record.get("resultCount") != task_count:
         raise fail(f"coordinator reports {record.get('resultCount')} results for {task_count} tasks")
     if record.get("inputSha256") != input_sha256:
@@ -97,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
         results = check_results(read_json(args.results, "results", diag="verification"), tasks, expected)
         input_sha256, results_sha256 = sha256_file(args.input), sha256_file(args.results)
         if args.end_record:
-            record = read_json(args.end_record, "coordinator end record", diag="verification")
+            record = read_json(args.end_record, "coordinator end record", diag="coordinator-exit")
             check_end_record(record, len(tasks), input_sha256, results_sha256)
         if args.events:
             ok, reason = gate_precedes_workers(read_events(args.events))
