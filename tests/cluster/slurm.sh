@@ -48,6 +48,8 @@ readonly DAEMONS=(munged mariadb slurmdbd slurmctld slurmd)
 readonly DAEMON_ENV=(env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin LANG=C.UTF-8)
 HOST=$(hostname -s)
 readonly HOST
+# Set by cmd_start: one deadline (bash's SECONDS) for all of its waits.
+DEADLINE=0
 
 trap 'echo "$PROG: error: line $LINENO: $BASH_COMMAND failed" >&2' ERR
 
@@ -371,7 +373,6 @@ cmd_start() {
     ensure_db_password
     write_slurm_conf
     write_slurmdbd_conf
-    # One deadline for all waits below (monotonic enough: bash's SECONDS).
     DEADLINE=$((SECONDS + TIMEOUT))
     start_munged
     start_mariadb
@@ -384,7 +385,7 @@ cmd_start() {
 }
 
 cmd_stop() {
-    local jobs name i
+    local jobs i
     if running_pid slurmctld >/dev/null && cluster_answers; then
         # Cancel first, so slurmd can still end the steps and their process groups.
         jobs=$(squeue -h -o %A -t PENDING,RUNNING,SUSPENDED,COMPLETING || true)

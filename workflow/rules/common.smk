@@ -102,7 +102,7 @@ def bind_paths(wildcards):
     ]
 
 
-def launch(component, cpus=1, scratch=True):
+def launch(component, cpus=1, scratch=True, tolerate_kill=None):
     """Input function: the command that starts ``component`` (see workflow/scripts/launch.py)."""
 
     def command(wildcards):
@@ -116,6 +116,8 @@ def launch(component, cpus=1, scratch=True):
         ]
         if not scratch:
             argv.append("--no-scratch")
+        if tolerate_kill:
+            argv.append(f"--tolerate-kill={tolerate_kill.format(wildcards=wildcards)}")
         if config["slurm"]["job_steps"]:
             argv.append("--job-steps")
             argv += [f"--step-arg={arg}" for arg in config["slurm"]["step_args"]]

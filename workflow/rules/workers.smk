@@ -25,7 +25,11 @@ rule run_worker:
     resources:
         cpus_per_task=config["worker"]["cpus"],
     params:
-        launch=launch("worker", config["worker"]["cpus"]),
+        launch=launch(
+            "worker",
+            config["worker"]["cpus"],
+            tolerate_kill="results/{wildcards.run}/workers/{wildcards.worker}.json",
+        ),
         gate="results/{run}/readiness.json",
         gate_timeout=config["readiness"]["timeout"] + 30,
         batch=config["worker"]["batch"],

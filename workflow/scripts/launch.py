@@ -3,8 +3,7 @@
 
 This is where a Compose service becomes a program the scheduler launches and
 tracks. ``launch.py [options] -- SCRIPT [ARGS...]`` resolves the run's job-scoped
-scratch (creating it 0700), then REPLACES itself (exec, so signals reach the
-component directly) with::
+scratch (creating it 0700), then runs and supervises::
 
     [srun STEP_ARGS...] [apptainer exec APPTAINER_ARGS... --bind ... IMAGE] python SCRIPT ARGS...
 
@@ -14,19 +13,33 @@ component directly) with::
 * ``apptainer exec`` is used when ``--image`` is given; paths are bound at the
   same location inside the container (scripts read-only, plus scratch and the
   paths in ``--bind``), so the command line needs no rewriting.
+
+Supervision: SIGTERM, SIGINT and SIGHUP are forwarded to the component (so a
+drain reaches it through srun and Apptainer); if launch.py itself is killed, the
+kernel kills the component too (``PR_SET_PDEATHSIG``), so nothing is orphaned.
+With ``--tolerate-kill RECORD`` (workers), a component killed by a signal that
+did not come through launch.py (``kill -9``, the OOM killer) is recorded in
+RECORD and the job succeeds: its leased tasks return to the queue and the other
+workers finish them; verification still decides whether the run succeeded.
 """
 
 from __future__ import annotations
 
+import ctypes
+import json
 import os
 import shlex
 import shutil
+import signal
+import subprocess
 import sys
+import time
 from collections.abc import Mapping
 from pathlib import Path
 
 from allocstack.cli import ArgumentParser, positive_int
 from allocstack.errors import AllocstackError, report
+from allocstack.jsonio import atomic_write_json
 from allocstack.scratch import ensure_private_dir, resolve_root, run_scratch
 
 
@@ -81,6 +94,43 @@ def check_programs(argv: list[str], hint: str) -> None:
             raise AllocstackError("prerequisite", f"{program} is not on PATH{fix}")
 
 
+FORWARDED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+PR_SET_PDEATHSIG = 1
+
+
+def die_with_parent() -> None:
+    """In the child, before exec: get SIGKILL when launch.py dies (Linux)."""
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    except (OSError, AttributeError):
+        pass
+
+
+def supervise(command: list[str], env: dict[str, str], component: str, kill_record: Path | None) -> int:
+    """Run ``command``, forward signals to it, and return the job's exit code."""
+    child = subprocess.Popen(command, env=env, preexec_fn=die_with_parent)
+    forwarded: set[int] = set()
+
+    def forward(signum: int, _frame: object) -> None:
+        forwarded.add(signum)
+        child.send_signal(signum)
+
+    for signum in FORWARDED_SIGNALS:
+        signal.signal(signum, forward)
+    code = child.wait()
+    if code >= 0:
+        return code
+    killer = signal.Signals(-code).name
+    if kill_record is not None and -code not in forwarded:
+        print(f"launch: {component} was killed by {killer} from outside; tolerated: its leased tasks "
+              "return to the queue when their lease expires", file=sys.stderr, flush=True)
+        atomic_write_json(kill_record, {"schemaVersion": 1, "workerId": component, "status": "killed",
+                                        "signal": killer, "tasksCompleted": None, "endedAt": time.time()}, 0o644)
+        return 0
+    print(f"launch: {component} ended by {killer}", file=sys.stderr, flush=True)
+    return 128 - code
+
+
 def parse_args(argv: list[str] | None):
     parser = ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--component", required=True, help="name of the component (the job step's name)")
@@ -94,6 +144,8 @@ def parse_args(argv: list[str] | None):
     parser.add_argument("--job-steps", action="store_true", help="run as an srun job step inside a Slurm allocation")
     parser.add_argument("--step-arg", action="append", default=[], help="argument for srun (repeatable)")
     parser.add_argument("--cpus", type=positive_int, default=1, help="CPUs of the job step")
+    parser.add_argument("--tolerate-kill", type=Path, metavar="RECORD",
+                        help="a component killed from outside is recorded here and the job succeeds (workers)")
     parser.add_argument("command", nargs="+", help="-- SCRIPT [ARGS...]")
     return parser.parse_args(argv)
 
@@ -112,7 +164,7 @@ def main(argv: list[str] | None = None) -> int:
     if not args.no_scratch:
         env["ALLOCSTACK_SCRATCH"] = str(scratch)
     print(f"launch: {args.component}: {shlex.join(command)}", file=sys.stderr, flush=True)
-    os.execvpe(command[0], command, env)
+    return supervise(command, env, args.component, args.tolerate_kill)
 
 
 if __name__ == "__main__":

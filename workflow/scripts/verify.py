@@ -96,11 +96,12 @@ def main(argv: list[str] | None = None) -> int:
         args.output.unlink(missing_ok=True)
         tasks = load_tasks(str(args.input))
         expected = load_expected(str(args.expected), tasks)
-        results = check_results(read_json(args.results, "results", diag="verification"), tasks, expected)
+        document = read_json(args.results, "results", diag="verification")
         input_sha256, results_sha256 = sha256_file(args.input), sha256_file(args.results)
-        if args.end_record:
+        if args.end_record:  # first: "the coordinator did not complete" explains a short results file
             record = read_json(args.end_record, "coordinator end record", diag="coordinator-exit")
             check_end_record(record, len(tasks), input_sha256, results_sha256)
+        results = check_results(document, tasks, expected)
         if args.events:
             ok, reason = gate_precedes_workers(read_events(args.events))
             if not ok:

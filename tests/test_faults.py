@@ -1,0 +1,122 @@
+"""Faults injected with real signals into real runs: dying workers, a dying coordinator, resume."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import expected_for, make_tasks, pids_mentioning, write_json
+from workflow_helpers import SNAKEMAKE, copy_project, snakemake
+
+
+@pytest.fixture
+def project(tmp_path):
+    workdir = copy_project(tmp_path / "project")
+    yield workdir
+    leftovers = pids_mentioning(str(workdir))
+    for pid in leftovers:
+        os.kill(pid, signal.SIGKILL)
+    assert not leftovers, f"processes left running: {leftovers}"
+
+
+def slow_run(project: Path, run: str, tasks: int, seconds: float, workers: int = 2, lease: float = 2) -> Path:
+    document = make_tasks(tasks)
+    write_json(project / f"inputs/{run}.json", document)
+    write_json(project / f"expected/{run}.json", expected_for(document))
+    config = project / f"config/{run}.yaml"
+    config.write_text(
+        f"tasks: inputs/{run}.json\nexpected: expected/{run}.json\nrun: {run}\nworkers: {workers}\n"
+        f"simulate: {{task_seconds: {seconds}}}\ncoordinator: {{lease_seconds: {lease}}}\n"
+        "worker: {connect_timeout: 3, wait_timeout: 60}\n")
+    return config
+
+
+def start(project: Path, config: Path) -> subprocess.Popen:
+    return subprocess.Popen(
+        ["timeout", "-k", "10", "300", SNAKEMAKE, "--cores", "4", "--configfile", str(config)],
+        cwd=project, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        env={**os.environ, "TMPDIR": str(project / "tmp")},
+    )
+
+
+def component_pids(project: Path, needle: str) -> list[int]:
+    """PIDs of the real component processes (python SCRIPT), not their launch.py supervisors."""
+    found = []
+    for pid in pids_mentioning(str(project)):
+        try:
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if len(argv) > 1 and argv[1].endswith(needle.encode()):
+            found.append(pid)
+    return found
+
+
+def wait_for(predicate, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "timed out waiting"
+        time.sleep(0.05)
+
+
+def journaled(project: Path, run: str) -> int:
+    path = project / f"state/{run}/journal.jsonl"
+    return path.read_text().count('"kind":"result"') if path.exists() else 0
+
+
+def test_kill_9_of_a_worker_mid_task_and_the_run_still_succeeds(project):
+    proc = start(project, slow_run(project, "wkill", tasks=12, seconds=0.4))
+    wait_for(lambda: len(component_pids(project, "worker.py")) == 2 and journaled(project, "wkill") >= 1)
+    victim = component_pids(project, "worker.py")[0]
+    os.kill(victim, signal.SIGKILL)
+    output, _ = proc.communicate(timeout=200)
+    assert proc.returncode == 0, output[-3000:]
+    marker = json.loads((project / "results/wkill/result.json").read_text())
+    assert marker["status"] == "success" and marker["taskCount"] == 12
+    records = [json.loads(p.read_text()) for p in (project / "results/wkill/workers").glob("*.json")]
+    assert sorted(r["status"] for r in records) == ["done", "killed"]
+    end = json.loads((project / "results/wkill/coordinator.json").read_text())
+    assert end["expiredLeases"] >= 1  # the dead worker's task went back to the queue
+
+
+def test_all_workers_dead_is_a_clear_failure_not_a_hang(project):
+    proc = start(project, slow_run(project, "allkill", tasks=10, seconds=0.5))
+    wait_for(lambda: len(component_pids(project, "worker.py")) == 2 and journaled(project, "allkill") >= 1)
+    for pid in component_pids(project, "worker.py"):
+        os.kill(pid, signal.SIGKILL)
+    started = time.monotonic()
+    output, _ = proc.communicate(timeout=200)
+    assert proc.returncode != 0
+    assert time.monotonic() - started < 60
+    assert "[coordinator-exit]" in output and "incomplete" in output
+    assert not (project / "results/allkill/result.json").exists()
+
+
+def test_coordinator_kill_9_then_rerun_resumes_from_the_journal(project):
+    config = slow_run(project, "resume", tasks=16, seconds=0.3)
+    proc = start(project, config)
+    wait_for(lambda: journaled(project, "resume") >= 4)
+    [coordinator] = component_pids(project, "coordinator.py")
+    os.kill(coordinator, signal.SIGKILL)
+    output, _ = proc.communicate(timeout=200)
+    assert proc.returncode != 0
+    assert not (project / "results/resume/result.json").exists()
+    done_before = journaled(project, "resume")
+    assert 4 <= done_before < 16
+    with open(project / "state/resume/journal.jsonl", "ab") as journal:
+        journal.write(b'{"kind":"result","taskId":"task-0')  # a torn last line, as a crash mid-write leaves
+
+    rerun = snakemake(project, "--cores", "4", "--configfile", str(config))
+    assert rerun.returncode == 0, rerun.stderr[-3000:]
+    end = json.loads((project / "results/resume/coordinator.json").read_text())
+    assert end["restored"] == done_before
+    computed = sum(json.loads(p.read_text())["tasksCompleted"] for p in (project / "results/resume/workers").glob("*.json"))
+    assert computed == 16 - done_before  # acknowledged results were not computed again
+    assert json.loads((project / "results/resume/result.json").read_text())["status"] == "success"
+    assert not (project / "state/resume/journal.jsonl").exists()
