@@ -102,20 +102,22 @@ def bind_paths(wildcards):
     ]
 
 
-def launch(component, cpus=1, scratch=True, tolerate_kill=None):
+def launch(component, cpus=1, scratch=True, tolerate_kill=None, job_end_time=False):
     """Input function: the command that starts ``component`` (see workflow/scripts/launch.py)."""
 
     def command(wildcards):
         argv = [
             PYTHON,
             script("launch.py"),
-            f"--component={component}",
+            f"--component={component.format(wildcards=wildcards)}",
             f"--run={wildcards.run}",
             f"--scratch-root={config['scratch'] or ''}",
             f"--cpus={cpus}",
         ]
         if not scratch:
             argv.append("--no-scratch")
+        if job_end_time:
+            argv.append("--job-end-time")
         if tolerate_kill:
             argv.append(f"--tolerate-kill={tolerate_kill.format(wildcards=wildcards)}")
         if config["slurm"]["job_steps"]:

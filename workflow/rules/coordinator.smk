@@ -24,7 +24,7 @@ rule serve_coordinator:
     resources:
         cpus_per_task=config["coordinator"]["cpus"],
     params:
-        launch=launch("coordinator", config["coordinator"]["cpus"]),
+        launch=launch("coordinator", config["coordinator"]["cpus"], job_end_time=True),
         journal=journal_path,
         lease=config["coordinator"]["lease_seconds"],
         idle=config["coordinator"]["idle_timeout"],

@@ -19,9 +19,10 @@ rule await_readiness:
     threads: 0
     params:
         launch=launch("readiness"),
+        coordinator_record="results/{run}/coordinator.json",
         timeout=config["readiness"]["timeout"],
         interval=config["readiness"]["interval"],
     shell:
         "exec {params.launch} {input.script} --inputs-summary {input.validated} "
         "--timeout {params.timeout} --interval {params.interval} "
-        "--record {output} > {log} 2>&1"
+        "--record {output} --coordinator-record {params.coordinator_record} > {log} 2>&1"

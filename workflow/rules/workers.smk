@@ -26,7 +26,7 @@ rule run_worker:
         cpus_per_task=config["worker"]["cpus"],
     params:
         launch=launch(
-            "worker",
+            "{wildcards.worker}",
             config["worker"]["cpus"],
             tolerate_kill="results/{wildcards.run}/workers/{wildcards.worker}.json",
         ),

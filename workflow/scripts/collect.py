@@ -41,6 +41,24 @@ def tool_version(argv: list[str]) -> str | None:
     return text[0] if text else None
 
 
+STEP_FIELDS = ("JobID", "JobName", "State", "ExitCode", "AllocCPUS", "TotalCPU", "Elapsed", "NodeList")
+
+
+def slurm_steps(job_id: str | None) -> list[dict[str, str]] | None:
+    """The allocation's job steps as accounting records them (None without Slurm accounting)."""
+    if not job_id or shutil.which("sacct") is None:
+        return None
+    try:
+        done = subprocess.run(["sacct", "--jobs", job_id, "--noheader", "--parsable2",
+                               f"--format={','.join(STEP_FIELDS)}"],
+                              capture_output=True, text=True, timeout=20, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if done.returncode != 0:
+        return None
+    return [dict(zip(STEP_FIELDS, line.split("|"))) for line in done.stdout.splitlines() if line]
+
+
 def components(events: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     """Where each component ran, from the runtime facts in its first event."""
     found: dict[str, dict[str, Any]] = {}
@@ -83,6 +101,7 @@ def main(argv: list[str] | None = None) -> int:
                 "version": tool_version(["sinfo", "--version"]) if os.environ.get("SLURM_JOB_ID") else None,
                 "jobId": os.environ.get("SLURM_JOB_ID"),
                 "node": os.environ.get("SLURMD_NODENAME"),
+                "steps": slurm_steps(os.environ.get("SLURM_JOB_ID")),
             },
             "apptainer": tool_version(["apptainer", "--version"]) if summary.get("image") else None,
             "components": components(events),

@@ -266,8 +266,6 @@ class Coordinator:
         self.listening_at = time.time()
         append_event(self.args.events, "coordinator-listening", endpoint=url, taskCount=len(self.board.by_id),
                      restored=self.board.restored, **runtime_facts())
-        if self.args.service_file:
-            atomic_write_json(self.args.service_file, {"schemaVersion": SCHEMA_VERSION, "endpoint": url, "pid": os.getpid()}, 0o644)
         print(f"coordinator: listening on {url} with {len(self.board.by_id)} tasks "
               f"({self.board.restored} restored from the journal)", flush=True)
         keeper = asyncio.create_task(self.housekeeping())
@@ -357,13 +355,38 @@ def _slurm_end_time() -> float:
     return float(value) if value.isdigit() else 0.0
 
 
+def start_fresh(args) -> None:
+    """Before anything else: announce the process, and clear what an earlier run left in scratch.
+
+    The service file tells Snakemake the coordinator process is up (consumers then
+    start and the gate does the real readiness wait, with its own deadline); a stale
+    endpoint or event log from a crashed run must not be mistaken for this run's.
+    """
+    if args.service_file:
+        atomic_write_json(args.service_file, {"schemaVersion": SCHEMA_VERSION, "pid": os.getpid(),
+                                              "startedAt": time.time()}, 0o644)
+    if args.end_record:
+        Path(args.end_record).unlink(missing_ok=True)
+    if args.scratch:
+        ensure_private_dir(Path(args.scratch))
+    for stale in (args.endpoint_file, args.events):
+        if stale:
+            Path(stale).unlink(missing_ok=True)
+
+
+def record_startup_failure(args, error: AllocstackError) -> None:
+    """An end record for a coordinator that never served, so the gate can fail fast with the reason."""
+    if args.end_record:
+        atomic_write_json(args.end_record, {"schemaVersion": SCHEMA_VERSION, "status": "failed",
+                                            "reason": error.line(), "endedAt": time.time()})
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     try:
+        start_fresh(args)
         tasks = load_tasks(args.input)
         input_sha256 = sha256_file(args.input)
-        if args.scratch:
-            ensure_private_dir(Path(args.scratch))
         journal_path = Path(args.journal)
         journal_path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         restored, note = replay(journal_path, input_sha256)
@@ -371,9 +394,10 @@ def main(argv: list[str] | None = None) -> int:
         board = TaskBoard(tasks.tasks, args.lease_seconds)
         board.restore(restored)
         journal = Journal(journal_path, input_sha256)
-        return asyncio.run(Coordinator(args, board, journal, input_sha256).run())
     except AllocstackError as error:
+        record_startup_failure(args, error)
         return report(error)
+    return asyncio.run(Coordinator(args, board, journal, input_sha256).run())
 
 
 if __name__ == "__main__":

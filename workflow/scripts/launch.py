@@ -66,6 +66,22 @@ def container_prefix(image: str, apptainer_args: list[str], binds: list[str], en
     return argv + [image]
 
 
+def job_end_time(environ: Mapping[str, str]) -> str | None:
+    """Epoch seconds at which the Slurm allocation ends, from $SLURM_JOB_END_TIME or squeue.
+
+    Slurm 22.05 does not export SLURM_JOB_END_TIME; ``squeue -o %e`` knows it.
+    """
+    if environ.get("SLURM_JOB_END_TIME") or not environ.get("SLURM_JOB_ID"):
+        return environ.get("SLURM_JOB_END_TIME")
+    try:
+        done = subprocess.run(["squeue", "--noheader", "--jobs", environ["SLURM_JOB_ID"], "--format=%e"],
+                              capture_output=True, text=True, timeout=10, check=False)
+        end = time.mktime(time.strptime(done.stdout.strip(), "%Y-%m-%dT%H:%M:%S"))
+    except (OSError, subprocess.TimeoutExpired, ValueError):
+        return None
+    return str(int(end))
+
+
 def build_argv(args, scratch: Path | None, environ: Mapping[str, str]) -> list[str]:
     script = Path(args.command[0]).absolute()
     python = "python3" if args.image else sys.executable
@@ -75,11 +91,12 @@ def build_argv(args, scratch: Path | None, environ: Mapping[str, str]) -> list[s
         for path in args.bind:  # a bind source must exist: results/<run>, state/<run> may not yet
             Path(path).mkdir(mode=0o700, parents=True, exist_ok=True)
         env = {"PYTHONDONTWRITEBYTECODE": "1"}
+        for name in ("SLURM_JOB_ID", "SLURM_JOB_END_TIME", "CUDA_VISIBLE_DEVICES"):
+            if environ.get(name):  # --cleanenv drops them; the components need them
+                env[name] = environ[name]
         if scratch is not None:
             binds.insert(0, str(scratch))
             env["ALLOCSTACK_SCRATCH"] = str(scratch)
-        if environ.get("CUDA_VISIBLE_DEVICES"):
-            env["CUDA_VISIBLE_DEVICES"] = environ["CUDA_VISIBLE_DEVICES"]
         argv = container_prefix(args.image, args.apptainer_arg, binds, env) + argv
     if args.job_steps and environ.get("SLURM_JOB_ID"):
         argv = step_prefix(args.component, args.cpus, args.step_arg) + argv
@@ -106,14 +123,35 @@ def die_with_parent() -> None:
         pass
 
 
+def signal_step(job_id: str, step_name: str, signum: int) -> bool:
+    """Send ``signum`` to the job step(s) named ``step_name`` with scancel; False if none was found.
+
+    Signalling srun itself is not the same: on SIGTERM srun "forces job termination"
+    (SIGKILL after KillWait) and the component never drains. ``scancel --signal``
+    delivers the signal to the step's tasks, through Apptainer, to the component.
+    """
+    try:
+        listing = subprocess.run(["squeue", "--steps", "--jobs", job_id, "--noheader", "--format=%i %j"],
+                                 capture_output=True, text=True, timeout=10, check=False).stdout
+        steps = [line.split()[0] for line in listing.splitlines() if line.split()[1:] == [step_name]]
+        for step in steps:
+            subprocess.run(["scancel", f"--signal={signal.Signals(signum).name[3:]}", step],
+                           timeout=10, check=False)
+    except (OSError, subprocess.TimeoutExpired, IndexError):
+        return False
+    return bool(steps)
+
+
 def supervise(command: list[str], env: dict[str, str], component: str, kill_record: Path | None) -> int:
     """Run ``command``, forward signals to it, and return the job's exit code."""
     child = subprocess.Popen(command, env=env, preexec_fn=die_with_parent)
     forwarded: set[int] = set()
+    in_step = command[0] == "srun"
 
     def forward(signum: int, _frame: object) -> None:
         forwarded.add(signum)
-        child.send_signal(signum)
+        if not (in_step and signal_step(env["SLURM_JOB_ID"], component, signum)):
+            child.send_signal(signum)
 
     for signum in FORWARDED_SIGNALS:
         signal.signal(signum, forward)
@@ -144,6 +182,8 @@ def parse_args(argv: list[str] | None):
     parser.add_argument("--job-steps", action="store_true", help="run as an srun job step inside a Slurm allocation")
     parser.add_argument("--step-arg", action="append", default=[], help="argument for srun (repeatable)")
     parser.add_argument("--cpus", type=positive_int, default=1, help="CPUs of the job step")
+    parser.add_argument("--job-end-time", action="store_true",
+                        help="export $SLURM_JOB_END_TIME (from squeue if Slurm does not set it) to the component")
     parser.add_argument("--tolerate-kill", type=Path, metavar="RECORD",
                         help="a component killed from outside is recorded here and the job succeeds (workers)")
     parser.add_argument("command", nargs="+", help="-- SCRIPT [ARGS...]")
@@ -152,17 +192,19 @@ def parse_args(argv: list[str] | None):
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    env = dict(os.environ)
     try:
-        scratch = run_scratch(resolve_root(args.scratch_root, os.environ), args.run)
-        if not args.no_scratch:
+        scratch = None if args.no_scratch else run_scratch(resolve_root(args.scratch_root, env), args.run)
+        if scratch is not None:
             ensure_private_dir(scratch)
-        command = build_argv(args, None if args.no_scratch else scratch, os.environ)
+            env["ALLOCSTACK_SCRATCH"] = str(scratch)
+        end_time = job_end_time(env) if args.job_end_time else None
+        if end_time:
+            env["SLURM_JOB_END_TIME"] = end_time
+        command = build_argv(args, scratch, env)
         check_programs(command, args.apptainer_hint)
     except AllocstackError as error:
         return report(error)
-    env = dict(os.environ)
-    if not args.no_scratch:
-        env["ALLOCSTACK_SCRATCH"] = str(scratch)
     print(f"launch: {args.component}: {shlex.join(command)}", file=sys.stderr, flush=True)
     return supervise(command, env, args.component, args.tolerate_kill)
 

@@ -32,9 +32,20 @@ def expected_health(task_count: int) -> dict[str, Any]:
     return {"status": "ready", "schemaVersion": SCHEMA_VERSION, "taskCount": task_count}
 
 
-def wait_for_endpoint(path: Path, deadline: float, interval: float) -> str | None:
+def check_coordinator_alive(record: Path | None) -> None:
+    """Fail fast when the coordinator already wrote its end record (it died before serving)."""
+    if record is not None and record.exists():
+        try:
+            reason = read_json(record, "coordinator end record", diag="coordinator-exit").get("reason", "?")
+        except (AllocstackError, AttributeError):
+            reason = "unreadable end record"
+        raise AllocstackError("coordinator-exit", f"the coordinator ended before it was ready: {reason}")
+
+
+def wait_for_endpoint(path: Path, deadline: float, interval: float, record: Path | None = None) -> str | None:
     """Wait for the endpoint file; return its URL, or None at the deadline."""
     while True:
+        check_coordinator_alive(record)
         if path.exists():
             try:
                 return read_endpoint(path)[0]
@@ -83,6 +94,8 @@ def parse_args(argv: list[str] | None):
     parser.add_argument("--timeout", type=positive_float, required=True, help="total deadline in seconds")
     parser.add_argument("--interval", type=positive_float, default=0.05, help="seconds between probes")
     parser.add_argument("--record", type=Path, help="write the gate record (JSON) here when ready")
+    parser.add_argument("--coordinator-record", type=Path,
+                        help="the coordinator's end record: if it appears while waiting, fail at once with its reason")
     parser.add_argument("--events", type=Path, help="event log to append to (default SCRATCH/events.jsonl)")
     args = parser.parse_args(argv)
     if args.inputs_summary:
@@ -111,7 +124,8 @@ def main(argv: list[str] | None = None) -> int:
     started, started_wall = time.monotonic(), time.time()
     deadline = started + args.timeout
     try:
-        url = args.endpoint or wait_for_endpoint(args.endpoint_file, deadline, min(args.interval, 0.02))
+        url = args.endpoint or wait_for_endpoint(args.endpoint_file, deadline, min(args.interval, 0.02),
+                                                 args.coordinator_record)
         if url is None:
             raise AllocstackError(
                 "readiness-timeout", f"no endpoint file at {args.endpoint_file} within {args.timeout:g} s"
