@@ -2,6 +2,7 @@
 # No rules here.
 import shlex
 import shutil
+import subprocess
 import sys
 
 import jsonschema
@@ -53,17 +54,42 @@ wildcard_constraints:
     worker=r"worker-[0-9]+",
 
 
+def submits_to_slurm():
+    """True when this Snakemake is about to submit to Slurm (not when it runs inside a job)."""
+    resources = workflow.resource_settings.default_resources or {}
+    slurm_keys = {"slurm_account", "slurm_partition"} & set(resources.keys())
+    return bool(slurm_keys) and not os.environ.get("SLURM_JOB_ID")
+
+
+def largest_node_cpus():
+    """CPUs of the largest node Slurm reports (``sinfo``), or None if it cannot tell."""
+    try:
+        listing = subprocess.run(
+            ["sinfo", "--noheader", "--Node", "--format=%c"],
+            capture_output=True,
+            text=True,
+            timeout=15,
+            check=False,
+        ).stdout
+        return max(int(cpus.rstrip("+")) for cpus in listing.split())
+    except (OSError, subprocess.TimeoutExpired, ValueError):
+        return None
+
+
 def check_prerequisites():
-    max_cpus = config["slurm"]["max_cpus"]
     needed = sum(
         [config["workers"] * config["worker"]["cpus"], config["coordinator"]["cpus"]]
     )
+    max_cpus = config["slurm"]["max_cpus"]
+    source = "slurm.max_cpus"
+    if max_cpus is None and submits_to_slurm():
+        max_cpus, source = largest_node_cpus(), "the largest node in sinfo"
     if max_cpus is not None and needed > max_cpus:
         fail_config(
             "config",
-            f"workers={config['workers']} needs {needed} CPUs (workers x worker.cpus, plus "
-            f"coordinator.cpus) but slurm.max_cpus is {max_cpus}: the job would pend forever; "
-            "lower workers or set slurm.max_cpus to your node size",
+            f"workers={config['workers']} needs {needed} CPUs in one allocation (workers x "
+            f"worker.cpus, plus coordinator.cpus) but {source} has {max_cpus}: the job "
+            "would pend forever; lower workers (or set slurm.max_cpus)",
         )
     if USE_IMAGE and shutil.which("apptainer") is None:
         fail_config(

@@ -24,14 +24,23 @@ rule serve_coordinator:
     resources:
         cpus_per_task=config["coordinator"]["cpus"],
     params:
-        launch=launch("coordinator", config["coordinator"]["cpus"], job_end_time=True),
+        launch=launch(
+            "coordinator",
+            config["coordinator"]["cpus"],
+            job_end_time=config["coordinator"]["stop_claims_before_end"],
+        ),
         journal=journal_path,
         lease=config["coordinator"]["lease_seconds"],
         idle=config["coordinator"]["idle_timeout"],
         lifetime=config["coordinator"]["lifetime"],
+        stop_claims=(
+            ""
+            if config["coordinator"]["stop_claims_before_end"]
+            else "--stop-claims-at 0"
+        ),
     shell:
         "exec {params.launch} {input.script} --input {input.tasks:q} "
         "--results {output.results} --end-record {output.end_record} "
         "--service-file {output.service} --journal {params.journal:q} "
         "--lease-seconds {params.lease} --idle-timeout {params.idle} "
-        "--lifetime {params.lifetime} > {log} 2>&1"
+        "--lifetime {params.lifetime} {params.stop_claims} > {log} 2>&1"

@@ -1,0 +1,120 @@
+"""The whole stack in ONE allocation of a real Slurm cluster (tests/cluster/slurm.sh), inside Apptainer."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import time
+
+import pytest
+
+from conftest import expected_for, make_tasks, pids_mentioning, write_json
+from real_parts import require_apptainer, require_slurm
+from workflow_helpers import copy_project, snakemake
+
+pytestmark = [pytest.mark.slurm, pytest.mark.apptainer]
+# The test cluster's account and partition, layered over the real profile's values.
+TEST_RESOURCES = ["--default-resources", "slurm_account=allocstack", "slurm_partition=debug", "mem_mb=300"]
+
+
+@pytest.fixture
+def cluster_project(tmp_path):
+    require_slurm()
+    image = require_apptainer()
+    workdir = copy_project(tmp_path / "project")
+    yield workdir, image
+    leftovers = pids_mentioning(str(workdir))
+    for pid in leftovers:
+        os.kill(pid, signal.SIGKILL)
+    assert not leftovers, f"processes of the run left on the node: {leftovers}"
+
+
+def submitted_jobs(output: str) -> list[str]:
+    return re.findall(r"submitted with SLURM jobid (\d+)", output)
+
+
+def steps(job: str) -> dict[str, str]:
+    listing = subprocess.run(["sacct", "-j", job, "--noheader", "--parsable2", "--format=JobID,JobName,State"],
+                             capture_output=True, text=True, timeout=30).stdout
+    return {name: state for _, name, state in (line.split("|") for line in listing.splitlines() if line)}
+
+
+def test_baseline_is_one_sbatch_job_with_a_step_per_component(cluster_project):
+    project, image = cluster_project
+    started = time.monotonic()
+    done = snakemake(project, "--profile", "profiles/slurm", *TEST_RESOURCES, "runtime=10",
+                     "--config", f"image={image}", timeout=600)
+    elapsed = time.monotonic() - started
+    output = done.stdout + done.stderr
+    assert done.returncode == 0, output[-4000:]
+    marker = json.loads((project / "results/baseline/result.json").read_text())
+    assert marker["status"] == "success" and marker["taskCount"] == 4
+    [job] = submitted_jobs(output)  # exactly one sbatch job for the whole stack
+    for _ in range(20):  # accounting records a step when it ends; give slurmdbd a moment
+        job_steps = steps(job)
+        if {"coordinator", "readiness", "worker-01", "worker-02", "verify"} <= set(job_steps):
+            break
+        time.sleep(0.5)
+    for name in ("coordinator", "readiness", "worker-01", "worker-02", "verify"):
+        assert job_steps.get(name) == "COMPLETED", job_steps
+    provenance = json.loads((project / "results/baseline/provenance.json").read_text())
+    assert provenance["slurm"]["jobId"] == job and provenance["slurm"]["node"]
+    assert provenance["slurm"]["version"].startswith("slurm")
+    assert {s["JobName"] for s in provenance["slurm"]["steps"]} >= {"coordinator", "worker-01", "worker-02"}
+    for component in provenance["components"].values():
+        assert component["container"] == image and component["python"] == "/usr/bin/python3"
+        assert component["slurmJobId"] == job
+    events = [json.loads(line) for line in (project / "results/baseline/events.jsonl").read_text().splitlines()]
+    gate = next(e["t"] for e in events if e["event"] == "gate-passed")
+    assert all(gate <= e["t"] for e in events if e["event"] == "worker-start")
+    print(f"submission to success: {elapsed:.1f} s, sbatch jobs: 1")
+
+
+def test_time_limit_is_reported_nothing_is_left_and_a_rerun_succeeds(cluster_project):
+    project, image = cluster_project
+    tasks = make_tasks(80)
+    write_json(project / "inputs/long.json", tasks)
+    write_json(project / "expected/long.json", expected_for(tasks))
+    (project / "config/long.yaml").write_text(
+        f"tasks: inputs/long.json\nexpected: expected/long.json\nrun: long\nimage: {image}\n"
+        "simulate: {task_seconds: 2}\ncoordinator: {lease_seconds: 10, stop_claims_before_end: false}\n")
+    started = time.monotonic()
+    done = snakemake(project, "--profile", "profiles/slurm", *TEST_RESOURCES, "runtime=1",
+                     "--configfile", "config/long.yaml", timeout=400)
+    elapsed = time.monotonic() - started
+    output = done.stdout + done.stderr
+    assert done.returncode != 0
+    assert elapsed < 300, f"Snakemake took {elapsed:.0f} s to report the time limit"
+    assert not (project / "results/long/result.json").exists()
+    [job] = submitted_jobs(output)
+    state = subprocess.run(["sacct", "-j", job, "-X", "--noheader", "--format=State"],
+                           capture_output=True, text=True, timeout=30).stdout.strip()
+    assert state == "TIMEOUT", state
+    slurm_logs = "".join(p.read_text() for p in (project / "logs/slurm").rglob("*.log"))
+    assert "DUE TO TIME LIMIT" in slurm_logs
+    coordinator_log = (project / "logs/serve_coordinator/long.log").read_text()
+    assert "stopping (signal:SIGTERM)" in coordinator_log  # Slurm's SIGTERM reached it through Apptainer
+    end = json.loads((project / "results/long/coordinator.json").read_text())
+    assert end["status"] == "incomplete" and 0 < end["resultCount"] < 80
+    squeue = subprocess.run(["squeue", "--noheader", "-j", job], capture_output=True, text=True, timeout=30)
+    assert job not in squeue.stdout
+
+    rerun = snakemake(project, "--profile", "profiles/slurm", *TEST_RESOURCES, "runtime=10",
+                      "--configfile", "config/long.yaml", "--config", "workers=4",
+                      "simulate={task_seconds: 0}", timeout=600)
+    assert rerun.returncode == 0, (rerun.stdout + rerun.stderr)[-4000:]
+    assert json.loads((project / "results/long/result.json").read_text())["status"] == "success"
+    assert json.loads((project / "results/long/coordinator.json").read_text())["restored"] >= end["resultCount"]
+
+
+def test_more_workers_than_the_node_has_cpus_is_refused_up_front(cluster_project):
+    project, image = cluster_project
+    done = snakemake(project, "--profile", "profiles/slurm", *TEST_RESOURCES, "--config", "workers=40",
+                     f"image={image}", timeout=120)
+    output = done.stdout + done.stderr
+    assert done.returncode != 0
+    assert "allocstack: error [config]: workers=40 needs 41 CPUs" in output
+    assert not submitted_jobs(output)
