@@ -79,11 +79,12 @@ def test_time_limit_is_reported_nothing_is_left_and_a_rerun_succeeds(cluster_pro
     write_json(project / "inputs/long.json", tasks)
     write_json(project / "expected/long.json", expected_for(tasks))
     (project / "config/long.yaml").write_text(
-        f"tasks: inputs/long.json\nexpected: expected/long.json\nrun: long\nimage: {image}\n"
+        "tasks: inputs/long.json\nexpected: expected/long.json\nrun: long\n"
         "simulate: {task_seconds: 2}\ncoordinator: {lease_seconds: 10, stop_claims_before_end: false}\n")
+    (project / "config/long-rerun.yaml").write_text("workers: 4\nsimulate: {task_seconds: 0}\n")
     started = time.monotonic()
     done = snakemake(project, "--profile", "profiles/slurm", *TEST_RESOURCES, "runtime=1",
-                     "--configfile", "config/long.yaml", timeout=400)
+                     "--configfile", "config/long.yaml", "--config", f"image={image}", timeout=400)
     elapsed = time.monotonic() - started
     output = done.stdout + done.stderr
     assert done.returncode != 0
@@ -103,8 +104,8 @@ def test_time_limit_is_reported_nothing_is_left_and_a_rerun_succeeds(cluster_pro
     assert job not in squeue.stdout
 
     rerun = snakemake(project, "--profile", "profiles/slurm", *TEST_RESOURCES, "runtime=10",
-                      "--configfile", "config/long.yaml", "--config", "workers=4",
-                      "simulate={task_seconds: 0}", timeout=600)
+                      "--configfile", "config/long.yaml", "config/long-rerun.yaml", "--config", f"image={image}",
+                      timeout=600)
     assert rerun.returncode == 0, (rerun.stdout + rerun.stderr)[-4000:]
     assert json.loads((project / "results/long/result.json").read_text())["status"] == "success"
     assert json.loads((project / "results/long/coordinator.json").read_text())["restored"] >= end["resultCount"]

@@ -41,6 +41,7 @@ from allocstack.errors import EXIT_TEMPFAIL, AllocstackError, report
 from allocstack.events import append_event
 from allocstack.httpserver import HttpServer, Request, Response
 from allocstack.journal import Journal, replay
+from allocstack.lifeline import launcher_alive, launcher_pid
 from allocstack.jsonio import atomic_write_json, sha256_file, sha256_text
 from allocstack.scratch import ensure_private_dir
 from allocstack.taskboard import WORKER_ID_PATTERN, TaskBoard
@@ -227,6 +228,7 @@ class Coordinator:
     async def housekeeping(self) -> None:
         """Expire leases, sample progress, print progress lines, enforce the coordinator's own bounds."""
         parent = os.getppid()
+        launcher = launcher_pid()
         last_line = 0.0
         while not self.stopping.is_set():
             await asyncio.sleep(0.25)
@@ -244,7 +246,7 @@ class Coordinator:
                 self.stop("idle-timeout")
             elif self.args.lifetime and time.time() - self.started_at > self.args.lifetime:
                 self.stop("lifetime")
-            elif os.getppid() != parent:
+            elif os.getppid() != parent or (launcher is not None and not launcher_alive(launcher)):
                 self.stop("parent-exit")
 
     def print_progress(self) -> None:

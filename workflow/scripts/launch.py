@@ -40,6 +40,7 @@ from pathlib import Path
 from allocstack.cli import ArgumentParser, positive_int
 from allocstack.errors import AllocstackError, report
 from allocstack.jsonio import atomic_write_json
+from allocstack.lifeline import ENV as LIFELINE_ENV
 from allocstack.scratch import ensure_private_dir, resolve_root, run_scratch
 
 
@@ -91,7 +92,7 @@ def build_argv(args, scratch: Path | None, environ: Mapping[str, str]) -> list[s
         for path in args.bind:  # a bind source must exist: results/<run>, state/<run> may not yet
             Path(path).mkdir(mode=0o700, parents=True, exist_ok=True)
         env = {"PYTHONDONTWRITEBYTECODE": "1"}
-        for name in ("SLURM_JOB_ID", "SLURM_JOB_END_TIME", "CUDA_VISIBLE_DEVICES"):
+        for name in ("SLURM_JOB_ID", "SLURM_JOB_END_TIME", "CUDA_VISIBLE_DEVICES", LIFELINE_ENV):
             if environ.get(name):  # --cleanenv drops them; the components need them
                 env[name] = environ[name]
         if scratch is not None:
@@ -192,7 +193,7 @@ def parse_args(argv: list[str] | None):
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    env = dict(os.environ)
+    env = {**os.environ, LIFELINE_ENV: str(os.getpid())}
     try:
         scratch = None if args.no_scratch else run_scratch(resolve_root(args.scratch_root, env), args.run)
         if scratch is not None:

@@ -28,10 +28,11 @@ from allocstack import SCHEMA_VERSION
 from allocstack.cli import ArgumentParser, non_negative_float, positive_float, positive_int, runtime_facts
 from allocstack.client import CoordinatorClient
 from allocstack.endpoint import read_endpoint
-from allocstack.errors import EXIT_OK, AllocstackError, report
+from allocstack.errors import EXIT_OK, EXIT_TEMPFAIL, AllocstackError, report
 from allocstack.events import append_event
 from allocstack.handlers import baseline
 from allocstack.jsonio import atomic_write_json, read_json, sha256_text
+from allocstack.lifeline import watch_launcher
 
 Handler = Callable[[dict[str, Any]], str]
 
@@ -191,6 +192,12 @@ def main(argv: list[str] | None = None) -> int:
     started = time.time()
     log = lambda message: print(f"{worker}: {message}", file=sys.stderr, flush=True)  # noqa: E731
     status, code = "done", EXIT_OK
+
+    def orphaned() -> None:
+        log("launcher gone (the job was killed): stopping")
+        os._exit(EXIT_TEMPFAIL)
+
+    watch_launcher(orphaned)
     try:
         await_gate(args.gate_record, args.gate_timeout)
         url, token = read_endpoint(args.endpoint_file)
