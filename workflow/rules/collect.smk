@@ -20,6 +20,10 @@ rule collect_results:
     conda:
         STACK_ENV
     threads: 0
+    resources:
+        # Seconds of work inside the stack's job: add nothing to its time limit
+        # (Snakemake sums runtime over a group's sequential stages).
+        runtime=0,
     params:
         python=PYTHON,
         scratch=config["scratch"] or "",
