@@ -158,3 +158,12 @@ def test_container_start_overhead(tmp_path, image):
     print(f"component start (median of 5): host {timings['host']*1000:.0f} ms, "
           f"apptainer {timings['apptainer']*1000:.0f} ms, overhead {(timings['apptainer']-timings['host'])*1000:.0f} ms")
     assert timings["apptainer"] > 0
+
+
+def test_gpus_requested_add_nv_to_every_containerised_component(project, image):
+    with_gpu = snakemake(project, "--dry-run", "--printshellcmds", "--sdm", "apptainer", "--config", f"image={image}",
+                         "--default-resources", "gpu=1")
+    without = snakemake(project, "--dry-run", "--printshellcmds", "--sdm", "apptainer", "--config", f"image={image}")
+    assert with_gpu.returncode == 0 and without.returncode == 0, with_gpu.stderr
+    assert with_gpu.stdout.count("--apptainer-arg=--nv") == 5  # coordinator, gate, 2 workers, verify
+    assert "--nv" not in without.stdout
