@@ -50,9 +50,9 @@ def run_script(name: str, *args: str, env: dict | None = None, timeout: float = 
 class RunningCoordinator:
     """A real coordinator process; ``url``/``token`` come from its endpoint file."""
 
-    def __init__(self, tmp: Path, tasks: dict, *extra: str) -> None:
+    def __init__(self, tmp: Path, tasks: dict, *extra: str, scratch: Path | None = None) -> None:
         self.tmp = tmp
-        self.scratch = tmp / "scratch"
+        self.scratch = scratch or tmp / "scratch"
         self.tasks_path = write_json(tmp / "tasks.json", tasks)
         self.results = tmp / "results.json"
         self.end_record = tmp / "end.json"
@@ -89,8 +89,8 @@ class RunningCoordinator:
 def start_coordinator(tmp_path):
     started: list[RunningCoordinator] = []
 
-    def start(tasks: dict | None = None, *extra: str) -> RunningCoordinator:
-        coordinator = RunningCoordinator(tmp_path, tasks or make_tasks(4), *extra)
+    def start(tasks: dict | None = None, *extra: str, scratch: Path | None = None) -> RunningCoordinator:
+        coordinator = RunningCoordinator(tmp_path, tasks or make_tasks(4), *extra, scratch=scratch)
         started.append(coordinator)
         return coordinator
 

@@ -75,7 +75,7 @@ def test_baseline_is_one_sbatch_job_with_a_step_per_component(cluster_project):
 
 def test_time_limit_is_reported_nothing_is_left_and_a_rerun_succeeds(cluster_project):
     project, image = cluster_project
-    tasks = make_tasks(80)
+    tasks = make_tasks(240)  # 240 s of work for 2 workers: far beyond a 1-minute limit, even enforced late
     write_json(project / "inputs/long.json", tasks)
     write_json(project / "expected/long.json", expected_for(tasks))
     (project / "config/long.yaml").write_text(
@@ -97,9 +97,10 @@ def test_time_limit_is_reported_nothing_is_left_and_a_rerun_succeeds(cluster_pro
     slurm_logs = "".join(p.read_text() for p in (project / "logs/slurm").rglob("*.log"))
     assert "DUE TO TIME LIMIT" in slurm_logs
     coordinator_log = (project / "logs/serve_coordinator/long.log").read_text()
-    assert "stopping (signal:SIGTERM)" in coordinator_log  # Slurm's SIGTERM reached it through Apptainer
-    end = json.loads((project / "results/long/coordinator.json").read_text())
-    assert end["status"] == "incomplete" and 0 < end["resultCount"] < 80
+    # Slurm's SIGTERM reached the coordinator through srun and Apptainer: it drained and said why.
+    assert "stopping (signal:SIGTERM)" in coordinator_log and "ended incomplete" in coordinator_log
+    acknowledged = (project / "state/long/journal.jsonl").read_text().count('"kind":"result"')
+    assert 0 < acknowledged < 240
     squeue = subprocess.run(["squeue", "--noheader", "-j", job], capture_output=True, text=True, timeout=30)
     assert job not in squeue.stdout
 
@@ -108,7 +109,8 @@ def test_time_limit_is_reported_nothing_is_left_and_a_rerun_succeeds(cluster_pro
                       timeout=600)
     assert rerun.returncode == 0, (rerun.stdout + rerun.stderr)[-4000:]
     assert json.loads((project / "results/long/result.json").read_text())["status"] == "success"
-    assert json.loads((project / "results/long/coordinator.json").read_text())["restored"] >= end["resultCount"]
+    assert json.loads((project / "results/long/coordinator.json").read_text())["restored"] == acknowledged
+    print(f"time limit reported after {elapsed:.0f} s; {acknowledged} results kept and resumed")
 
 
 def test_more_workers_than_the_node_has_cpus_is_refused_up_front(cluster_project):

@@ -86,14 +86,14 @@ class Coordinator:
             ("POST", "/results"): self.results,
             ("POST", "/heartbeat"): self.heartbeat,
         }
+        if request.path != "/health" and not self.authorized(request):
+            return Response(401, b'{"error":"missing or wrong bearer token"}', headers={"WWW-Authenticate": "Bearer"})
         route = routes.get((request.method, request.path))
         if route is None:
             known = {path for _, path in routes}
             if request.path in known:
                 return Response.json(405, {"error": f"{request.method} is not allowed on {request.path}"})
             return Response.json(404, {"error": f"no such endpoint {request.path}"})
-        if request.path != "/health" and not self.authorized(request):
-            return Response(401, b'{"error":"missing or wrong bearer token"}', headers={"WWW-Authenticate": "Bearer"})
         return await route(request)
 
     async def health(self, request: Request) -> Response:

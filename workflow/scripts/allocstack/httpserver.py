@@ -36,8 +36,8 @@ class Request:
         """Decode the body; raises ValueError with a short reason when it is not JSON."""
         try:
             return json.loads(self.body.decode("utf-8")) if self.body else None
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise ValueError(f"body is not valid JSON: {exc}") from exc
+        except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
+            raise ValueError(f"body is not valid JSON: {str(exc)[:200]}") from exc
 
 
 @dataclass
@@ -83,6 +83,7 @@ class HttpServer:
         self.server: asyncio.base_events.Server | None = None
         self.connections: set[asyncio.Task[None]] = set()
         self.requests = 0
+        self.internal_errors = 0
 
     async def start(self, host: str = "127.0.0.1", port: int = 0) -> int:
         self.server = await asyncio.start_server(self._serve, host, port, limit=MAX_HEADER_BYTES, backlog=512)
@@ -126,6 +127,10 @@ class HttpServer:
             return await self.handler(request)
         except ValueError as exc:
             return _error(400, str(exc))
+        except Exception as exc:  # a bug must cost one request, never the server
+            self.internal_errors += 1
+            print(f"http: internal error on {request.method} {request.path}: {type(exc).__name__}: {exc}", flush=True)
+            return _error(500, "internal error")
 
     @staticmethod
     def _keep_alive(request: Request) -> bool:
