@@ -152,7 +152,10 @@ def launch(component, cpus=1, scratch=True, tolerate_kill=None, job_end_time=Fal
         if USE_IMAGE:
             argv.append(f"--image={os.path.abspath(config['image'])}")
             argv += [f"--apptainer-arg={arg}" for arg in config["apptainer"]["args"]]
-            if int(resources.get("gpu", 0) or 0) > 0 and "--nv" not in config["apptainer"]["args"]:
+            if (
+                int(resources.get("gpu", 0) or 0) > 0
+                and "--nv" not in config["apptainer"]["args"]
+            ):
                 argv.append("--apptainer-arg=--nv")  # GPUs requested: expose the driver
             argv.append(f"--apptainer-hint={config['apptainer']['hint']}")
             argv += [f"--bind={path}" for path in bind_paths(wildcards)]
