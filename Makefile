@@ -2,11 +2,12 @@
 #   make run   - set up the venv and run the baseline stack locally
 #   make test  - set up the venv (and, as root, the Slurm test cluster and the
 #                Apptainer toolbox) and run the whole test suite
+#   make bench - the benchmarks (table + plot), see benchmarks/run.py
 PYTHON ?= python3
 VENV := .venv
 STAMP := $(VENV)/.installed
 
-.PHONY: run test venv cluster clean
+.PHONY: run test bench venv cluster clean
 
 run: $(STAMP)
 	$(VENV)/bin/snakemake --cores 4
@@ -14,6 +15,11 @@ run: $(STAMP)
 test: $(STAMP)
 	bash tests/cluster/prepare.sh
 	. tests/cluster/env.sh && $(VENV)/bin/pytest -c tests/pytest.ini tests
+
+# Benchmarks (prints a table, writes benchmarks/output/benchmarks.png); needs Dask and matplotlib.
+bench: $(STAMP)
+	$(VENV)/bin/pip install --quiet --disable-pip-version-check -r benchmarks/requirements.txt
+	$(VENV)/bin/python benchmarks/run.py
 
 venv: $(STAMP)
 

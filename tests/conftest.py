@@ -115,3 +115,16 @@ def pids_mentioning(text: str) -> list[int]:
         if text in cmdline and state != "Z":
             found.append(int(entry.name))
     return found
+
+
+@pytest.fixture
+def project(tmp_path):
+    """A fresh copy of the project to run Snakemake in; fails if any process of the run is left."""
+    from workflow_helpers import copy_project
+
+    workdir = copy_project(tmp_path / "project")
+    yield workdir
+    leftovers = pids_mentioning(str(workdir))
+    for pid in leftovers:
+        os.kill(pid, signal.SIGKILL)
+    assert not leftovers, f"processes left running: {leftovers}"

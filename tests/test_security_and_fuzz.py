@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import pwd
-import shutil
 import socket
 import subprocess
 import time
@@ -15,7 +14,7 @@ import requests
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from conftest import PYTHON, SCRIPTS, make_tasks, run_script
+from conftest import make_tasks, run_script
 
 JSON = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=40),

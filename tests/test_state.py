@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 from pathlib import Path
 
@@ -96,3 +95,14 @@ def test_scratch_is_private_and_refuses_foreign_or_symlinked_dirs(tmp_path):
     link.symlink_to(tmp_path)
     with pytest.raises(AllocstackError, match="not a plain directory"):
         ensure_private_dir(link)
+
+
+def test_scratch_owned_by_someone_else_is_refused(tmp_path):
+    if os.geteuid() != 0:
+        pytest.skip("needs root to create a directory owned by another user")
+    foreign = run_scratch(tmp_path, "theirs")
+    foreign.parent.mkdir(mode=0o700)
+    foreign.mkdir(mode=0o700)
+    os.chown(foreign, 65534, 65534)
+    with pytest.raises(AllocstackError, match="belongs to uid 65534"):
+        ensure_private_dir(foreign)

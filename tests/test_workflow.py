@@ -9,20 +9,9 @@ import subprocess
 import time
 from pathlib import Path
 
-import pytest
 
 from conftest import expected_for, make_tasks, pids_mentioning, write_json
-from workflow_helpers import ROOT, SNAKEMAKE, copy_project, snakemake
-
-
-@pytest.fixture
-def project(tmp_path):
-    workdir = copy_project(tmp_path / "project")
-    yield workdir
-    leftovers = pids_mentioning(str(workdir))
-    for pid in leftovers:
-        os.kill(pid, signal.SIGKILL)
-    assert not leftovers, f"processes left running: {leftovers}"
+from workflow_helpers import ROOT, SNAKEMAKE, snakemake
 
 
 def events(workdir: Path, run: str = "baseline") -> list[dict]:

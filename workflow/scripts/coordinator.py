@@ -279,7 +279,7 @@ class Coordinator:
         print(f"coordinator: stopping ({self.stop_reason}); draining", flush=True)
         deadline = time.monotonic() + self.args.drain_seconds
         # Let requests already inside the handler (waiting for their fsync) finish.
-        while self.journal._flushing and time.monotonic() < deadline:
+        while self.journal.busy and time.monotonic() < deadline:
             await asyncio.sleep(0.005)
         await self.server.close()
         keeper.cancel()

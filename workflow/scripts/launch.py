@@ -26,7 +26,6 @@ workers finish them; verification still decides whether the run succeeded.
 from __future__ import annotations
 
 import ctypes
-import json
 import os
 import shlex
 import shutil

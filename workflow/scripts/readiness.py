@@ -23,7 +23,7 @@ import requests
 from allocstack import SCHEMA_VERSION
 from allocstack.cli import ArgumentParser, positive_float, runtime_facts
 from allocstack.endpoint import read_endpoint, require_loopback
-from allocstack.errors import EXIT_OK, EXIT_READINESS_TIMEOUT, AllocstackError, report
+from allocstack.errors import EXIT_OK, AllocstackError, report
 from allocstack.events import append_event
 from allocstack.jsonio import atomic_write_json, read_json
 

@@ -13,7 +13,6 @@ removed, one line says why, and the exit code is 65.
 
 from __future__ import annotations
 
-import os
 import sys
 import time
 from pathlib import Path

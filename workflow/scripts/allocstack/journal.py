@@ -121,9 +121,14 @@ class Journal:
             view = view[written:]
         os.fsync(self._fd)
 
+    @property
+    def busy(self) -> bool:
+        """True while appended results are still being written and synced."""
+        return self._flushing or bool(self._buffer)
+
     async def drain(self) -> None:
         """Wait until everything appended so far is durable."""
-        while self._flushing or self._buffer:
+        while self.busy:
             await asyncio.sleep(0.005)
 
     def close(self) -> None:

@@ -1,0 +1,269 @@
+#!/usr/bin/env python3
+"""allocstack's benchmarks: one command, one table (and a PNG plot), all on this machine, in one run.
+
+    make bench                      # or: .venv/bin/python benchmarks/run.py [--quick]
+
+1. Dispatch throughput of no-op tasks (message "x", repeat 1) through a real
+   coordinator and real worker processes on loopback, against Dask distributed
+   (LocalCluster, same task count and worker count) and a one-request-per-task
+   stdlib client (urllib, a new connection per request: the reference's model).
+2. Coordinator peak memory (VmHWM) and wall time from 1,000 to 1,000,000 tasks.
+3. ``snakemake --cores 4`` on the baseline against Snakemake's own floor (a
+   one-rule workflow), and the gate latency from the run's events.jsonl.
+
+Numbers are measurements, not assertions: targets are printed beside them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPTS = ROOT / "workflow" / "scripts"
+PYTHON = sys.executable
+SNAKEMAKE = str(Path(PYTHON).parent / "snakemake")
+
+
+def task_document(count: int) -> dict:
+    return {"schemaVersion": 1,
+            "tasks": [{"id": f"t{i:07d}", "payload": {"message": "x", "repeat": 1}} for i in range(count)]}
+
+
+class Coordinator:
+    """A real coordinator process in its own temporary directory."""
+
+    def __init__(self, count: int, *extra: str) -> None:
+        self.dir = Path(tempfile.mkdtemp(prefix="allocstack-bench-"))
+        self.tasks = self.dir / "tasks.json"
+        self.tasks.write_text(json.dumps(task_document(count)))
+        self.scratch = self.dir / "scratch"
+        self.started = time.monotonic()
+        self.proc = subprocess.Popen(
+            [PYTHON, str(SCRIPTS / "coordinator.py"), "--input", str(self.tasks), "--results",
+             str(self.dir / "results.json"), "--scratch", str(self.scratch), "--end-record",
+             str(self.dir / "end.json"), "--lease-seconds", "600", "--progress-interval", "3600", *extra],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        while not (self.scratch / "endpoint.json").exists():
+            if self.proc.poll() is not None:
+                raise RuntimeError("coordinator failed to start")
+            time.sleep(0.01)
+        self.ready_seconds = time.monotonic() - self.started
+        endpoint = json.loads((self.scratch / "endpoint.json").read_text())
+        self.url, self.token = endpoint["endpoint"], endpoint["token"]
+        self.gate = self.dir / "gate.json"
+        self.gate.write_text('{"status": "ready"}')
+
+    def peak_rss_mb(self) -> float:
+        for line in open(f"/proc/{self.proc.pid}/status"):
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+        return float("nan")
+
+    def stop(self) -> dict:
+        self.proc.terminate()
+        self.proc.wait(timeout=120)
+        end = json.loads((self.dir / "end.json").read_text())
+        shutil.rmtree(self.dir, ignore_errors=True)
+        return end
+
+
+def allocstack_rate(count: int, workers: int, batch: int) -> tuple[float, dict]:
+    """Tasks/s from the first worker start to the last worker exit."""
+    coordinator = Coordinator(count)
+    started = time.monotonic()
+    procs = [subprocess.Popen([PYTHON, str(SCRIPTS / "worker.py"), "--worker-id", f"worker-{i:02d}",
+                               "--scratch", str(coordinator.scratch), "--gate-record", str(coordinator.gate),
+                               "--batch", str(batch)], stdout=subprocess.DEVNULL)
+             for i in range(1, workers + 1)]
+    for proc in procs:
+        proc.wait()
+    elapsed = time.monotonic() - started
+    peak = coordinator.peak_rss_mb()
+    end = coordinator.stop()
+    assert end["resultCount"] == count, end
+    return count / elapsed, {"peak": peak, "fsyncs": end["journalFsyncs"], "ready": coordinator.ready_seconds,
+                             "elapsed": elapsed}
+
+
+STDLIB_WORKER = r"""
+import hashlib, json, sys, urllib.request
+url, token, worker = sys.argv[1:4]
+def post(path, body):
+    request = urllib.request.Request(url + path, data=json.dumps(body).encode(),
+        headers={"Authorization": "Bearer " + token, "Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request) as response:
+            return json.load(response)
+    except urllib.error.HTTPError as error:
+        return json.load(error)
+while True:
+    reply = post("/claim", {"workerId": worker})
+    if reply["status"] == "done":
+        break
+    if reply["status"] != "task":
+        continue
+    task = reply["task"]
+    output = task["payload"]["message"] * task["payload"]["repeat"]
+    post("/result", {"workerId": worker, "taskId": task["id"], "output": output,
+                     "sha256": hashlib.sha256(output.encode()).hexdigest()})
+"""
+
+
+def stdlib_rate(count: int, workers: int) -> float:
+    coordinator = Coordinator(count)
+    started = time.monotonic()
+    procs = [subprocess.Popen([PYTHON, "-c", STDLIB_WORKER, coordinator.url, coordinator.token, f"w{i}"])
+             for i in range(workers)]
+    for proc in procs:
+        proc.wait()
+    elapsed = time.monotonic() - started
+    coordinator.stop()
+    return count / elapsed
+
+
+def noop(i: int) -> int:
+    return i
+
+
+def dask_rate(count: int, workers: int) -> float | None:
+    try:
+        from dask.distributed import Client, LocalCluster
+    except ImportError:
+        return None
+    with LocalCluster(n_workers=workers, threads_per_worker=1, processes=True, dashboard_address=None,
+                      silence_logs=40) as cluster, Client(cluster) as client:
+        client.submit(noop, -1).result()  # warm up: workers connected
+        started = time.monotonic()
+        futures = client.map(noop, range(count), pure=False)
+        client.gather(futures)
+        return count / (time.monotonic() - started)
+
+
+def snakemake_overhead(runs: int) -> dict:
+    """Baseline `snakemake --cores 4` vs a one-rule workflow, and the gate latency from events.jsonl."""
+    results: dict[str, list[float]] = {"baseline": [], "floor": [], "listening_to_gate": [], "gate_to_claim": []}
+    for _ in range(runs):
+        work = Path(tempfile.mkdtemp(prefix="allocstack-bench-smk-"))
+        for part in ("Snakefile", "workflow", "config", "inputs", "expected", "profiles"):
+            source = ROOT / part
+            (shutil.copytree if source.is_dir() else shutil.copy2)(source, work / part)
+        floor = work / "floor"
+        floor.mkdir()
+        (floor / "Snakefile").write_text('rule all:\n    output: "done.txt"\n    shell: "touch {output}"\n')
+        env = {**os.environ, "TMPDIR": str(work)}
+        started = time.monotonic()
+        subprocess.run([SNAKEMAKE, "--cores", "4"], cwd=work, env=env, check=True, capture_output=True)
+        results["baseline"].append(time.monotonic() - started)
+        started = time.monotonic()
+        subprocess.run([SNAKEMAKE, "--cores", "4"], cwd=floor, env=env, check=True, capture_output=True)
+        results["floor"].append(time.monotonic() - started)
+        events = [json.loads(line) for line in (work / "results/baseline/events.jsonl").read_text().splitlines()]
+        first = {e["event"]: e["t"] for e in reversed(events)}
+        results["listening_to_gate"].append(first["gate-passed"] - first["coordinator-listening"])
+        results["gate_to_claim"].append(first["first-claim"] - first["gate-passed"])
+        shutil.rmtree(work, ignore_errors=True)
+    return {key: statistics.median(values) for key, values in results.items()}
+
+
+def machine() -> str:
+    cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")),
+               "unknown CPU")
+    memory = next(int(line.split()[1]) for line in open("/proc/meminfo") if line.startswith("MemTotal")) / 2**20
+    return f"{os.cpu_count()} CPUs ({cpu}), {memory:.0f} GiB, Python {sys.version.split()[0]}"
+
+
+def plot(path: Path, throughput: list[tuple[str, float]], memory: list[tuple[int, float, float]]) -> bool:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    figure, (left, right) = plt.subplots(1, 2, figsize=(13, 5))
+    labels, rates = zip(*throughput)
+    left.barh(labels, rates, color=["#2b6cb0" if l.startswith("allocstack") else "#a0aec0" for l in labels])
+    left.set_xscale("log")
+    left.set_xlabel("no-op tasks per second (log scale)")
+    left.set_title("Dispatch throughput")
+    left.invert_yaxis()
+    counts, peaks, walls = zip(*memory)
+    right.loglog(counts, peaks, "o-", label="coordinator peak RSS (MB)")
+    right.loglog(counts, walls, "s-", label="wall time (s)")
+    right.set_xlabel("tasks")
+    right.set_title("Scale")
+    right.legend()
+    right.grid(True, which="both", alpha=0.3)
+    figure.suptitle(f"allocstack benchmarks — {machine()}", fontsize=9)
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+    return True
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="smaller sizes (a smoke run, ~1 minute)")
+    parser.add_argument("--batch", type=int, default=256, help="the batch size k compared with batch 1")
+    parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "output")
+    args = parser.parse_args(argv)
+    args.out.mkdir(parents=True, exist_ok=True)
+    sizes = (2_000, 10_000) if args.quick else (10_000, 100_000)
+    scale = (1_000, 10_000, 50_000) if args.quick else (1_000, 10_000, 100_000, 1_000_000)
+    rows: list[str] = []
+    throughput: list[tuple[str, float]] = []
+
+    print(f"machine: {machine()}\n", flush=True)
+    print("| run | tasks | workers | tasks/s | notes |\n|---|---|---|---|---|", flush=True)
+    for workers in (2, 8):
+        baseline_dask = dask_rate(sizes[0], workers)
+        stdlib = stdlib_rate(sizes[0], workers)
+        for count in sizes:
+            for batch in (1, args.batch):
+                rate, info = allocstack_rate(count, workers, batch)
+                ratios = [f"{rate / stdlib:.1f}x stdlib"]
+                if baseline_dask:
+                    ratios.append(f"{rate / baseline_dask:.1f}x Dask")
+                line = (f"| allocstack batch {batch} | {count:,} | {workers} | {rate:,.0f} | "
+                        f"{', '.join(ratios)}; {info['fsyncs']} fsyncs |")
+                print(line, flush=True)
+                rows.append(line)
+                throughput.append((f"allocstack b{batch} {count // 1000}k w{workers}", rate))
+        for label, rate in (("Dask LocalCluster", baseline_dask), ("stdlib 1 req/task", stdlib)):
+            if rate:
+                line = f"| {label} | {sizes[0]:,} | {workers} | {rate:,.0f} | |"
+                print(line, flush=True)
+                rows.append(line)
+                throughput.append((f"{label} w{workers}", rate))
+
+    print("\n| tasks | coordinator peak RSS | KiB/task | start (parse+validate) | wall, 2 workers batch k |"
+          "\n|---|---|---|---|---|", flush=True)
+    memory = []
+    for count in scale:
+        rate, info = allocstack_rate(count, 2, args.batch)
+        print(f"| {count:,} | {info['peak']:.0f} MB | {info['peak'] * 1024 / count:.2f} | {info['ready']:.2f} s | "
+              f"{info['elapsed']:.1f} s ({rate:,.0f} tasks/s) |", flush=True)
+        memory.append((count, info["peak"], info["elapsed"]))
+
+    overhead = snakemake_overhead(1 if args.quick else 3)
+    print("\n| Snakemake | seconds (median) | target |\n|---|---|---|")
+    print(f"| `snakemake --cores 4` baseline | {overhead['baseline']:.2f} | within 2 s of the floor |")
+    print(f"| one-rule floor | {overhead['floor']:.2f} | |")
+    print(f"| difference | {overhead['baseline'] - overhead['floor']:.2f} | <= 2 |")
+    print(f"| coordinator listening -> gate passed | {overhead['listening_to_gate']:.3f} | |")
+    print(f"| gate passed -> first claim | {overhead['gate_to_claim']:.3f} | < 0.5 |")
+    if plot(args.out / "benchmarks.png", throughput, memory):
+        print(f"\nplot: {args.out / 'benchmarks.png'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
