@@ -139,7 +139,7 @@ def test_sigterm_drains_and_writes_results_end_record(start_coordinator):
         s.post(coordinator.url + "/result", json={"workerId": "w", "taskId": t["id"], "output": out, "sha256": digest(out)})
     assert coordinator.stop(signal.SIGTERM) == 0
     end = json.loads(coordinator.end_record.read_text())
-    assert end["status"] == "completed" and end["reason"] == "signal:SIGTERM" and end["resultCount"] == 2
+    assert end["status"] == "completed" and end["reason"] == "all tasks done" and end["resultCount"] == 2
     assert [r["taskId"] for r in json.loads(coordinator.results.read_text())["results"]] == ["task-000000", "task-000001"]
     assert not coordinator.endpoint_file.exists()
     assert coordinator.results.stat().st_mode & 0o777 == 0o600

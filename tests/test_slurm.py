@@ -98,7 +98,7 @@ def test_time_limit_is_reported_nothing_is_left_and_a_rerun_succeeds(cluster_pro
     assert "DUE TO TIME LIMIT" in slurm_logs
     coordinator_log = (project / "logs/serve_coordinator/long.log").read_text()
     # Slurm's SIGTERM reached the coordinator through srun and Apptainer: it drained and said why.
-    assert "stopping (signal:SIGTERM)" in coordinator_log and "ended incomplete" in coordinator_log
+    assert "stopping (signal:SIGTERM)" in coordinator_log and "incomplete (signal:SIGTERM)" in coordinator_log
     acknowledged = (project / "state/long/journal.jsonl").read_text().count('"kind":"result"')
     assert 0 < acknowledged < 240
     squeue = subprocess.run(["squeue", "--noheader", "-j", job], capture_output=True, text=True, timeout=30)

@@ -68,6 +68,7 @@ class Coordinator:
         self.listening_at = 0.0
         self.last_request = time.monotonic()
         self.first_claims: set[str] = set()
+        self.outcome_written = False
         self.progress: list[tuple[float, int]] = []
 
     # -- HTTP ----------------------------------------------------------------
@@ -126,6 +127,7 @@ class Coordinator:
             self.board.accept(worker, result, now)
             accepted.append(self.board.results[result["taskId"]])
         await self.journal.append(accepted)
+        self.finish_if_complete()
         return [r["taskId"] for r in accepted], rejected
 
     async def result(self, request: Request) -> Response:
@@ -270,33 +272,26 @@ class Coordinator:
                      restored=self.board.restored, **runtime_facts())
         print(f"coordinator: listening on {url} with {len(self.board.by_id)} tasks "
               f"({self.board.restored} restored from the journal)", flush=True)
+        self.finish_if_complete()  # everything restored from the journal: nothing left to hand out
         keeper = asyncio.create_task(self.housekeeping())
         await self.stopping.wait()
         return await self.shutdown(keeper)
 
-    async def shutdown(self, keeper: asyncio.Task[None]) -> int:
-        self.draining = True
-        print(f"coordinator: stopping ({self.stop_reason}); draining", flush=True)
-        deadline = time.monotonic() + self.args.drain_seconds
-        # Let requests already inside the handler (waiting for their fsync) finish.
-        while self.journal.busy and time.monotonic() < deadline:
-            await asyncio.sleep(0.005)
-        await self.server.close()
-        keeper.cancel()
-        await self.journal.drain()
-        self.journal.close()
-        try:
-            os.unlink(self.args.endpoint_file)
-        except FileNotFoundError:
-            pass
-        results = {"schemaVersion": SCHEMA_VERSION, "results": self.board.sorted_results()}
-        atomic_write_json(self.args.results, results)
-        complete = self.board.complete
+    def write_outcome(self, reason: str) -> dict[str, Any]:
+        """Write results.json, then the end record (both atomic); return the end record.
+
+        Called once: the moment every task has a durable result ("all tasks done"),
+        or at shutdown when the run is incomplete. Writing on completion, not on
+        SIGTERM, means the files are there when Snakemake checks the service's
+        outputs, and they never change after downstream jobs have read them.
+        """
+        self.outcome_written = True
+        atomic_write_json(self.args.results, {"schemaVersion": SCHEMA_VERSION, "results": self.board.sorted_results()})
         summary = self.summary()
         end = {
             "schemaVersion": SCHEMA_VERSION,
-            "status": "completed" if complete else "incomplete",
-            "reason": self.stop_reason,
+            "status": "completed" if self.board.complete else "incomplete",
+            "reason": reason,
             "taskCount": summary["total"],
             "resultCount": summary["done"],
             "restored": summary["restored"],
@@ -313,12 +308,36 @@ class Coordinator:
         }
         if self.args.end_record:
             atomic_write_json(self.args.end_record, end)
-        append_event(self.args.events, "coordinator-end", status=end["status"], reason=self.stop_reason,
+        append_event(self.args.events, "coordinator-end", status=end["status"], reason=reason,
                      resultCount=end["resultCount"])
         self.print_progress()
-        print(f"coordinator: ended {end['status']} ({self.stop_reason}), "
-              f"{end['resultCount']}/{end['taskCount']} results, {self.journal.fsyncs} journal fsyncs", flush=True)
-        return 0 if complete else EXIT_TEMPFAIL
+        print(f"coordinator: {end['status']} ({reason}), {end['resultCount']}/{end['taskCount']} results, "
+              f"{self.journal.fsyncs} journal fsyncs", flush=True)
+        return end
+
+    def finish_if_complete(self) -> None:
+        if self.board.complete and not self.outcome_written:
+            self.write_outcome("all tasks done")
+
+    async def shutdown(self, keeper: asyncio.Task[None]) -> int:
+        self.draining = True
+        print(f"coordinator: stopping ({self.stop_reason}); draining", flush=True)
+        deadline = time.monotonic() + self.args.drain_seconds
+        # Let requests already inside the handler (waiting for their fsync) finish.
+        while self.journal.busy and time.monotonic() < deadline:
+            await asyncio.sleep(0.005)
+        await self.server.close()
+        keeper.cancel()
+        await self.journal.drain()
+        self.journal.close()
+        try:
+            os.unlink(self.args.endpoint_file)
+        except FileNotFoundError:
+            pass
+        if not self.outcome_written:
+            self.write_outcome(self.stop_reason)
+        print(f"coordinator: stopped ({self.stop_reason})", flush=True)
+        return 0 if self.board.complete else EXIT_TEMPFAIL
 
 
 def parse_args(argv: list[str] | None):
