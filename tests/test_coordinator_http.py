@@ -166,3 +166,12 @@ def test_lease_expiry_requeues_a_task(start_coordinator):
     time.sleep(0.8)
     again = s.post(coordinator.url + "/claim", json={"workerId": "alive"}).json()
     assert again["status"] == "task" and again["task"]["id"] == "task-000000"
+
+
+def test_a_batch_claim_gets_at_most_a_fair_share(start_coordinator):
+    coordinator = start_coordinator(make_tasks(10), "--workers", "2")
+    s = session(coordinator)
+    first = s.post(coordinator.url + "/claim", json={"workerId": "a", "max": 64}).json()["tasks"]
+    second = s.post(coordinator.url + "/claim", json={"workerId": "b", "max": 64}).json()["tasks"]
+    assert len(first) == 5 and len(second) == 3  # ceil(10/2), then ceil(5/2)
+    assert not {t["id"] for t in first} & {t["id"] for t in second}

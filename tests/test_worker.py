@@ -72,3 +72,14 @@ def test_stopping_coordinator_makes_workers_exit_75(start_coordinator, tmp_path)
     code = worker.wait(timeout=20)
     assert code in (69, 75), worker.stderr.read()
     assert json.loads(coordinator.end_record.read_text())["status"] == "incomplete"
+
+
+def test_heartbeats_keep_long_tasks_leased(start_coordinator, tmp_path):
+    """Tasks longer than a lease are not handed out twice while their worker is alive."""
+    coordinator = start_coordinator(make_tasks(2), "--lease-seconds", "1")
+    done = run_script("worker.py", "--worker-id", "worker-01", "--scratch", coordinator.scratch, "--batch", 2,
+                      "--gate-record", gate_record(tmp_path), "--simulate-seconds", 1.6, "--lease-seconds", 1)
+    assert done.returncode == 0, done.stderr
+    assert coordinator.stop() == 0
+    end = json.loads(coordinator.end_record.read_text())
+    assert end["expiredLeases"] == 0 and end["resultCount"] == 2

@@ -163,7 +163,7 @@ class Coordinator:
         closed = self.claims_closed()
         if closed:
             return Response.json(200, {**reply, "status": "stop", "reason": closed})
-        granted = self.board.claim(worker, max_tasks, time.monotonic())
+        granted = self.board.claim(worker, self.fair_share(max_tasks), time.monotonic())
         if granted:
             if worker not in self.first_claims:
                 self.first_claims.add(worker)
@@ -175,6 +175,11 @@ class Coordinator:
         else:
             reply.update(status="wait", retryAfter=WAIT_HINT_SECONDS)
         return Response.json(200, reply)
+
+    def fair_share(self, max_tasks: int) -> int:
+        """At most an equal share of what is pending, so a big batch never starves the other workers."""
+        pending = self.board.counts()["pending"]
+        return max(1, min(max_tasks, -(-pending // self.args.workers)))
 
     async def heartbeat(self, request: Request) -> Response:
         body = self._body(request)
@@ -351,6 +356,8 @@ def parse_args(argv: list[str] | None):
     parser.add_argument("--journal", help="durable results journal (default: next to --results)")
     parser.add_argument("--end-record", help="where to write the record of how the coordinator ended")
     parser.add_argument("--service-file", help="file written once listening (the Snakemake service output)")
+    parser.add_argument("--workers", type=positive_int, default=1,
+                        help="expected number of workers: a claim gets at most pending/workers tasks")
     parser.add_argument("--lease-seconds", type=positive_float, default=60.0, help="a claimed task returns to the queue after this")
     parser.add_argument("--idle-timeout", type=non_negative_float, default=900.0, help="stop after this many seconds without a request (0 = never)")
     parser.add_argument("--lifetime", type=non_negative_float, default=0.0, help="stop after this many seconds in all (0 = no limit)")
