@@ -41,6 +41,7 @@ def test_lint_and_format_are_clean():
 def test_baseline_end_to_end_rerun_and_forcerun(project):
     done = snakemake(project, "--cores", "4")
     assert done.returncode == 0, done.stderr[-3000:]
+    assert "coordinator: progress 4/4 done" in done.stdout + done.stderr  # progress reaches the terminal
     marker = json.loads((project / "results/baseline/result.json").read_text())
     expected = json.loads((ROOT / "expected/results.json").read_text())
     assert marker["status"] == "success" and marker["taskCount"] == 4

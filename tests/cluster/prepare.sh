@@ -2,7 +2,8 @@
 # Prepare the real parts the test suite runs against (root only):
 #   1. the single-node Slurm test cluster (tests/cluster/slurm.sh start),
 #   2. the Apptainer toolbox (tests/cluster/apptainer.sh install),
-#   3. the test image, built from container/test.def and cached by its hash.
+#   3. the test image, built from container/test.def and cached by its hash,
+#   4. Debian's chromium, for the live status page test.
 # Without root it says why and exits 0: the `slurm` and `apptainer` tests then
 # skip with that reason. With ALLOCSTACK_REQUIRE_CLUSTER=1 (CI) any failure is fatal.
 set -Eeuo pipefail
@@ -26,3 +27,8 @@ echo "prepare: Apptainer toolbox ready after $((SECONDS - started)) s"
 PATH="$apptainer_home/bin:$PATH" bash "$root/container/build.sh" \
   --cache-dir "$apptainer_home/images/cache" "$root/container/test.def" "$image"
 echo "prepare: test image $image ready after $((SECONDS - started)) s"
+if ! command -v chromium >/dev/null 2>&1; then
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends chromium >/dev/null \
+    || { apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends chromium >/dev/null; }
+fi
+echo "prepare: $(chromium --version) ready after $((SECONDS - started)) s"

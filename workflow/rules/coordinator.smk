@@ -3,6 +3,7 @@
 # worker) and sends it SIGTERM when they are all done; it then drains and writes
 # results.json and its end record. A coordinator that crashed writes no end
 # record, so the run fails (Snakemake never checks a service's exit status).
+# Its log is stderr; progress lines also go to stdout, i.e. Snakemake's output.
 
 
 rule serve_coordinator:
@@ -44,4 +45,4 @@ rule serve_coordinator:
         "--results {output.results} --end-record {output.end_record} "
         "--service-file {output.service} --journal {params.journal:q} "
         "--workers {params.workers} --lease-seconds {params.lease} --idle-timeout {params.idle} "
-        "--lifetime {params.lifetime} {params.stop_claims} > {log} 2>&1"
+        "--lifetime {params.lifetime} {params.stop_claims} 2> {log}"

@@ -14,7 +14,9 @@ Protocol (JSON bodies; all but /health need ``Authorization: Bearer <token>``):
   409 duplicate or unclaimed, 400 bad schema or digest.
 * ``POST /results {"workerId", "results": [...]}`` -> 200 with accepted and rejected ids.
 * ``POST /heartbeat {"workerId", "taskIds"}`` -> ``{"held": [...]}`` (renews leases).
-* ``GET /status`` -> counts, rate, per-worker stats.
+* ``GET /status`` -> counts, rate, per-worker stats (``?history=1`` adds the progress
+  series); ``GET /ui`` -> the live status page. Both also accept the read-only
+  view token as ``?token=`` (a browser cannot send a header through a tunnel URL).
 
 A result is acknowledged only after it is fsync'd in the journal. On SIGTERM/SIGINT,
 idle timeout, lifetime, or the loss of its parent it stops granting claims, drains,
@@ -26,6 +28,9 @@ from __future__ import annotations
 
 import asyncio
 import hmac
+import socket
+from collections import deque
+from urllib.parse import parse_qs
 import os
 import secrets
 import signal
@@ -40,6 +45,7 @@ from allocstack.endpoint import write_endpoint
 from allocstack.errors import EXIT_TEMPFAIL, AllocstackError, report
 from allocstack.events import append_event
 from allocstack.httpserver import HttpServer, Request, Response
+from allocstack.statuspage import PAGE
 from allocstack.journal import Journal, replay
 from allocstack.lifeline import launcher_alive, launcher_pid
 from allocstack.jsonio import atomic_write_json, sha256_file, sha256_text
@@ -60,16 +66,19 @@ class Coordinator:
         self.journal = journal
         self.input_sha256 = input_sha256
         self.token = secrets.token_urlsafe(32)
+        self.view_token = secrets.token_urlsafe(24)
         self.server = HttpServer(self.handle, max_body_bytes=args.max_body_bytes, idle_timeout=args.connection_timeout)
         self.stopping = asyncio.Event()
         self.stop_reason = ""
         self.draining = False
         self.started_at = time.time()
+        self.started_mono = time.monotonic()
         self.listening_at = 0.0
         self.last_request = time.monotonic()
         self.first_claims: set[str] = set()
         self.outcome_written = False
         self.progress: list[tuple[float, int]] = []
+        self.history: deque[tuple[float, int]] = deque(maxlen=1800)
 
     # -- HTTP ----------------------------------------------------------------
     def authorized(self, request: Request) -> bool:
@@ -77,17 +86,25 @@ class Coordinator:
         expected = f"Bearer {self.token}"
         return hmac.compare_digest(supplied.encode("utf-8", "replace"), expected.encode("utf-8"))
 
+    def may_view(self, request: Request) -> bool:
+        """The worker token, or the read-only view token in ``?token=``, may read status."""
+        supplied = parse_qs(request.query).get("token", [""])[0]
+        view = hmac.compare_digest(supplied.encode("utf-8", "replace"), self.view_token.encode("utf-8"))
+        return view or self.authorized(request)
+
     async def handle(self, request: Request) -> Response:
         self.last_request = time.monotonic()
         routes = {
             ("GET", "/health"): self.health,
+            ("GET", "/ui"): self.page,
             ("GET", "/status"): self.status,
             ("POST", "/claim"): self.claim,
             ("POST", "/result"): self.result,
             ("POST", "/results"): self.results,
             ("POST", "/heartbeat"): self.heartbeat,
         }
-        if request.path != "/health" and not self.authorized(request):
+        viewing = request.method == "GET" and request.path in ("/status", "/ui")
+        if request.path != "/health" and not (self.may_view(request) if viewing else self.authorized(request)):
             return Response(401, b'{"error":"missing or wrong bearer token"}', headers={"WWW-Authenticate": "Bearer"})
         route = routes.get((request.method, request.path))
         if route is None:
@@ -200,6 +217,8 @@ class Coordinator:
             **counts,
             "restored": self.board.restored,
             "expiredLeases": self.board.expired_leases,
+            "rejected": sum(stats.rejected for stats in self.board.workers.values()),
+            "complete": self.board.complete,
             "ratePerSecond": round(rate, 2),
             "etaSeconds": round(remaining / rate, 1) if rate > 0 else None,
             "elapsedSeconds": round(wall - self.started_at, 3),
@@ -217,7 +236,13 @@ class Coordinator:
         }
 
     async def status(self, request: Request) -> Response:
-        return Response.json(200, self.summary())
+        summary = self.summary()
+        if parse_qs(request.query).get("history") == ["1"]:
+            summary["history"] = list(self.history)
+        return Response.json(200, summary)
+
+    async def page(self, request: Request) -> Response:
+        return Response(200, PAGE.encode("utf-8"), content_type="text/html; charset=utf-8")
 
     def _rate(self) -> float:
         """Results per second over the last ~30 s of progress samples."""
@@ -242,9 +267,12 @@ class Coordinator:
             now = time.monotonic()
             expired = self.board.expire(now)
             if expired:
-                print(f"coordinator: {len(expired)} lease(s) expired, requeued: {', '.join(expired[:5])}", flush=True)
+                print(f"coordinator: {len(expired)} lease(s) expired, requeued: {', '.join(expired[:5])}",
+                      file=sys.stderr, flush=True)
                 append_event(self.args.events, "leases-expired", count=len(expired), taskIds=expired[:20])
             self.progress.append((now, len(self.board.results)))
+            if not self.history or now - self.started_mono - self.history[-1][0] >= 1.0:
+                self.history.append((round(now - self.started_mono, 2), len(self.board.results)))
             self.progress = [p for p in self.progress if now - p[0] <= 30.0]
             if now - last_line >= self.args.progress_interval:
                 last_line = now
@@ -257,13 +285,22 @@ class Coordinator:
                 self.stop("parent-exit")
 
     def print_progress(self) -> None:
+        """One progress line to the log (stderr) and to stdout, which the rule leaves on the terminal."""
         s = self.summary()
         eta = f"{s['etaSeconds']:.0f} s" if s["etaSeconds"] is not None else "-"
-        print(
-            f"coordinator: progress {s['done']}/{s['total']} done, {s['leased']} leased, "
-            f"{s['ratePerSecond']:.0f} tasks/s, eta {eta}",
-            flush=True,
-        )
+        line = (f"coordinator: progress {s['done']}/{s['total']} done, {s['leased']} leased, "
+                f"{s['ratePerSecond']:.0f} tasks/s, eta {eta}")
+        print(line, flush=True)
+        print(line, file=sys.stderr, flush=True)
+
+    def tunnel_hint(self, port: int) -> str:
+        """How to reach the status page from a laptop: the coordinator listens on the node's loopback only."""
+        node = os.environ.get("SLURMD_NODENAME") or socket.gethostname()
+        login = os.environ.get("SLURM_SUBMIT_HOST")
+        user = os.environ.get("USER") or "$USER"
+        hop = f"-J {user}@{login} " if login else ""
+        return (f"coordinator: status page: ssh {hop}-N -L 8787:127.0.0.1:{port} {user}@{node} ; then open the URL "
+                "that `python workflow/scripts/status.py --url` prints (with 8787 as the port)")
 
     async def run(self) -> int:
         loop = asyncio.get_running_loop()
@@ -271,12 +308,13 @@ class Coordinator:
             loop.add_signal_handler(signum, self.stop, f"signal:{signal.Signals(signum).name}")
         port = await self.server.start("127.0.0.1", 0)
         url = f"http://127.0.0.1:{port}"
-        write_endpoint(self.args.endpoint_file, url, self.token)
+        write_endpoint(self.args.endpoint_file, url, self.token, self.view_token)
         self.listening_at = time.time()
         append_event(self.args.events, "coordinator-listening", endpoint=url, taskCount=len(self.board.by_id),
                      restored=self.board.restored, **runtime_facts())
         print(f"coordinator: listening on {url} with {len(self.board.by_id)} tasks "
-              f"({self.board.restored} restored from the journal)", flush=True)
+              f"({self.board.restored} restored from the journal)", file=sys.stderr, flush=True)
+        print(self.tunnel_hint(port), file=sys.stderr, flush=True)
         self.finish_if_complete()  # everything restored from the journal: nothing left to hand out
         keeper = asyncio.create_task(self.housekeeping())
         await self.stopping.wait()
@@ -316,8 +354,10 @@ class Coordinator:
         append_event(self.args.events, "coordinator-end", status=end["status"], reason=reason,
                      resultCount=end["resultCount"])
         self.print_progress()
-        print(f"coordinator: {end['status']} ({reason}), {end['resultCount']}/{end['taskCount']} results, "
-              f"{self.journal.fsyncs} journal fsyncs", flush=True)
+        line = (f"coordinator: {end['status']} ({reason}), {end['resultCount']}/{end['taskCount']} results, "
+                f"{self.journal.fsyncs} journal fsyncs")
+        print(line, flush=True)
+        print(line, file=sys.stderr, flush=True)
         return end
 
     def finish_if_complete(self) -> None:
@@ -326,7 +366,7 @@ class Coordinator:
 
     async def shutdown(self, keeper: asyncio.Task[None]) -> int:
         self.draining = True
-        print(f"coordinator: stopping ({self.stop_reason}); draining", flush=True)
+        print(f"coordinator: stopping ({self.stop_reason}); draining", file=sys.stderr, flush=True)
         deadline = time.monotonic() + self.args.drain_seconds
         # Let requests already inside the handler (waiting for their fsync) finish.
         while self.journal.busy and time.monotonic() < deadline:
@@ -341,7 +381,7 @@ class Coordinator:
             pass
         if not self.outcome_written:
             self.write_outcome(self.stop_reason)
-        print(f"coordinator: stopped ({self.stop_reason})", flush=True)
+        print(f"coordinator: stopped ({self.stop_reason})", file=sys.stderr, flush=True)
         return 0 if self.board.complete else EXIT_TEMPFAIL
 
 
@@ -418,7 +458,7 @@ def main(argv: list[str] | None = None) -> int:
         journal_path = Path(args.journal)
         journal_path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         restored, note = replay(journal_path, input_sha256)
-        print(f"coordinator: journal {journal_path}: {note}", flush=True)
+        print(f"coordinator: journal {journal_path}: {note}", file=sys.stderr, flush=True)
         board = TaskBoard(tasks.tasks, args.lease_seconds)
         board.restore(restored)
         journal = Journal(journal_path, input_sha256)

@@ -91,7 +91,9 @@ def build_argv(args, scratch: Path | None, environ: Mapping[str, str]) -> list[s
         for path in args.bind:  # a bind source must exist: results/<run>, state/<run> may not yet
             Path(path).mkdir(mode=0o700, parents=True, exist_ok=True)
         env = {"PYTHONDONTWRITEBYTECODE": "1"}
-        for name in ("SLURM_JOB_ID", "SLURM_JOB_END_TIME", "CUDA_VISIBLE_DEVICES", LIFELINE_ENV):
+        passed = ("SLURM_JOB_ID", "SLURM_JOB_END_TIME", "SLURMD_NODENAME", "SLURM_SUBMIT_HOST", "USER",
+                  "CUDA_VISIBLE_DEVICES", LIFELINE_ENV)
+        for name in passed:
             if environ.get(name):  # --cleanenv drops them; the components need them
                 env[name] = environ[name]
         if scratch is not None:

@@ -39,8 +39,15 @@ def require_loopback(url: str) -> str:
     return url.rstrip("/")
 
 
-def write_endpoint(path: str | os.PathLike, url: str, token: str) -> None:
-    atomic_write_json(path, {"schemaVersion": SCHEMA_VERSION, "endpoint": url, "token": token})
+def write_endpoint(path: str | os.PathLike, url: str, token: str, view_token: str) -> None:
+    """``token`` may claim and post; ``view_token`` may only read /status and the /ui page."""
+    atomic_write_json(path, {"schemaVersion": SCHEMA_VERSION, "endpoint": url, "token": token,
+                             "viewToken": view_token})
+
+
+def read_view_token(path: str | os.PathLike) -> str:
+    document = read_json(path, "endpoint", diag="prerequisite")
+    return str(document.get("viewToken", "")) if isinstance(document, dict) else ""
 
 
 def read_endpoint(path: str | os.PathLike) -> tuple[str, str]:

@@ -1,0 +1,85 @@
+"""Watching a run: the status command and the live page, loaded in real headless Chromium."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+
+import pytest
+import requests
+
+from allocstack.jsonio import sha256_text
+from conftest import make_tasks, run_script
+from real_parts import unavailable
+
+TASKS, DONE = 10_000, 4_000
+
+
+@pytest.fixture
+def half_done(start_coordinator):
+    """A 10,000-task stack with 4,000 results in: a stable state to compare every view against."""
+    coordinator = start_coordinator(make_tasks(TASKS))
+    session = requests.Session()
+    session.headers["Authorization"] = f"Bearer {coordinator.token}"
+    while True:
+        status = session.get(coordinator.url + "/status").json()
+        if status["done"] >= DONE:
+            break
+        tasks = session.post(coordinator.url + "/claim", json={"workerId": "worker-01", "max": 500}).json()["tasks"]
+        results = [{"taskId": t["id"], "output": o, "sha256": sha256_text(o)}
+                   for t in tasks for o in [t["payload"]["message"] * t["payload"]["repeat"]]]
+        session.post(coordinator.url + "/results", json={"workerId": "worker-01", "results": results})
+    return coordinator
+
+
+def test_status_command_summarises_the_run(half_done):
+    done = run_script("status.py", "--endpoint-file", half_done.endpoint_file)
+    assert done.returncode == 0, done.stderr
+    assert "4,000 done" in done.stdout and "6,000 pending" in done.stdout and "of 10,000" in done.stdout
+    assert re.search(r"worker-01\s+4,000\s+4,000", done.stdout)
+    raw = run_script("status.py", "--endpoint-file", half_done.endpoint_file, "--json")
+    assert '"done": 4000' in raw.stdout
+    missing = run_script("status.py", "--run", "nothing-here", "--scratch-root", half_done.tmp / "none")
+    assert missing.returncode == 69 and "no endpoint file" in missing.stderr
+
+
+def test_the_page_needs_the_view_token_which_cannot_claim(half_done):
+    url = run_script("status.py", "--endpoint-file", half_done.endpoint_file, "--url").stdout.splitlines()[0]
+    base, view = url.split("/ui?token=")
+    assert requests.get(url, timeout=5).status_code == 200
+    assert requests.get(base + "/ui", timeout=5).status_code == 401
+    assert requests.get(base + "/ui?token=wrong", timeout=5).status_code == 401
+    assert requests.get(base + f"/status?token={view}", timeout=5).json()["done"] == DONE
+    assert requests.post(base + f"/claim?token={view}", json={"workerId": "x"}, timeout=5).status_code == 401
+
+
+def chromium() -> str:
+    for name in ("chromium", "chromium-browser"):
+        if shutil.which(name):
+            return shutil.which(name)
+    unavailable("no chromium (as root: apt-get install chromium; tests/cluster/prepare.sh does it)")
+
+
+def headless(browser: str, tmp_path, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [browser, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+         "--disable-background-networking", "--disable-component-update", "--disable-sync",
+         f"--user-data-dir={tmp_path / 'chromium-profile'}", "--virtual-time-budget=5000", *args],
+        capture_output=True, text=True, timeout=120)
+
+
+@pytest.mark.browser
+def test_page_in_headless_chromium_shows_the_coordinators_numbers(half_done, tmp_path):
+    browser = chromium()
+    url = run_script("status.py", "--endpoint-file", half_done.endpoint_file, "--url").stdout.splitlines()[0]
+    dom = headless(browser, tmp_path, "--dump-dom", url)
+    assert dom.returncode == 0, dom.stderr[-2000:]
+    shown = dict(re.findall(r'id="(done|total|pending|leased|expired|state)">([^<]*)<', dom.stdout))
+    assert shown == {"state": "running", "done": "4,000", "total": "10,000", "pending": "6,000", "leased": "0",
+                     "expired": "0"}, shown
+    assert 'data-worker="worker-01" data-completed="4000"' in dom.stdout
+    assert "<polyline" in dom.stdout or "<svg" in dom.stdout
+    shot = tmp_path / "status-page.png"
+    picture = headless(browser, tmp_path, f"--screenshot={shot}", "--window-size=1100,760", url)
+    assert picture.returncode == 0 and shot.stat().st_size > 10_000, picture.stderr[-2000:]
