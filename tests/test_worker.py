@@ -83,3 +83,21 @@ def test_heartbeats_keep_long_tasks_leased(start_coordinator, tmp_path):
     assert coordinator.stop() == 0
     end = json.loads(coordinator.end_record.read_text())
     assert end["expiredLeases"] == 0 and end["resultCount"] == 2
+
+
+def test_a_slow_batch_is_acknowledged_as_it_goes(start_coordinator, tmp_path):
+    """With batch 64 and 0.4 s tasks, results reach the journal every ~second, not after 25 s."""
+    import subprocess
+    import sys
+
+    from conftest import SCRIPTS
+
+    coordinator = start_coordinator(make_tasks(64), "--lease-seconds", "30")
+    worker = subprocess.Popen([sys.executable, str(SCRIPTS / "worker.py"), "--worker-id", "worker-01",
+                               "--scratch", str(coordinator.scratch), "--batch", "64", "--simulate-seconds", "0.4",
+                               "--gate-record", str(gate_record(tmp_path))], stderr=subprocess.PIPE, text=True)
+    time.sleep(3.5)
+    acknowledged = coordinator.journal.read_text().count('"kind":"result"')
+    worker.kill()
+    worker.wait()
+    assert 4 <= acknowledged < 64

@@ -102,6 +102,18 @@ def claim_with_retry(client: CoordinatorClient, worker: str, batch: int, results
             delay = min(delay * 2, 1.0)
 
 
+#: Results of a batch are posted at least this often while the batch runs, so slow
+#: tasks are acknowledged (and survive a crash) without waiting for the whole batch.
+FLUSH_SECONDS = 1.0
+
+
+def count(reply: dict[str, Any], tally: Tally, log: Callable[[str], None]) -> None:
+    tally.completed += len(reply.get("accepted", ()))
+    for rejection in reply.get("rejected", ()):
+        tally.rejected += 1
+        log(f"result for {rejection.get('taskId')} rejected: {rejection.get('code')} {rejection.get('reason')}")
+
+
 def work(client: CoordinatorClient, worker: str, handler: Handler, batch: int, wait_timeout: float,
          connect_timeout: float, tally: Tally, log: Callable[[str], None]) -> str:
     """Claim and run tasks until the coordinator says done (returns "done") or stop (raises)."""
@@ -110,22 +122,28 @@ def work(client: CoordinatorClient, worker: str, handler: Handler, batch: int, w
     while True:
         reply = claim_with_retry(client, worker, batch, results, connect_timeout)
         tally.claims += 1
-        tally.completed += len(reply.get("accepted", ()))
-        for rejection in reply.get("rejected", ()):
-            tally.rejected += 1
-            log(f"result for {rejection.get('taskId')} rejected: {rejection.get('code')} {rejection.get('reason')}")
+        count(reply, tally, log)
         results = []
         status = reply.get("status")
         if status == "task":
             waited_since = None
             tasks = reply["tasks"]
-            tally.current, tally.batch_started = [t["id"] for t in tasks], time.monotonic()
-            for task in tasks:
+            ids = [t["id"] for t in tasks]
+            tally.current, tally.batch_started = ids, time.monotonic()
+            flushed = time.monotonic()
+            for position, task in enumerate(tasks, start=1):
                 try:
                     output = handler(task["payload"])
                 except Exception as exc:  # a user's handler may raise anything: report it as the task's failure
                     raise AllocstackError("task-failed", f"task {task['id']}: {type(exc).__name__}: {exc}") from exc
                 results.append(make_result(task, output))
+                if position < len(tasks) and time.monotonic() - flushed > FLUSH_SECONDS:
+                    try:  # a slow batch: acknowledge what is done now (the last result rides on the next claim)
+                        count(client.post_results(worker, results), tally, log)
+                        results, tally.current = [], ids[position:]
+                    except requests.RequestException as exc:
+                        log(f"could not post results mid-batch ({type(exc).__name__}); they go with the next claim")
+                    flushed = time.monotonic()
             tally.current = []
         elif status == "wait":
             now = time.monotonic()
