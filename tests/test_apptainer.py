@@ -28,7 +28,8 @@ def image():
 def project(tmp_path, image):
     workdir = copy_project(tmp_path / "project")
     yield workdir
-    leftovers = pids_mentioning(str(workdir)) + pids_mentioning("starter-suid") + pids_mentioning("squashfuse")
+    leftovers = [pid for needle in (str(workdir), "Apptainer runtime parent", "starter-suid", "squashfuse")
+                 for pid in pids_mentioning(needle)]
     for pid in leftovers:
         os.kill(pid, signal.SIGKILL)
     assert not leftovers, f"processes left running: {leftovers}"

@@ -26,7 +26,7 @@ def cluster_project(tmp_path):
     image = require_apptainer()
     workdir = copy_project(tmp_path / "project")
     yield workdir, image
-    leftovers = pids_mentioning(str(workdir))
+    leftovers = [pid for needle in (str(workdir), "Apptainer runtime parent") for pid in pids_mentioning(needle)]
     for pid in leftovers:
         os.kill(pid, signal.SIGKILL)
     assert not leftovers, f"processes of the run left on the node: {leftovers}"
