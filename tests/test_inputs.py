@@ -42,7 +42,7 @@ TASK_CASES = {
     "message empty": (mutate(GOOD_TASKS, lambda d: d["tasks"][0]["payload"].update(message="")), "payload.message"),
     "message number": (mutate(GOOD_TASKS, lambda d: d["tasks"][0]["payload"].update(message=5)), "payload.message"),
     "unknown payload key": (mutate(GOOD_TASKS, lambda d: d["tasks"][0]["payload"].update(x=1)), "unknown payload key"),
-    "payload too big": (mutate(GOOD_TASKS, lambda d: d["tasks"][0]["payload"].update(blob="x" * 70000)), "bytes, over"),
+    "payload too big": (mutate(GOOD_TASKS, lambda d: d["tasks"][0]["payload"].update(blob="x" * 1_100_000)), "bytes, over"),
 }
 
 EXPECTED_CASES = {

@@ -33,7 +33,7 @@ def test_board_exactly_once_with_expiry_and_late_results():
     assert board.check(late).accepted
     board.accept("a", late, now=12)  # the late worker wins; b's result is now a duplicate
     assert board.check(result_for(again)).code == 409
-    assert board.counts() == {"total": 3, "pending": 2, "leased": 0, "done": 1}
+    assert board.counts() == {"total": 3, "pending": 2, "leased": 0, "done": 1, "failed": 0}
     assert [t["id"] for t in board.claim("b", 10, now=13)] == ["task-000001", "task-000002"]
 
 

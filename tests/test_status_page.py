@@ -75,9 +75,9 @@ def test_page_in_headless_chromium_shows_the_coordinators_numbers(half_done, tmp
     url = run_script("status.py", "--endpoint-file", half_done.endpoint_file, "--url").stdout.splitlines()[0]
     dom = headless(browser, tmp_path, "--dump-dom", url)
     assert dom.returncode == 0, dom.stderr[-2000:]
-    shown = dict(re.findall(r'id="(done|total|pending|leased|expired|state)">([^<]*)<', dom.stdout))
+    shown = dict(re.findall(r'id="(done|total|pending|leased|failed|expired|state)">([^<]*)<', dom.stdout))
     assert shown == {"state": "running", "done": "4,000", "total": "10,000", "pending": "6,000", "leased": "0",
-                     "expired": "0"}, shown
+                     "failed": "0", "expired": "0"}, shown
     assert 'data-worker="worker-01" data-completed="4000"' in dom.stdout
     assert "<polyline" in dom.stdout or "<svg" in dom.stdout
     shot = tmp_path / "status-page.png"

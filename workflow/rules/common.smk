@@ -1,5 +1,6 @@
 # Helpers shared by the rules: names, paths and the component launch command.
 # No rules here.
+import json
 import shlex
 import shutil
 import subprocess
@@ -120,12 +121,18 @@ def journal_path(wildcards):
 
 def bind_paths(wildcards):
     """Host paths a containerised component needs (bound at the same place)."""
-    return [
+    return config["apptainer"]["binds"] + [
         f"results/{wildcards.run}",
         f"{config['state_dir']}/{wildcards.run}",
         os.path.dirname(os.path.abspath(config["tasks"])),
         os.path.dirname(os.path.abspath(config["expected"])),
     ]
+
+
+def worker_command_option():
+    """``--command-json '[...]'`` for the user's worker program, or nothing for the baseline."""
+    command = config["worker"]["command"]
+    return f"--command-json {shlex.quote(json.dumps(command))}" if command else ""
 
 
 def launch(component, cpus=1, scratch=True, tolerate_kill=None, job_end_time=False):

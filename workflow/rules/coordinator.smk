@@ -33,6 +33,7 @@ rule serve_coordinator:
         journal=journal_path,
         lease=config["coordinator"]["lease_seconds"],
         workers=config["workers"],
+        attempts=config["coordinator"]["max_attempts"],
         idle=config["coordinator"]["idle_timeout"],
         lifetime=config["coordinator"]["lifetime"],
         stop_claims=(
@@ -44,5 +45,5 @@ rule serve_coordinator:
         "exec {params.launch} {input.script} --input {input.tasks:q} "
         "--results {output.results} --end-record {output.end_record} "
         "--service-file {output.service} --journal {params.journal:q} "
-        "--workers {params.workers} --lease-seconds {params.lease} --idle-timeout {params.idle} "
+        "--workers {params.workers} --max-attempts {params.attempts} --lease-seconds {params.lease} --idle-timeout {params.idle} "
         "--lifetime {params.lifetime} {params.stop_claims} 2> {log}"

@@ -17,6 +17,8 @@ rule validate_inputs:
         python=PYTHON,
         image=f"--image {shlex.quote(config['image'])}" if USE_IMAGE else "",
         workers=config["workers"],
+        handler="command" if config["worker"]["command"] else "baseline",
     shell:
         "{params.python} {input.script} --tasks {input.tasks:q} --expected {input.expected:q} "
-        "--workers {params.workers} {params.image} --output {output} > {log} 2>&1"
+        "--workers {params.workers} --handler {params.handler} {params.image} "
+        "--output {output} > {log} 2>&1"

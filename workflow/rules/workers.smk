@@ -37,9 +37,12 @@ rule run_worker:
         connect=config["worker"]["connect_timeout"],
         lease=config["coordinator"]["lease_seconds"],
         simulate=config["simulate"]["task_seconds"],
+        command=worker_command_option(),
+        task_timeout=config["worker"]["task_timeout"],
     shell:
         "exec {params.launch} {input.script} --worker-id {wildcards.worker} "
         "--gate-record {params.gate} --gate-timeout {params.gate_timeout} --record {output} --batch {params.batch} "
         "--wait-timeout {params.wait} --connect-timeout {params.connect} "
         "--lease-seconds {params.lease} --simulate-seconds {params.simulate} "
+        "--task-timeout {params.task_timeout} {params.command} "
         "> {log} 2>&1"

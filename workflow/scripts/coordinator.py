@@ -14,6 +14,8 @@ Protocol (JSON bodies; all but /health need ``Authorization: Bearer <token>``):
   409 duplicate or unclaimed, 400 bad schema or digest.
 * ``POST /results {"workerId", "results": [...]}`` -> 200 with accepted and rejected ids.
 * ``POST /heartbeat {"workerId", "taskIds"}`` -> ``{"held": [...]}`` (renews leases).
+* ``POST /fail {"workerId", "taskId", "reason"}`` -> ``{"status": "requeued"|"failed"}``: the
+  task's handler failed; it is handed out again until it has failed ``--max-attempts`` times.
 * ``GET /status`` -> counts, rate, per-worker stats (``?history=1`` adds the progress
   series); ``GET /ui`` -> the live status page. Both also accept the read-only
   view token as ``?token=`` (a browser cannot send a header through a tunnel URL).
@@ -102,6 +104,7 @@ class Coordinator:
             ("POST", "/result"): self.result,
             ("POST", "/results"): self.results,
             ("POST", "/heartbeat"): self.heartbeat,
+            ("POST", "/fail"): self.fail,
         }
         viewing = request.method == "GET" and request.path in ("/status", "/ui")
         if request.path != "/health" and not (self.may_view(request) if viewing else self.authorized(request)):
@@ -144,7 +147,7 @@ class Coordinator:
             self.board.accept(worker, result, now)
             accepted.append(self.board.results[result["taskId"]])
         await self.journal.append(accepted)
-        self.finish_if_complete()
+        self.finish_if_finished()
         return [r["taskId"] for r in accepted], rejected
 
     async def result(self, request: Request) -> Response:
@@ -187,11 +190,25 @@ class Coordinator:
                 append_event(self.args.events, "first-claim", worker=worker)
             reply.update(status="task", leaseSeconds=self.args.lease_seconds)
             reply.update({"tasks": granted} if batched else {"task": granted[0]})
-        elif self.board.complete:
+        elif self.board.finished:
             reply.update(status="done")
         else:
             reply.update(status="wait", retryAfter=WAIT_HINT_SECONDS)
         return Response.json(200, reply)
+
+    async def fail(self, request: Request) -> Response:
+        body = self._body(request)
+        task_id, reason = body.get("taskId"), body.get("reason", "")
+        if not isinstance(task_id, str) or not isinstance(reason, str):
+            raise ValueError("taskId and reason must be strings")
+        outcome = self.board.fail(body["workerId"], task_id, reason[-2000:], time.monotonic())
+        if outcome == "ignored":
+            return Response.json(409, {"error": f"{body['workerId']} does not hold a lease on {task_id[:80]!r}"})
+        print(f"coordinator: task {task_id} failed on {body['workerId']} ({outcome}): {reason[-300:]}",
+              file=sys.stderr, flush=True)
+        append_event(self.args.events, "task-failed", taskId=task_id, worker=body["workerId"], outcome=outcome)
+        self.finish_if_finished()
+        return Response.json(200, {"status": outcome})
 
     def fair_share(self, max_tasks: int) -> int:
         """At most an equal share of what is pending, so a big batch never starves the other workers."""
@@ -315,7 +332,7 @@ class Coordinator:
         print(f"coordinator: listening on {url} with {len(self.board.by_id)} tasks "
               f"({self.board.restored} restored from the journal)", file=sys.stderr, flush=True)
         print(self.tunnel_hint(port), file=sys.stderr, flush=True)
-        self.finish_if_complete()  # everything restored from the journal: nothing left to hand out
+        self.finish_if_finished()  # everything restored from the journal: nothing left to hand out
         keeper = asyncio.create_task(self.housekeeping())
         await self.stopping.wait()
         return await self.shutdown(keeper)
@@ -333,10 +350,11 @@ class Coordinator:
         summary = self.summary()
         end = {
             "schemaVersion": SCHEMA_VERSION,
-            "status": "completed" if self.board.complete else "incomplete",
+            "status": "completed" if self.board.complete else ("failed" if self.board.finished else "incomplete"),
             "reason": reason,
             "taskCount": summary["total"],
             "resultCount": summary["done"],
+            "failedTasks": dict(list(self.board.failures.items())[:100]),
             "restored": summary["restored"],
             "expiredLeases": summary["expiredLeases"],
             "inputSha256": self.input_sha256,
@@ -360,9 +378,12 @@ class Coordinator:
         print(line, file=sys.stderr, flush=True)
         return end
 
-    def finish_if_complete(self) -> None:
-        if self.board.complete and not self.outcome_written:
-            self.write_outcome("all tasks done")
+    def finish_if_finished(self) -> None:
+        if self.board.finished and not self.outcome_written:
+            failed = len(self.board.failures)
+            self.write_outcome("all tasks done" if not failed else
+                               f"{failed} task(s) failed {self.board.max_attempts} times: "
+                               + ", ".join(list(self.board.failures)[:5]))
 
     async def shutdown(self, keeper: asyncio.Task[None]) -> int:
         self.draining = True
@@ -396,6 +417,8 @@ def parse_args(argv: list[str] | None):
     parser.add_argument("--journal", help="durable results journal (default: next to --results)")
     parser.add_argument("--end-record", help="where to write the record of how the coordinator ended")
     parser.add_argument("--service-file", help="file written once listening (the Snakemake service output)")
+    parser.add_argument("--max-attempts", type=positive_int, default=3,
+                        help="a task whose handler fails is handed out again until it failed this many times")
     parser.add_argument("--workers", type=positive_int, default=1,
                         help="expected number of workers: a claim gets at most pending/workers tasks")
     parser.add_argument("--lease-seconds", type=positive_float, default=60.0, help="a claimed task returns to the queue after this")
@@ -459,7 +482,7 @@ def main(argv: list[str] | None = None) -> int:
         journal_path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         restored, note = replay(journal_path, input_sha256)
         print(f"coordinator: journal {journal_path}: {note}", file=sys.stderr, flush=True)
-        board = TaskBoard(tasks.tasks, args.lease_seconds)
+        board = TaskBoard(tasks.tasks, args.lease_seconds, args.max_attempts)
         board.restore(restored)
         journal = Journal(journal_path, input_sha256)
     except AllocstackError as error:

@@ -35,7 +35,7 @@ def render(status: dict[str, Any], url: str) -> str:
     lines = [
         f"allocstack stack at {url}: {state}",
         f"  tasks     {status['done']:>9,} done  {status['leased']:>7,} leased  {status['pending']:>9,} pending"
-        f"  of {status['total']:,}",
+        f"  {status.get('failed', 0):>5,} failed  of {status['total']:,}",
         f"  rate      {status['ratePerSecond']:>9,.0f} tasks/s (last 30 s), time left {eta}",
         f"  elapsed   {status['elapsedSeconds']:>9.1f} s, ready after {ready}",
         f"  leases    {status['expiredLeases']:>9,} expired and requeued; {status.get('rejected', 0):,} results rejected;"

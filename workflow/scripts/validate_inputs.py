@@ -24,7 +24,8 @@ def parse_args(argv: list[str] | None):
     parser.add_argument("--tasks", required=True, type=Path, help="task document")
     parser.add_argument("--expected", required=True, type=Path, help="expected results document")
     parser.add_argument("--workers", required=True, type=positive_int, help="worker count of the run")
-    parser.add_argument("--handler", default="baseline", choices=["baseline"], help="built-in handler whose payloads to check")
+    parser.add_argument("--handler", default="baseline", choices=["baseline", "command"],
+                        help="baseline: check the built-in handler's payloads; command: the user's program does")
     parser.add_argument("--image", type=Path, help="container image whose .sha256 sidecar must match")
     parser.add_argument("--output", required=True, type=Path, help="where to write the summary")
     return parser.parse_args(argv)

@@ -64,6 +64,10 @@ def check_end_record(record: Any, task_count: int, input_sha256: str, results_sh
     """The coordinator must have completed, on this input, producing exactly this results file."""
     if not isinstance(record, dict):
         raise AllocstackError("coordinator-exit", "coordinator end record is not a JSON object")
+    if record.get("status") == "failed":
+        failed = record.get("failedTasks") or {}
+        first = next(iter(failed.items()), ("?", "?"))
+        raise AllocstackError("task-failed", f"{len(failed)} task(s) failed for good, e.g. {first[0]}: {first[1][-300:]}")
     if record.get("status") != "completed":
         raise AllocstackError(
             "coordinator-exit", f"coordinator ended {record.get('status')!r} ({record.get('reason')}), not completed"

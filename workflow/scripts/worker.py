@@ -6,13 +6,18 @@ Each round trip posts the results of the previous batch and claims the next one
 Every wait is bounded: consecutive "wait" answers by ``--wait-timeout``, an
 unreachable coordinator by ``--connect-timeout``.
 
-Exit codes: 0 all tasks done; 64 bad arguments; 65 a task failed; 69 the
+A task whose handler fails (the built-in one, or ``--command-json``, the user's
+program run once per task) is reported to the coordinator, which hands it out
+again until it has failed ``max_attempts`` times; the worker goes on.
+
+Exit codes: 0 all tasks done (or failed for good); 64 bad arguments; 69 the
 coordinator could not be reached; 75 the coordinator stopped the run (draining)
 or the wait bound was hit; 77 the token was refused.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 import threading
@@ -30,17 +35,18 @@ from allocstack.client import CoordinatorClient
 from allocstack.endpoint import read_endpoint
 from allocstack.errors import EXIT_OK, EXIT_TEMPFAIL, AllocstackError, report
 from allocstack.events import append_event
-from allocstack.handlers import baseline
+from allocstack.handlers import TaskFailure, baseline, command_handler
 from allocstack.jsonio import atomic_write_json, read_json, sha256_text
 from allocstack.lifeline import watch_launcher
 
-Handler = Callable[[dict[str, Any]], str]
+Handler = Callable[[str, dict[str, Any]], str]
 
 
 @dataclass
 class Tally:
     claims: int = 0
     completed: int = 0
+    failed: int = 0
     rejected: int = 0
     waits: int = 0
     current: list[str] = field(default_factory=list)
@@ -56,9 +62,9 @@ def simulated(handler: Handler, seconds: float) -> Handler:
     if seconds <= 0:
         return handler
 
-    def slow(payload: dict[str, Any]) -> str:
+    def slow(task_id: str, payload: dict[str, Any]) -> str:
         time.sleep(seconds)
-        return handler(payload)
+        return handler(task_id, payload)
 
     return slow
 
@@ -114,6 +120,17 @@ def count(reply: dict[str, Any], tally: Tally, log: Callable[[str], None]) -> No
         log(f"result for {rejection.get('taskId')} rejected: {rejection.get('code')} {rejection.get('reason')}")
 
 
+def report_failure(client: CoordinatorClient, worker: str, task_id: str, reason: str, tally: Tally,
+                   log: Callable[[str], None]) -> None:
+    tally.failed += 1
+    log(f"task {task_id} failed: {reason[-500:]}")
+    try:
+        outcome = client.fail(worker, task_id, reason).get("status", "?")
+    except requests.RequestException as exc:  # the lease expires and the task is handed out again anyway
+        outcome = f"not reported ({type(exc).__name__})"
+    log(f"task {task_id}: {outcome}")
+
+
 def work(client: CoordinatorClient, worker: str, handler: Handler, batch: int, wait_timeout: float,
          connect_timeout: float, tally: Tally, log: Callable[[str], None]) -> str:
     """Claim and run tasks until the coordinator says done (returns "done") or stop (raises)."""
@@ -133,9 +150,11 @@ def work(client: CoordinatorClient, worker: str, handler: Handler, batch: int, w
             flushed = time.monotonic()
             for position, task in enumerate(tasks, start=1):
                 try:
-                    output = handler(task["payload"])
-                except Exception as exc:  # a user's handler may raise anything: report it as the task's failure
-                    raise AllocstackError("task-failed", f"task {task['id']}: {type(exc).__name__}: {exc}") from exc
+                    output = handler(task["id"], task["payload"])
+                except Exception as exc:  # a handler may raise anything: it is that task's failure, not ours
+                    reason = str(exc) if isinstance(exc, TaskFailure) else f"{type(exc).__name__}: {exc}"
+                    report_failure(client, worker, task["id"], reason, tally, log)
+                    continue
                 results.append(make_result(task, output))
                 if position < len(tasks) and time.monotonic() - flushed > FLUSH_SECONDS:
                     try:  # a slow batch: acknowledge what is done now (the last result rides on the next claim)
@@ -171,6 +190,9 @@ def parse_args(argv: list[str] | None):
     parser.add_argument("--gate-timeout", type=positive_float, default=60.0, help="bound on waiting for the gate record")
     parser.add_argument("--record", type=Path, help="write this worker's record (JSON) here at the end")
     parser.add_argument("--batch", type=positive_int, default=1, help="tasks claimed per round trip")
+    parser.add_argument("--command-json", type=json.loads, default=None,
+                        help='the user\'s program as a JSON argv list, run once per task, e.g. \'["python3", "x.py"]\'')
+    parser.add_argument("--task-timeout", type=non_negative_float, default=0.0, help="seconds per task (0 = none)")
     parser.add_argument("--simulate-seconds", type=non_negative_float, default=0.0, help="extra seconds per task")
     parser.add_argument("--wait-timeout", type=positive_float, default=300.0, help="bound on waiting for work")
     parser.add_argument("--connect-timeout", type=positive_float, default=30.0, help="bound on an unreachable coordinator")
@@ -181,6 +203,10 @@ def parse_args(argv: list[str] | None):
         args.events = args.events or args.scratch / "events.jsonl"
     if not args.endpoint_file:
         parser.error("--endpoint-file is required when no --scratch (or $ALLOCSTACK_SCRATCH) is given")
+    command = args.command_json
+    if command is not None and (not isinstance(command, list) or not command
+                                or not all(isinstance(arg, str) and arg for arg in command)):
+        parser.error("--command-json must be a non-empty JSON list of non-empty strings")
     return args
 
 
@@ -224,7 +250,12 @@ def main(argv: list[str] | None = None) -> int:
         heartbeat = Heartbeat(url, token, worker, tally, args.lease_seconds)
         heartbeat.start()
         try:
-            handler = simulated(baseline, args.simulate_seconds)
+            if args.command_json:
+                handler = command_handler(args.command_json, args.task_timeout or None,
+                                          str(args.scratch) if args.scratch else None)
+            else:
+                handler = lambda _task_id, payload: baseline(payload)  # noqa: E731
+            handler = simulated(handler, args.simulate_seconds)
             work(client, worker, handler, args.batch, args.wait_timeout, args.connect_timeout, tally, log)
         finally:
             heartbeat.stopped.set()
@@ -236,7 +267,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.record and code == EXIT_OK:
         atomic_write_json(args.record, {
             "schemaVersion": SCHEMA_VERSION, "workerId": worker, "status": status, "tasksCompleted": tally.completed,
-            "claims": tally.claims, "waits": tally.waits, "rejected": tally.rejected,
+            "claims": tally.claims, "waits": tally.waits, "rejected": tally.rejected, "failed": tally.failed,
             "startedAt": started, "endedAt": ended,
         }, 0o644)
     print(f"{worker}: {status}: {tally.completed} tasks in {ended - started:.3f} s, "

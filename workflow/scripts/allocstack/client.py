@@ -54,5 +54,8 @@ class CoordinatorClient:
     def post_results(self, worker: str, results: list[dict[str, Any]]) -> dict[str, Any]:
         return self._post("/results", {"workerId": worker, "results": results})[1]
 
+    def fail(self, worker: str, task_id: str, reason: str) -> dict[str, Any]:
+        return self._post("/fail", {"workerId": worker, "taskId": task_id, "reason": reason}, ok=(200, 409))[1]
+
     def heartbeat(self, worker: str, task_ids: list[str]) -> list[str]:
         return self._post("/heartbeat", {"workerId": worker, "taskIds": task_ids})[1]["held"]

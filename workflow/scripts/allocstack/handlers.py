@@ -1,12 +1,24 @@
-"""The built-in baseline handler: ``output = message * repeat``.
+"""Task handlers: the built-in baseline, or the user's own program (``worker.command``).
 
-A handler turns one task payload into an output string. The baseline's payload is
-``{"message": str, "repeat": int}``; :func:`check_baseline_payload` is what input
-validation runs before anything starts, so a bad payload never reaches a worker.
+A handler turns one task payload into an output string, or raises
+:class:`TaskFailure`. The baseline's payload is ``{"message": str, "repeat": int}``;
+:func:`check_baseline_payload` is what input validation runs before anything
+starts, so a bad payload never reaches a worker.
+
+A command handler runs an argv list (never a shell string) once per task: the
+payload arrives as JSON on stdin (and, above 64 KiB, in a file named by
+``$ALLOCSTACK_PAYLOAD_FILE`` with empty stdin), ``$ALLOCSTACK_TASK_ID`` names the
+task, stdout is the output; a non-zero exit or a timeout fails the task with the
+tail of its stderr.
 """
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import tempfile
+from collections.abc import Callable
 from typing import Any
 
 from .errors import AllocstackError
@@ -33,3 +45,39 @@ def check_baseline_payload(payload: dict[str, Any], where: str) -> None:
 def baseline(payload: dict[str, Any]) -> str:
     """The seed's task: the message repeated ``repeat`` times."""
     return payload["message"] * payload["repeat"]
+
+
+class TaskFailure(Exception):
+    """A task's handler failed; the message says why (it is reported to the coordinator)."""
+
+
+INLINE_PAYLOAD_BYTES = 64 * 1024
+STDERR_TAIL = 2000
+
+
+def command_handler(argv: list[str], timeout: float | None, scratch: str | None) -> Callable[[str, dict[str, Any]], str]:
+    """A handler running ``argv`` per task (see the module docstring)."""
+
+    def run(task_id: str, payload: dict[str, Any]) -> str:
+        data = json.dumps(payload)
+        env = {**os.environ, "ALLOCSTACK_TASK_ID": task_id}
+        payload_file = None
+        if len(data) > INLINE_PAYLOAD_BYTES:
+            handle, payload_file = tempfile.mkstemp(prefix=f"payload-{task_id}-", suffix=".json", dir=scratch)
+            with os.fdopen(handle, "w") as out:
+                out.write(data)
+            env["ALLOCSTACK_PAYLOAD_FILE"], data = payload_file, ""
+        try:
+            done = subprocess.run(argv, input=data, capture_output=True, text=True, timeout=timeout, env=env)
+        except subprocess.TimeoutExpired as exc:
+            raise TaskFailure(f"timed out after {timeout:g} s") from exc
+        except OSError as exc:
+            raise TaskFailure(f"cannot run {argv[0]}: {exc.strerror}") from exc
+        finally:
+            if payload_file:
+                os.unlink(payload_file)
+        if done.returncode != 0:
+            raise TaskFailure(f"exit {done.returncode}: {done.stderr[-STDERR_TAIL:].strip()}")
+        return done.stdout
+
+    return run

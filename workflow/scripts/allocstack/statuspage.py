@@ -32,6 +32,7 @@ PAGE = """<!doctype html>
  <div class="card"><b id="done">-</b><span>done of <span id="total">-</span></span></div>
  <div class="card"><b id="pending">-</b><span>pending</span></div>
  <div class="card"><b id="leased">-</b><span>leased</span></div>
+ <div class="card"><b id="failed">-</b><span>failed</span></div>
  <div class="card"><b id="rate">-</b><span>tasks/s (30 s)</span></div>
  <div class="card"><b id="eta">-</b><span>time left</span></div>
  <div class="card"><b id="expired">-</b><span>leases expired</span></div>
@@ -75,7 +76,7 @@ async function refresh() {
     if (!r.ok) throw new Error("HTTP " + r.status);
     const s = await r.json();
     set("state", s.complete ? "complete" : (s.draining ? "stopping" : "running"));
-    ["done", "total", "pending", "leased"].forEach(k => set(k, fmt(s[k])));
+    ["done", "total", "pending", "leased", "failed"].forEach(k => set(k, fmt(s[k])));
     set("rate", fmt(Math.round(s.ratePerSecond))); set("eta", s.etaSeconds === null ? "-" : s.etaSeconds + " s");
     set("expired", fmt(s.expiredLeases)); set("rejected", fmt(s.rejected));
     set("elapsed", s.elapsedSeconds.toFixed(1)); set("ready", s.readySeconds === null ? "-" : s.readySeconds);

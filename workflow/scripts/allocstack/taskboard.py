@@ -1,7 +1,8 @@
 """The coordinator's state machine, free of I/O so it can be tested directly.
 
-Every task is ``pending``, ``leased`` (claimed by a worker until a deadline) or
-``done`` (its result accepted). A lease that is not finished or renewed by a
+Every task is ``pending``, ``leased`` (claimed by a worker until a deadline),
+``done`` (its result accepted) or ``failed`` (its handler failed ``max_attempts``
+times; a failure before that puts it back in the queue). A lease that is not finished or renewed by a
 heartbeat before its deadline returns the task to the queue. The first valid
 result for a task wins; every later one is rejected idempotently (409), so each
 task appears exactly once whatever workers die or come back late.
@@ -19,7 +20,7 @@ from typing import Any
 
 from .taskset import SHA256_PATTERN, TASK_ID_PATTERN
 
-PENDING, LEASED, DONE = 0, 1, 2
+PENDING, LEASED, DONE, FAILED = 0, 1, 2, 3
 WORKER_ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 MAX_OUTPUT_CHARS = 16 << 20
 
@@ -55,12 +56,15 @@ class Verdict:
 class TaskBoard:
     tasks: list[dict[str, Any]]
     lease_seconds: float
+    max_attempts: int = 3
     by_id: dict[str, dict[str, Any]] = field(init=False)
     state: dict[str, int] = field(init=False)
     pending: deque[str] = field(init=False)
     leases: dict[str, Lease] = field(default_factory=dict)
     grants: dict[str, int] = field(default_factory=dict)
     results: dict[str, dict[str, Any]] = field(default_factory=dict)
+    attempts: dict[str, int] = field(default_factory=dict)
+    failures: dict[str, str] = field(default_factory=dict)
     workers: dict[str, WorkerStats] = field(default_factory=dict)
     expired_leases: int = 0
     restored: int = 0
@@ -75,10 +79,15 @@ class TaskBoard:
     def complete(self) -> bool:
         return len(self.results) == len(self.by_id)
 
+    @property
+    def finished(self) -> bool:
+        """Nothing left to hand out or wait for: every task is done or has failed for good."""
+        return len(self.results) + len(self.failures) == len(self.by_id)
+
     def counts(self) -> dict[str, int]:
-        done = len(self.results)
-        leased = len(self.leases)
-        return {"total": len(self.by_id), "pending": len(self.by_id) - done - leased, "leased": leased, "done": done}
+        done, failed, leased = len(self.results), len(self.failures), len(self.leases)
+        return {"total": len(self.by_id), "pending": len(self.by_id) - done - failed - leased, "leased": leased,
+                "done": done, "failed": failed}
 
     def sorted_results(self) -> list[dict[str, Any]]:
         return [self.results[task_id] for task_id in sorted(self.results)]
@@ -165,6 +174,25 @@ class TaskBoard:
                 lease.deadline = now + self.lease_seconds
                 held.append(task_id)
         return held
+
+    def fail(self, worker: str, task_id: str, reason: str, now: float) -> str:
+        """The task's handler failed on ``worker``: requeue it (at the back), or fail it for good.
+
+        :returns: ``"requeued"``, ``"failed"``, or ``"ignored"`` when ``worker`` does not hold its lease.
+        """
+        lease = self.leases.get(task_id)
+        if lease is None or lease.worker != worker:
+            return "ignored"
+        del self.leases[task_id]
+        self._seen(worker, now)
+        self.attempts[task_id] = self.attempts.get(task_id, 0) + 1
+        if self.attempts[task_id] >= self.max_attempts:
+            self.state[task_id] = FAILED
+            self.failures[task_id] = reason
+            return "failed"
+        self.state[task_id] = PENDING
+        self.pending.append(task_id)
+        return "requeued"
 
     def expire(self, now: float) -> list[str]:
         """Return overdue leased tasks to the FRONT of the queue; returns their ids."""

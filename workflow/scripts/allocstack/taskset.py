@@ -19,7 +19,7 @@ from .jsonio import read_json
 TASK_ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 SHA256_PATTERN = re.compile(r"^[0-9a-f]{64}$")
 #: Serialized payloads above this size are refused (the coordinator hands them out in memory).
-MAX_PAYLOAD_BYTES = 64 * 1024
+MAX_PAYLOAD_BYTES = 1 << 20
 #: A generous ceiling that still keeps the coordinator's memory bounded (~1 KiB a task).
 MAX_TASKS = 2_000_000
 

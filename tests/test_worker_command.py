@@ -1,0 +1,98 @@
+"""Bring your own worker program: worker.command runs once per task, failures are retried then reported."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import sys
+import textwrap
+
+from conftest import run_script, write_json
+
+APP = textwrap.dedent("""
+    import json, os, sys, time
+    payload = json.load(open(os.environ["ALLOCSTACK_PAYLOAD_FILE"])) if os.environ.get("ALLOCSTACK_PAYLOAD_FILE") \\
+        else json.load(sys.stdin)
+    text = payload["text"]
+    if text == "bad":
+        print("cannot shout 'bad'", file=sys.stderr)
+        sys.exit(3)
+    if text == "slow":
+        time.sleep(30)
+    sys.stdout.write(f"{os.environ['ALLOCSTACK_TASK_ID']}:{text.upper()[:20]}:{len(text)}")
+""")
+
+
+def documents(texts: list[str]) -> tuple[dict, dict]:
+    tasks = {"schemaVersion": 1, "tasks": [{"id": f"t{i}", "payload": {"text": t}} for i, t in enumerate(texts)]}
+    results = []
+    for i, text in enumerate(texts):
+        output = f"t{i}:{text.upper()[:20]}:{len(text)}"
+        results.append({"taskId": f"t{i}", "output": output, "sha256": hashlib.sha256(output.encode()).hexdigest()})
+    return tasks, {"schemaVersion": 1, "results": results}
+
+
+def run_app(start_coordinator, tmp_path, texts: list[str], *worker_args: str):
+    tasks, expected = documents(texts)
+    coordinator = start_coordinator(tasks, "--max-attempts", "2", "--lease-seconds", "60")
+    app = tmp_path / "app.py"
+    app.write_text(APP)
+    gate = tmp_path / "gate.json"
+    gate.write_text('{"status": "ready"}')
+    done = run_script("worker.py", "--worker-id", "worker-01", "--scratch", coordinator.scratch, "--gate-record", gate,
+                      "--batch", "4", "--command-json", json.dumps([sys.executable, str(app)]), *worker_args,
+                      "--record", tmp_path / "w.json")
+    assert done.returncode == 0, done.stderr
+    coordinator.stop()
+    write_json(coordinator.tasks_path, tasks)
+    verify = run_script("verify.py", "--input", coordinator.tasks_path, "--results", coordinator.results,
+                        "--expected", write_json(tmp_path / "expected.json", expected), "--output",
+                        tmp_path / "result.json", "--end-record", coordinator.end_record)
+    return coordinator, done, verify
+
+
+def test_user_program_outputs_are_the_results(start_coordinator, tmp_path):
+    big = "x" * 70_000  # above 64 KiB: the payload arrives in a file, not on stdin
+    coordinator, _, verify = run_app(start_coordinator, tmp_path, ["alpha", "beta", big, "gamma"])
+    assert verify.returncode == 0, verify.stderr
+    assert json.loads(coordinator.end_record.read_text())["status"] == "completed"
+
+
+def test_a_failing_task_is_retried_then_fails_the_run_with_its_stderr(start_coordinator, tmp_path):
+    coordinator, worker, verify = run_app(start_coordinator, tmp_path, ["alpha", "bad", "gamma"])
+    end = json.loads(coordinator.end_record.read_text())
+    assert end["status"] == "failed" and end["resultCount"] == 2
+    assert end["failedTasks"] == {"t1": "exit 3: cannot shout 'bad'"}
+    assert worker.stderr.count("task t1 failed") == 2  # max_attempts = 2
+    assert json.loads((tmp_path / "w.json").read_text())["failed"] == 2
+    assert verify.returncode == 65 and "[task-failed]" in verify.stderr and "cannot shout" in verify.stderr
+    assert not (tmp_path / "result.json").exists()
+
+
+def test_task_timeout_counts_as_a_failure(start_coordinator, tmp_path):
+    coordinator, worker, verify = run_app(start_coordinator, tmp_path, ["slow", "alpha"], "--task-timeout", "0.5")
+    end = json.loads(coordinator.end_record.read_text())
+    assert end["failedTasks"] == {"t0": "timed out after 0.5 s"}
+    assert verify.returncode == 65
+
+
+def test_bad_command_json_is_a_usage_error(tmp_path):
+    for bad in ("not json", "[]", '"python3 x.py"', '["ok", ""]'):
+        done = run_script("worker.py", "--worker-id", "w", "--endpoint-file", tmp_path / "e.json", "--command-json", bad)
+        assert done.returncode == 64, (bad, done.stderr)
+
+
+def test_worker_command_through_the_workflow(project):
+    tasks, expected = documents(["one", "two", "three", "four", "five"])
+    write_json(project / "inputs/app.json", tasks)
+    write_json(project / "expected/app.json", expected)
+    (project / "apps").mkdir()
+    (project / "apps/shout.py").write_text(APP)
+    (project / "config/app.yaml").write_text(
+        "run: app\ntasks: inputs/app.json\nexpected: expected/app.json\nworkers: 2\n"
+        f"worker: {{command: [{json.dumps(sys.executable)}, apps/shout.py]}}\n")
+    from workflow_helpers import snakemake
+
+    done = snakemake(project, "--cores", "4", "--configfile", "config/app.yaml")
+    assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
+    assert json.loads((project / "results/app/result.json").read_text())["status"] == "success"
