@@ -96,3 +96,54 @@ def test_worker_command_through_the_workflow(project):
     done = snakemake(project, "--cores", "4", "--configfile", "config/app.yaml")
     assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
     assert json.loads((project / "results/app/result.json").read_text())["status"] == "success"
+
+
+CHECK = textwrap.dedent("""
+    import json, os, sys
+    tasks = {t["id"]: t["payload"]["text"] for t in json.load(open(os.environ["ALLOCSTACK_TASKS"]))["tasks"]}
+    for result in json.load(open(os.environ["ALLOCSTACK_RESULTS"]))["results"]:
+        task_id, shouted, length = result["output"].split(":")
+        if task_id != result["taskId"] or int(length) != len(tasks[task_id]):
+            sys.exit(f"{task_id}: wrong length {length}")
+""")
+
+
+def test_verify_command_replaces_the_expected_comparison(tmp_path):
+    tasks, expected = documents(["alpha", "beta"])
+    results = {"schemaVersion": 1, "results": [{**r, "workerId": "w"} for r in expected["results"]]}
+    check = tmp_path / "check.py"
+    check.write_text(CHECK)
+    argv = json.dumps([sys.executable, str(check)])
+    common = ["--input", write_json(tmp_path / "tasks.json", tasks), "--output", tmp_path / "result.json",
+              "--command-json", argv]
+    ok = run_script("verify.py", "--results", write_json(tmp_path / "results.json", results), *common)
+    assert ok.returncode == 0, ok.stderr
+    wrong = json.loads(json.dumps(results))
+    wrong["results"][0]["output"] = "t0:ALPHA:9"
+    wrong["results"][0]["sha256"] = hashlib.sha256(b"t0:ALPHA:9").hexdigest()
+    bad = run_script("verify.py", "--results", write_json(tmp_path / "results.json", wrong), *common)
+    assert bad.returncode == 65 and "verify.command exited 1: t0: wrong length 9" in bad.stderr
+    assert not (tmp_path / "result.json").exists()
+    neither = run_script("verify.py", "--input", tmp_path / "tasks.json", "--results", tmp_path / "results.json",
+                         "--output", tmp_path / "result.json")
+    assert neither.returncode == 64
+
+
+def test_own_worker_and_own_check_without_expected_results(project):
+    tasks, _ = documents(["one", "two", "three"])
+    write_json(project / "inputs/own.json", tasks)
+    (project / "apps").mkdir()
+    (project / "apps/shout.py").write_text(APP)
+    (project / "apps/check.py").write_text(CHECK)
+    python = json.dumps(sys.executable)
+    (project / "config/own.yaml").write_text(
+        f"run: own\ntasks: inputs/own.json\nexpected: null\nworker: {{command: [{python}, apps/shout.py]}}\n"
+        f"verify: {{command: [{python}, apps/check.py]}}\n")
+    from workflow_helpers import snakemake
+
+    done = snakemake(project, "--cores", "4", "--configfile", "config/own.yaml")
+    assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
+    assert json.loads((project / "results/own/result.json").read_text())["status"] == "success"
+    (project / "config/none.yaml").write_text("run: none\nexpected: null\n")
+    refused = snakemake(project, "--dry-run", "--configfile", "config/none.yaml")
+    assert refused.returncode != 0 and "nothing would say whether the results are correct" in refused.stdout + refused.stderr

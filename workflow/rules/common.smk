@@ -92,6 +92,12 @@ def check_prerequisites():
             f"worker.cpus, plus coordinator.cpus) but {source} has {max_cpus}: the job "
             "would pend forever; lower workers (or set slurm.max_cpus)",
         )
+    if not config["expected"] and not config["verify"]["command"]:
+        fail_config(
+            "config",
+            "expected is null and verify.command is not set: nothing would say "
+            "whether the results are correct; set one of them",
+        )
     if USE_IMAGE and shutil.which("apptainer") is None:
         fail_config(
             "prerequisite",
@@ -121,18 +127,32 @@ def journal_path(wildcards):
 
 def bind_paths(wildcards):
     """Host paths a containerised component needs (bound at the same place)."""
-    return config["apptainer"]["binds"] + [
-        f"results/{wildcards.run}",
-        f"{config['state_dir']}/{wildcards.run}",
-        os.path.dirname(os.path.abspath(config["tasks"])),
-        os.path.dirname(os.path.abspath(config["expected"])),
-    ]
+    return (
+        config["apptainer"]["binds"]
+        + [
+            f"results/{wildcards.run}",
+            f"{config['state_dir']}/{wildcards.run}",
+        ]
+        + [
+            os.path.dirname(os.path.abspath(path))
+            for path in (config["tasks"], config["expected"])
+            if path
+        ]
+    )
 
 
-def worker_command_option():
-    """``--command-json '[...]'`` for the user's worker program, or nothing for the baseline."""
-    command = config["worker"]["command"]
+def command_option(command):
+    """``--command-json '[...]'`` for a user's program (worker or verify), or nothing."""
     return f"--command-json {shlex.quote(json.dumps(command))}" if command else ""
+
+
+def expected_input(wildcards):
+    """The expected document, when verification compares against one."""
+    return [config["expected"]] if config["expected"] else []
+
+
+def expected_option(wildcards, input):
+    return f"--expected {shlex.quote(input.expected[0])}" if input.expected else ""
 
 
 def launch(component, cpus=1, scratch=True, tolerate_kill=None, job_end_time=False):

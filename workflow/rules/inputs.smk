@@ -5,7 +5,7 @@
 rule validate_inputs:
     input:
         tasks=config["tasks"],
-        expected=config["expected"],
+        expected=expected_input,
         script=script("validate_inputs.py"),
     output:
         "results/{run}/inputs.json",
@@ -14,11 +14,12 @@ rule validate_inputs:
     conda:
         STACK_ENV
     params:
+        expected=expected_option,
         python=PYTHON,
         image=f"--image {shlex.quote(config['image'])}" if USE_IMAGE else "",
         workers=config["workers"],
         handler="command" if config["worker"]["command"] else "baseline",
     shell:
-        "{params.python} {input.script} --tasks {input.tasks:q} --expected {input.expected:q} "
+        "{params.python} {input.script} --tasks {input.tasks:q} {params.expected} "
         "--workers {params.workers} --handler {params.handler} {params.image} "
         "--output {output} > {log} 2>&1"

@@ -6,7 +6,7 @@
 rule verify_results:
     input:
         tasks=config["tasks"],
-        expected=config["expected"],
+        expected=expected_input,
         results="results/{run}/results.json",
         end_record="results/{run}/coordinator.json",
         events="results/{run}/events.jsonl",
@@ -26,8 +26,10 @@ rule verify_results:
         runtime=0,
     params:
         launch=launch("verify", scratch=False),
+        expected=expected_option,
+        command=command_option(config["verify"]["command"]),
         journal=journal_path,
     shell:
-        "{params.launch} {input.script} --input {input.tasks:q} --expected {input.expected:q} "
+        "{params.launch} {input.script} --input {input.tasks:q} {params.expected} {params.command} "
         "--results {input.results} --end-record {input.end_record} --events {input.events} "
         "--output {output} --retire-journal {params.journal:q} > {log} 2>&1"

@@ -37,7 +37,7 @@ rule run_worker:
         connect=config["worker"]["connect_timeout"],
         lease=config["coordinator"]["lease_seconds"],
         simulate=config["simulate"]["task_seconds"],
-        command=worker_command_option(),
+        command=command_option(config["worker"]["command"]),
         task_timeout=config["worker"]["task_timeout"],
     shell:
         "exec {params.launch} {input.script} --worker-id {wildcards.worker} "

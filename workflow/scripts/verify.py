@@ -5,7 +5,8 @@ Checks, in linear time: the results document's schema; every result belongs to
 a task, appears once, carries the digest of its output and matches the expected
 output and digest; every task has a result; the coordinator's end record says it
 completed with exactly these results; the event log shows the readiness gate
-passed before every worker started. Then writes ``result.json`` atomically
+passed before every worker started; with ``--command-json`` (``verify.command``)
+the application's own check must exit 0. Then writes ``result.json`` atomically
 (mode 0600): ``{"schemaVersion": 1, "status": "success", "taskCount",
 "inputSha256", "resultsSha256", "results"}``. On any failure the marker is
 removed, one line says why, and the exit code is 65.
@@ -13,6 +14,9 @@ removed, one line says why, and the exit code is 65.
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -30,7 +34,7 @@ def fail(message: str) -> AllocstackError:
     return AllocstackError("verification", message)
 
 
-def check_results(document: Any, tasks: TaskSet, expected: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
+def check_results(document: Any, tasks: TaskSet, expected: dict[str, dict[str, Any]] | None) -> list[dict[str, Any]]:
     """Return the results sorted by task id, or raise ``verification`` naming the first problem."""
     if not isinstance(document, dict) or document.get("schemaVersion") != SCHEMA_VERSION:
         raise fail("results document is not a schemaVersion 1 object")
@@ -50,7 +54,7 @@ def check_results(document: Any, tasks: TaskSet, expected: dict[str, dict[str, A
         seen.add(task_id)
         if not isinstance(result["output"], str) or result["sha256"] != sha256_text(result["output"]):
             raise fail(f"result for {task_id}: sha256 is not the digest of its output")
-        want = expected[task_id]
+        want = expected[task_id] if expected is not None else result
         if result["output"] != want["output"] or result["sha256"] != want["sha256"]:
             raise fail(f"result for {task_id}: output differs from the expected output")
     if len(seen) != len(task_ids):
@@ -58,6 +62,26 @@ def check_results(document: Any, tasks: TaskSet, expected: dict[str, dict[str, A
         raise fail(f"results do not cover each task exactly once: no result for {missing!r} "
                    f"({len(seen)} of {len(task_ids)})")
     return sorted(results, key=lambda r: r["taskId"])
+
+
+def run_user_check(argv: list[str], tasks_path: Path, results_path: Path, expected_path: Path | None) -> None:
+    """``verify.command``: the application's own correctness check ("only your application can say").
+
+    Runs ``argv`` (no shell) with ``$ALLOCSTACK_TASKS``, ``$ALLOCSTACK_RESULTS`` (and
+    ``$ALLOCSTACK_EXPECTED`` when configured) naming the documents; exit 0 means correct.
+
+    :raises AllocstackError: ``verification`` with the tail of its output otherwise.
+    """
+    env = {**os.environ, "ALLOCSTACK_TASKS": str(tasks_path), "ALLOCSTACK_RESULTS": str(results_path)}
+    if expected_path is not None:
+        env["ALLOCSTACK_EXPECTED"] = str(expected_path)
+    try:
+        done = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=3600)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise fail(f"verify.command {argv[0]} could not run: {exc}") from exc
+    if done.returncode != 0:
+        tail = (done.stderr or done.stdout).strip().splitlines()[-1:] or ["no output"]
+        raise fail(f"verify.command exited {done.returncode}: {tail[0][-300:]}")
 
 
 def check_end_record(record: Any, task_count: int, input_sha256: str, results_sha256: str) -> None:
@@ -84,12 +108,21 @@ def parse_args(argv: list[str] | None):
     parser = ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--input", required=True, type=Path, help="task document")
     parser.add_argument("--results", required=True, type=Path, help="results.json written by the coordinator")
-    parser.add_argument("--expected", required=True, type=Path, help="expected results document")
+    parser.add_argument("--expected", type=Path, help="expected results document (compared output by output)")
+    parser.add_argument("--command-json", type=json.loads, default=None,
+                        help="the application's own check as a JSON argv list (verify.command)")
     parser.add_argument("--output", required=True, type=Path, help="success marker to write (result.json)")
     parser.add_argument("--end-record", type=Path, help="the coordinator's end record to check")
     parser.add_argument("--events", type=Path, help="event log whose gate/worker order to check")
     parser.add_argument("--retire-journal", type=Path, help="delete this journal once the run is verified")
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    command = args.command_json
+    if command is not None and (not isinstance(command, list) or not command
+                                or not all(isinstance(arg, str) and arg for arg in command)):
+        parser.error("--command-json must be a non-empty JSON list of non-empty strings")
+    if args.expected is None and command is None:
+        parser.error("give --expected, --command-json, or both")
+    return args
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -98,13 +131,15 @@ def main(argv: list[str] | None = None) -> int:
     try:
         args.output.unlink(missing_ok=True)
         tasks = load_tasks(str(args.input))
-        expected = load_expected(str(args.expected), tasks)
+        expected = load_expected(str(args.expected), tasks) if args.expected else None
         document = read_json(args.results, "results", diag="verification")
         input_sha256, results_sha256 = sha256_file(args.input), sha256_file(args.results)
         if args.end_record:  # first: "the coordinator did not complete" explains a short results file
             record = read_json(args.end_record, "coordinator end record", diag="coordinator-exit")
             check_end_record(record, len(tasks), input_sha256, results_sha256)
         results = check_results(document, tasks, expected)
+        if args.command_json:
+            run_user_check(args.command_json, args.input, args.results, args.expected)
         if args.events:
             ok, reason = gate_precedes_workers(read_events(args.events))
             if not ok:
