@@ -17,14 +17,19 @@ include: "workflow/rules/readiness.smk"
 include: "workflow/rules/workers.smk"
 include: "workflow/rules/collect.smk"
 include: "workflow/rules/verify.smk"
+include: "workflow/rules/report.smk"
 
 
 localrules:
     all,
     validate_inputs,
+    record_decisions,
+    plot_timeline,
 
 
 rule all:
     default_target: True
     input:
         f"results/{RUN}/result.json",
+        f"results/{RUN}/decision-record.md",
+        f"results/{RUN}/timeline.svg",

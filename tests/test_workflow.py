@@ -25,7 +25,10 @@ def test_dry_run_as_typed_shows_the_stack(project):
              if len(line.split()) == 2 and line.split()[1].isdigit() and not line.endswith(":")
              and not line.split()[0].endswith(":")}
     assert table == {"validate_inputs": "1", "serve_coordinator": "1", "await_readiness": "1", "run_worker": "2",
-                     "collect_results": "1", "verify_results": "1", "all": "1", "total": "8"}
+                     "collect_results": "1", "verify_results": "1", "record_decisions": "1", "plot_timeline": "1",
+                     "all": "1", "total": "10"}
+    # the decision record is reviewable before anything runs
+    assert "decisions: allocation: scheduler policy; startup order: launch script" in done.stdout
     assert "service" in done.stdout  # the coordinator is marked as a service
     assert not (project / "results").exists()
 
@@ -122,3 +125,22 @@ def test_crashed_coordinator_fails_the_run_and_leaves_nothing(project):
     assert proc.returncode != 0
     assert not (project / "results/crash/result.json").exists()
     assert "Error in rule" in output
+
+
+def test_decision_record_timeline_and_report(project):
+    (project / "config/decide.yaml").write_text(
+        "decisions:\n  accelerators: {owner: scheduler policy, how: 'one A100 per worker via --gres'}\n")
+    done = snakemake(project, "--cores", "4", "--configfile", "config/decide.yaml")
+    assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
+    record = (project / "results/baseline/decision-record.md").read_text()
+    assert "| Accelerators | scheduler policy | one A100 per worker via --gres |" in record
+    assert "| Allocation | scheduler policy |" in record
+    svg = (project / "results/baseline/timeline.svg").read_text()
+    assert svg.startswith("<svg") and "worker-01" in svg and "gate passed" in svg
+    report = snakemake(project, "--report", "report.html", "--configfile", "config/decide.yaml")
+    assert report.returncode == 0, report.stderr[-2000:]
+    html = (project / "report.html").read_text()
+    assert "decision-record.md" in html and "timeline.svg" in html
+    (project / "config/bad.yaml").write_text("decisions:\n  allocation: {owner: me, how: x}\n")
+    bad = snakemake(project, "--dry-run", "--configfile", "config/bad.yaml")
+    assert bad.returncode != 0 and "[config]: decisions.allocation.owner: 'me' is not one of" in bad.stdout + bad.stderr

@@ -189,3 +189,30 @@ def launch(component, cpus=1, scratch=True, tolerate_kill=None, job_end_time=Fal
         return shlex.join(argv) + " --"
 
     return command
+
+
+def decision_facts(wildcards):
+    """The run's settings that the decision record lists under its table (JSON)."""
+    return json.dumps(
+        {
+            "workers": config["workers"],
+            "image": config["image"],
+            "scratch": config["scratch"] or "$SLURM_TMPDIR, else $TMPDIR",
+            "state_dir": config["state_dir"],
+            "job steps": config["slurm"]["job_steps"],
+        }
+    )
+
+
+def decision_summary():
+    """One line for --dry-run: who owns each of the five things."""
+    names = {
+        "allocation": "allocation",
+        "startup_order": "startup order",
+        "runtime_state": "runtime state",
+        "service_access": "access",
+        "accelerators": "accelerators",
+    }
+    return "decisions: " + "; ".join(
+        f"{names[key]}: {config['decisions'][key]['owner']}" for key in names
+    )
