@@ -121,3 +121,27 @@ def test_more_workers_than_the_node_has_cpus_is_refused_up_front(cluster_project
     assert done.returncode != 0
     assert "allocstack: error [config]: workers=40 needs 41 CPUs" in output
     assert not submitted_jobs(output)
+
+
+def test_wordcount_example_runs_on_the_cluster(cluster_project):
+    project, image = cluster_project
+    done = snakemake(project, "--profile", "profiles/slurm", *TEST_RESOURCES, "runtime=10",
+                     "--configfile", "config/examples/wordcount/config.yaml", "--config", f"image={image}",
+                     timeout=600)
+    output = done.stdout + done.stderr
+    assert done.returncode == 0, output[-4000:]
+    assert len(submitted_jobs(output)) == 1
+    assert json.loads((project / "results/wordcount/result.json").read_text())["status"] == "success"
+    assert "words in 8 chunks agree" in (project / "logs/verify_results/wordcount.log").read_text()
+
+
+def test_gpus_requested_reach_the_sbatch_line(cluster_project):
+    """The test cluster has no GPU, so sbatch refuses the job; the generated call is what we inspect."""
+    project, image = cluster_project
+    done = snakemake(project, "--profile", "profiles/slurm", *TEST_RESOURCES, "runtime=5", "gpu=1",
+                     "--config", f"image={image}", timeout=300)
+    output = done.stdout + done.stderr
+    assert done.returncode != 0
+    call = next(line for line in output.splitlines() if line.strip().startswith("sbatch "))
+    assert "--gpus=1" in call or "--gres=gpu:1" in call, call
+    assert not submitted_jobs(output)
