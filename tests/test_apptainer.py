@@ -161,10 +161,12 @@ def test_container_start_overhead(tmp_path, image):
     assert timings["apptainer"] > 0
 
 
-def test_gpus_requested_add_nv_to_every_containerised_component(project, image):
+def test_gpus_per_worker_add_nv_and_a_gpu_step_to_each_worker(project, image):
+    (project / "config/gpu.yaml").write_text("worker: {gpus: 1}\n")
     with_gpu = snakemake(project, "--dry-run", "--printshellcmds", "--sdm", "apptainer", "--config", f"image={image}",
-                         "--default-resources", "gpu=1")
+                         "--configfile", "config/gpu.yaml")
     without = snakemake(project, "--dry-run", "--printshellcmds", "--sdm", "apptainer", "--config", f"image={image}")
     assert with_gpu.returncode == 0 and without.returncode == 0, with_gpu.stderr
-    assert with_gpu.stdout.count("--apptainer-arg=--nv") == 5  # coordinator, gate, 2 workers, verify
-    assert "--nv" not in without.stdout
+    assert with_gpu.stdout.count("--apptainer-arg=--nv") == 2  # the two workers, nothing else
+    assert with_gpu.stdout.count("--step-arg=--gpus=1") == 2
+    assert "--apptainer-arg=--nv" not in without.stdout

@@ -138,10 +138,11 @@ def test_wordcount_example_runs_on_the_cluster(cluster_project):
 def test_gpus_requested_reach_the_sbatch_line(cluster_project):
     """The test cluster has no GPU, so sbatch refuses the job; the generated call is what we inspect."""
     project, image = cluster_project
-    done = snakemake(project, "--profile", "profiles/slurm", *TEST_RESOURCES, "runtime=5", "gpu=1",
-                     "--config", f"image={image}", timeout=300)
+    (project / "config/gpu.yaml").write_text("worker: {gpus: 1}\n")
+    done = snakemake(project, "--profile", "profiles/slurm", *TEST_RESOURCES, "runtime=5", "--verbose",
+                     "--configfile", "config/gpu.yaml", "--config", f"image={image}", timeout=300)
     output = done.stdout + done.stderr
     assert done.returncode != 0
-    call = next(line for line in output.splitlines() if line.strip().startswith("sbatch "))
-    assert "--gpus=1" in call or "--gres=gpu:1" in call, call
+    call = next(line for line in output.splitlines() if line.startswith("sbatch call:"))
+    assert "--gpus=2" in call, call  # 2 workers x 1 GPU; the coordinator, gate and verifier get none
     assert not submitted_jobs(output)

@@ -173,9 +173,12 @@ def launch(component, cpus=1, scratch=True, tolerate_kill=None, job_end_time=Fal
             argv.append("--job-end-time")
         if tolerate_kill:
             argv.append(f"--tolerate-kill={tolerate_kill.format(wildcards=wildcards)}")
+        gpus = int(resources.get("gpu", 0) or 0)
         if config["slurm"]["job_steps"]:
             argv.append("--job-steps")
             argv += [f"--step-arg={arg}" for arg in config["slurm"]["step_args"]]
+            if gpus:
+                argv.append(f"--step-arg=--gpus={gpus}")
         if USE_IMAGE:
             argv.append(f"--image={os.path.abspath(config['image'])}")
             argv += [f"--apptainer-arg={arg}" for arg in config["apptainer"]["args"]]

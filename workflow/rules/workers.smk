@@ -24,6 +24,7 @@ rule run_worker:
     threads: 0
     resources:
         cpus_per_task=config["worker"]["cpus"],
+        gpu=config["worker"]["gpus"],
     params:
         launch=launch(
             "{wildcards.worker}",

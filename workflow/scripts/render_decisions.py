@@ -22,7 +22,7 @@ THINGS = {
     "startup_order": ("Startup order", "workflow/rules: serve_coordinator (service) -> await_readiness -> run_worker; config `readiness`"),
     "runtime_state": ("Runtime state", "config `scratch` (job-scoped, 0700) and `state_dir` (journal)"),
     "service_access": ("Access to the service", "127.0.0.1 + bearer token; `status.py --url` and an SSH tunnel"),
-    "accelerators": ("Accelerators", "profile `gpu` resource -> sbatch; `--nv` and CUDA_VISIBLE_DEVICES in the image"),
+    "accelerators": ("Accelerators", "config `worker.gpus` -> sbatch/srun `--gpus`; `--nv` and CUDA_VISIBLE_DEVICES in the image"),
 }
 
 

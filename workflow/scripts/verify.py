@@ -79,6 +79,8 @@ def run_user_check(argv: list[str], tasks_path: Path, results_path: Path, expect
         done = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=3600)
     except (OSError, subprocess.TimeoutExpired) as exc:
         raise fail(f"verify.command {argv[0]} could not run: {exc}") from exc
+    for line in (done.stdout + done.stderr).strip().splitlines()[-20:]:
+        print(f"verify.command: {line}", file=sys.stderr, flush=True)
     if done.returncode != 0:
         tail = (done.stderr or done.stdout).strip().splitlines()[-1:] or ["no output"]
         raise fail(f"verify.command exited {done.returncode}: {tail[0][-300:]}")
