@@ -8,6 +8,7 @@ rule collect_results:
         results="results/{run}/results.json",
         end_record="results/{run}/coordinator.json",
         gate="results/{run}/readiness.json",
+        app_gate=app_gate_record,
         workers=expand("results/{{run}}/workers/{worker}.json", worker=WORKER_IDS),
         script=script("collect.py"),
     output:

@@ -92,6 +92,16 @@ def check_prerequisites():
             f"worker.cpus, plus coordinator.cpus) but {source} has {max_cpus}: the job "
             "would pend forever; lower workers (or set slurm.max_cpus)",
         )
+    ready = config["service"]["readiness"]
+    if (
+        config["service"]["command"]
+        and ready["mode"] == "command"
+        and not ready["command"]
+    ):
+        fail_config(
+            "config",
+            "service.readiness.mode is command but service.readiness.command is null",
+        )
     if not config["expected"] and not config["verify"]["command"]:
         fail_config(
             "config",
@@ -218,4 +228,41 @@ def decision_summary():
     }
     return "decisions: " + "; ".join(
         f"{names[key]}: {config['decisions'][key]['owner']}" for key in names
+    )
+
+
+def app_readiness_options():
+    """readiness.py options for config service.readiness."""
+    ready = config["service"]["readiness"]
+    options = [f"--mode={ready['mode']}"]
+    if ready["mode"] == "http":
+        options += [
+            f"--path={ready['path']}",
+            f"--expect-json={json.dumps(ready['expect'])}",
+        ]
+    if ready["mode"] == "command":
+        options.append(f"--ready-command-json={json.dumps(ready['command'])}")
+    return shlex.join(options)
+
+
+def app_service_inputs(wildcards):
+    """The own service's service file, so workers keep it alive (nothing without one)."""
+    return (
+        [f"results/{wildcards.run}/app.service"] if config["service"]["command"] else []
+    )
+
+
+def gate_records(wildcards):
+    """The gate record(s) a worker waits for: the coordinator's, and the own service's."""
+    records = [f"results/{wildcards.run}/readiness.json"]
+    if config["service"]["command"]:
+        records.append(f"results/{wildcards.run}/app-readiness.json")
+    return " ".join(f"--gate-record {record}" for record in records)
+
+
+def app_gate_record(wildcards):
+    return (
+        [f"results/{wildcards.run}/app-readiness.json"]
+        if config["service"]["command"]
+        else []
     )

@@ -12,6 +12,7 @@
 rule run_worker:
     input:
         service="results/{run}/coordinator.service",
+        app=app_service_inputs,
         script=script("worker.py"),
     output:
         "results/{run}/workers/{worker}.json",
@@ -31,7 +32,7 @@ rule run_worker:
             config["worker"]["cpus"],
             tolerate_kill="results/{wildcards.run}/workers/{wildcards.worker}.json",
         ),
-        gate="results/{run}/readiness.json",
+        gates=gate_records,
         gate_timeout=config["readiness"]["timeout"] + 30,
         batch=config["worker"]["batch"],
         wait=config["worker"]["wait_timeout"],
@@ -42,7 +43,7 @@ rule run_worker:
         task_timeout=config["worker"]["task_timeout"],
     shell:
         "exec {params.launch} {input.script} --worker-id {wildcards.worker} "
-        "--gate-record {params.gate} --gate-timeout {params.gate_timeout} --record {output} --batch {params.batch} "
+        "{params.gates} --gate-timeout {params.gate_timeout} --record {output} --batch {params.batch} "
         "--wait-timeout {params.wait} --connect-timeout {params.connect} "
         "--lease-seconds {params.lease} --simulate-seconds {params.simulate} "
         "--task-timeout {params.task_timeout} {params.command} "

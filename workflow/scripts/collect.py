@@ -85,7 +85,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     try:
         args.scratch = run_scratch(resolve_root(args.scratch_root, os.environ), args.run)
-        events = sorted(read_events(args.scratch / "events.jsonl"), key=lambda e: e.get("t", 0))
+        logs = [args.scratch / "events.jsonl", args.scratch / "app-events.jsonl"]
+        events = sorted((e for log in logs for e in read_events(log)), key=lambda e: e.get("t", 0))
         if not events:
             raise AllocstackError("prerequisite", f"no events in {args.scratch / 'events.jsonl'}: did the stack run?")
         atomic_write_text(args.events_out, "".join(json.dumps(e, sort_keys=True) + "\n" for e in events), 0o644)

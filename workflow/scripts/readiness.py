@@ -1,9 +1,11 @@
 #!/usr/bin/env python3
 """The readiness gate: pass only when the coordinator can really serve.
 
-Polls ``GET /health`` on a loopback endpoint until it answers exactly
-``{"status": "ready", "schemaVersion": 1, "taskCount": N}`` (the seed's contract),
-within ONE total deadline on the monotonic clock. With ``--endpoint-file`` (or
+By default polls ``GET /health`` on a loopback endpoint until it answers exactly
+``{"status": "ready", "schemaVersion": 1, "taskCount": N}`` (the seed's contract);
+``--mode`` changes what "ready" means for your own service (an HTTP path with
+expected JSON fields, a TCP connection, or a command exiting 0). Always within
+ONE total deadline on the monotonic clock. With ``--endpoint-file`` (or
 ``--scratch``) it first waits, within the same deadline, for the coordinator to
 publish its endpoint.
 
@@ -12,11 +14,16 @@ Exit codes: 0 ready, 24 timed out, 64 bad arguments (e.g. a non-loopback URL).
 
 from __future__ import annotations
 
+import json
 import os
+import socket
+import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import requests
 
@@ -57,28 +64,84 @@ def wait_for_endpoint(path: Path, deadline: float, interval: float, record: Path
         time.sleep(interval)
 
 
-def probe(url: str, task_count: int, deadline: float, interval: float) -> tuple[bool, int, str]:
-    """Poll ``url/health`` until it matches the contract or the deadline passes.
+Check = Callable[[float], tuple[bool, str]]
+
+
+def health_check(session: requests.Session, url: str, task_count: int) -> Check:
+    """The seed's contract: ``GET /health`` answers exactly ``{"status": "ready", "schemaVersion": 1, "taskCount": N}``."""
+    want = expected_health(task_count)
+
+    def check(timeout: float) -> tuple[bool, str]:
+        response = session.get(f"{url}/health", timeout=timeout)
+        health = response.json()
+        return response.status_code == 200 and health == want, f"HTTP {response.status_code} {str(health)[:120]}"
+
+    return check
+
+
+def http_check(session: requests.Session, url: str, path: str, expect: dict[str, Any]) -> Check:
+    """``GET path`` answers 200 with a JSON object containing every field of ``expect``."""
+
+    def check(timeout: float) -> tuple[bool, str]:
+        response = session.get(f"{url}{path}", timeout=timeout)
+        body = response.json() if response.content else None
+        fields = isinstance(body, dict) and all(body.get(key) == value for key, value in expect.items())
+        return response.status_code == 200 and fields, f"HTTP {response.status_code} {str(body)[:120]}"
+
+    return check
+
+
+def tcp_check(url: str) -> Check:
+    """The service accepts a TCP connection on its loopback port."""
+    parts = urlsplit(url)
+
+    def check(timeout: float) -> tuple[bool, str]:
+        with socket.create_connection((parts.hostname, parts.port), timeout=timeout):
+            return True, "connected"
+
+    return check
+
+
+def command_check(argv: list[str], url: str) -> Check:
+    """``argv`` exits 0 (it gets the endpoint as $ALLOCSTACK_APP_ENDPOINT)."""
+    env = {**os.environ, "ALLOCSTACK_APP_ENDPOINT": url}
+
+    def check(timeout: float) -> tuple[bool, str]:
+        done = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=max(timeout, 1.0))
+        return done.returncode == 0, f"exit {done.returncode} {(done.stderr or done.stdout).strip()[-120:]}"
+
+    return check
+
+
+def probe(check: Check, deadline: float, interval: float) -> tuple[bool, int, str]:
+    """Run ``check`` until it passes or the deadline passes.
 
     :returns: (ready, attempts, last observation).
     """
-    want = expected_health(task_count)
     attempts, last = 0, "no answer yet"
-    with requests.Session() as session:
-        while True:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                return False, attempts, last
-            attempts += 1
-            try:
-                response = session.get(f"{url}/health", timeout=max(0.05, min(1.0, remaining)))
-                health = response.json()
-                if response.status_code == 200 and health == want:
-                    return True, attempts, "ready"
-                last = f"HTTP {response.status_code} {str(health)[:120]}"
-            except (requests.RequestException, ValueError) as exc:
-                last = type(exc).__name__
-            time.sleep(max(0.0, min(interval, deadline - time.monotonic())))
+    while True:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            return False, attempts, last
+        attempts += 1
+        try:
+            ready, last = check(max(0.05, min(1.0, remaining)))
+            if ready:
+                return True, attempts, "ready"
+        except (requests.RequestException, ValueError, OSError, subprocess.TimeoutExpired) as exc:
+            last = type(exc).__name__
+        time.sleep(max(0.0, min(interval, deadline - time.monotonic())))
+
+
+def make_check(args, session: requests.Session, url: str) -> tuple[Check, str]:
+    """The configured meaning of "ready", and how to name it in a timeout message."""
+    if args.mode == "http":
+        return http_check(session, url, args.path, args.expect_json), f"{url}{args.path} with {args.expect_json}"
+    if args.mode == "tcp":
+        return tcp_check(url), f"a TCP connection to {url}"
+    if args.mode == "command":
+        return command_check(args.ready_command_json, url), f"{args.ready_command_json[0]} exiting 0"
+    return health_check(session, url, args.task_count), f"{url}/health reporting taskCount {args.task_count}"
 
 
 def parse_args(argv: list[str] | None):
@@ -88,7 +151,15 @@ def parse_args(argv: list[str] | None):
     where.add_argument("--endpoint-file", type=Path, help="wait for this endpoint file and read the URL from it")
     where.add_argument("--scratch", type=Path, default=os.environ.get("ALLOCSTACK_SCRATCH") or None,
                        help="job-scoped scratch (default $ALLOCSTACK_SCRATCH): use SCRATCH/endpoint.json")
-    count = parser.add_mutually_exclusive_group(required=True)
+    parser.add_argument("--endpoint-name", default="endpoint.json",
+                        help="with --scratch: the endpoint file's name there (app.json for your own service)")
+    parser.add_argument("--mode", choices=["health", "http", "tcp", "command"], default="health",
+                        help="what ready means: the seed's /health contract (default), an HTTP path with expected "
+                             "JSON fields, a TCP connection, or a command exiting 0")
+    parser.add_argument("--path", default="/health", help="http mode: the path to GET")
+    parser.add_argument("--expect-json", type=json.loads, default={}, help="http mode: JSON fields the answer must have")
+    parser.add_argument("--ready-command-json", type=json.loads, default=None, help="command mode: a JSON argv list")
+    count = parser.add_mutually_exclusive_group()
     count.add_argument("--task-count", type=int, help="taskCount the coordinator must report")
     count.add_argument("--inputs-summary", type=Path, help="read taskCount from validate_inputs' summary")
     parser.add_argument("--timeout", type=positive_float, required=True, help="total deadline in seconds")
@@ -98,12 +169,19 @@ def parse_args(argv: list[str] | None):
                         help="the coordinator's end record: if it appears while waiting, fail at once with its reason")
     parser.add_argument("--events", type=Path, help="event log to append to (default SCRATCH/events.jsonl)")
     args = parser.parse_args(argv)
+    if args.mode == "health" and args.task_count is None and args.inputs_summary is None:
+        parser.error("health mode needs --task-count or --inputs-summary")
+    if args.mode == "http" and (not isinstance(args.expect_json, dict) or not args.path.startswith("/")):
+        parser.error("http mode needs --path starting with / and --expect-json as a JSON object")
+    if args.mode == "command" and (not isinstance(args.ready_command_json, list) or not args.ready_command_json
+                                   or not all(isinstance(a, str) and a for a in args.ready_command_json)):
+        parser.error("command mode needs --ready-command-json, a non-empty JSON list of strings")
     if args.inputs_summary:
         try:
             args.task_count = read_json(args.inputs_summary, "inputs summary", diag="usage")["taskCount"]
         except (AllocstackError, KeyError, TypeError):
             parser.error(f"--inputs-summary {args.inputs_summary} has no taskCount")
-    if args.task_count < 1:
+    if args.mode == "health" and args.task_count < 1:
         parser.error("--task-count must be at least 1")
     if args.endpoint:
         try:
@@ -111,7 +189,7 @@ def parse_args(argv: list[str] | None):
         except AllocstackError as error:
             parser.error(error.message)
     elif args.scratch and not args.endpoint_file:
-        args.endpoint_file = args.scratch / "endpoint.json"
+        args.endpoint_file = args.scratch / args.endpoint_name
     elif not args.endpoint_file:
         parser.error("one of --endpoint, --endpoint-file or --scratch (or $ALLOCSTACK_SCRATCH) is required")
     if args.scratch and not args.events:
@@ -130,12 +208,12 @@ def main(argv: list[str] | None = None) -> int:
             raise AllocstackError(
                 "readiness-timeout", f"no endpoint file at {args.endpoint_file} within {args.timeout:g} s"
             )
-        ready, attempts, last = probe(url, args.task_count, deadline, args.interval)
+        with requests.Session() as session:
+            check, wanted = make_check(args, session, url)
+            ready, attempts, last = probe(check, deadline, args.interval)
         if not ready:
             raise AllocstackError(
-                "readiness-timeout",
-                f"{url}/health did not report taskCount {args.task_count} within {args.timeout:g} s "
-                f"({attempts} probes; last: {last})",
+                "readiness-timeout", f"no {wanted} within {args.timeout:g} s ({attempts} probes; last: {last})"
             )
     except AllocstackError as error:
         append_event(args.events, "gate-failed", reason=error.message)

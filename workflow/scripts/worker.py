@@ -186,7 +186,8 @@ def parse_args(argv: list[str] | None):
                         help="job-scoped scratch (default $ALLOCSTACK_SCRATCH): endpoint.json and events.jsonl")
     parser.add_argument("--endpoint-file", type=Path, help="endpoint file (default SCRATCH/endpoint.json)")
     parser.add_argument("--events", type=Path, help="event log (default SCRATCH/events.jsonl)")
-    parser.add_argument("--gate-record", type=Path, help="wait for this gate record to say ready before claiming")
+    parser.add_argument("--gate-record", type=Path, action="append", default=[],
+                        help="wait for this gate record to say ready before claiming (repeatable)")
     parser.add_argument("--gate-timeout", type=positive_float, default=60.0, help="bound on waiting for the gate record")
     parser.add_argument("--record", type=Path, help="write this worker's record (JSON) here at the end")
     parser.add_argument("--batch", type=positive_int, default=1, help="tasks claimed per round trip")
@@ -208,6 +209,15 @@ def parse_args(argv: list[str] | None):
                                 or not all(isinstance(arg, str) and arg for arg in command)):
         parser.error("--command-json must be a non-empty JSON list of non-empty strings")
     return args
+
+
+def export_app_endpoint(scratch: Path | None) -> None:
+    """With an own service (config service.command), give the worker's program its endpoint and token."""
+    published = scratch / "app.json" if scratch else None
+    if published is not None and published.exists():
+        url, token = read_endpoint(published)
+        os.environ.update(ALLOCSTACK_APP_ENDPOINT=url, ALLOCSTACK_APP_TOKEN=token,
+                          ALLOCSTACK_APP_PORT=url.rsplit(":", 1)[1])
 
 
 def await_gate(path: Path | None, timeout: float) -> None:
@@ -243,7 +253,9 @@ def main(argv: list[str] | None = None) -> int:
 
     watch_launcher(orphaned)
     try:
-        await_gate(args.gate_record, args.gate_timeout)
+        for record in args.gate_record:
+            await_gate(record, args.gate_timeout)
+        export_app_endpoint(args.scratch)
         url, token = read_endpoint(args.endpoint_file)
         append_event(args.events, "worker-start", worker=worker, **runtime_facts())
         client = CoordinatorClient(url, token)

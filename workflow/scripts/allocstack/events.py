@@ -42,7 +42,7 @@ def read_events(path: str | os.PathLike) -> list[dict[str, Any]]:
 
 
 def gate_precedes_workers(events: list[dict[str, Any]]) -> tuple[bool, str]:
-    """True when a ``gate-passed`` event precedes every ``worker-start`` and every claim.
+    """True when every ``gate-passed`` event (the coordinator's, and your own service's) precedes every ``worker-start``.
 
     :returns: (ok, reason) where reason explains a violation.
     """
@@ -52,7 +52,7 @@ def gate_precedes_workers(events: list[dict[str, Any]]) -> tuple[bool, str]:
         return False, "no gate-passed event"
     if not starts:
         return False, "no worker-start event"
-    gate = min(gate_times)
+    gate = max(gate_times)
     early = [e for e in starts if e["t"] < gate]
     if early:
         return False, f"{early[0].get('worker', '?')} started {gate - early[0]['t']:.3f} s before the gate passed"

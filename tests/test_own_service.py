@@ -1,0 +1,100 @@
+"""Your own service (config service.command) with its own readiness contract, and the gate's modes."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import sys
+import textwrap
+
+from conftest import make_tasks, run_script, write_json
+from workflow_helpers import snakemake
+
+SERVICE = textwrap.dedent("""
+    import json, os, time
+    from http.server import BaseHTTPRequestHandler, HTTPServer
+    time.sleep(0.5)  # a slow start: the gate must wait for it
+    TOKEN = os.environ["ALLOCSTACK_APP_TOKEN"]
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self):
+            if self.path == "/health":
+                return self.reply(200, {"status": "ok", "service": "shouter"})
+            if self.headers.get("Authorization") != "Bearer " + TOKEN:
+                return self.reply(401, {"error": "token"})
+            return self.reply(200, {"value": self.path.rsplit("/", 1)[1].upper()})
+        def reply(self, code, body):
+            data = json.dumps(body).encode()
+            self.send_response(code); self.send_header("Content-Length", str(len(data))); self.end_headers()
+            self.wfile.write(data)
+        def log_message(self, *args):
+            pass
+    HTTPServer(("127.0.0.1", int(os.environ["ALLOCSTACK_APP_PORT"])), Handler).serve_forever()
+""")
+
+CLIENT = textwrap.dedent("""
+    import json, os, sys, urllib.request
+    word = json.load(sys.stdin)["message"]
+    request = urllib.request.Request(os.environ["ALLOCSTACK_APP_ENDPOINT"] + "/word/" + word,
+                                     headers={"Authorization": "Bearer " + os.environ["ALLOCSTACK_APP_TOKEN"]})
+    sys.stdout.write(json.load(urllib.request.urlopen(request, timeout=5))["value"])
+""")
+
+
+def test_workers_use_your_own_service_after_its_own_gate(project):
+    tasks = make_tasks(12, message="w")
+    results = []
+    for task in tasks["tasks"]:
+        output = task["payload"]["message"].upper()
+        results.append({"taskId": task["id"], "output": output, "sha256": hashlib.sha256(output.encode()).hexdigest()})
+    write_json(project / "inputs/own.json", tasks)
+    write_json(project / "expected/own.json", {"schemaVersion": 1, "results": results})
+    (project / "apps").mkdir()
+    (project / "apps/service.py").write_text(SERVICE)
+    (project / "apps/client.py").write_text(CLIENT)
+    python = json.dumps(sys.executable)
+    (project / "config/own.yaml").write_text(textwrap.dedent(f"""
+        run: own
+        tasks: inputs/own.json
+        expected: expected/own.json
+        service:
+          command: [{python}, apps/service.py]
+          readiness: {{mode: http, path: /health, expect: {{status: ok}}}}
+        worker: {{command: [{python}, apps/client.py]}}
+    """))
+    dry = snakemake(project, "--dry-run", "--configfile", "config/own.yaml")
+    assert "serve_app" in dry.stdout and "await_app_readiness" in dry.stdout
+    done = snakemake(project, "--cores", "4", "--configfile", "config/own.yaml")
+    assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
+    assert json.loads((project / "results/own/result.json").read_text())["status"] == "success"
+    gate = json.loads((project / "results/own/app-readiness.json").read_text())
+    events = [json.loads(line) for line in (project / "results/own/events.jsonl").read_text().splitlines()]
+    started = next(e for e in events if e["event"] == "app-started")
+    assert gate["status"] == "ready" and gate["endpoint"] == started["endpoint"]
+    assert gate["passedAt"] >= started["t"] + 0.45  # the gate waited for the service's slow start
+    assert all(gate["passedAt"] <= e["t"] for e in events if e["event"] == "worker-start")
+    assert any(e["event"] == "app-end" for e in events)  # stopped when the workers were done
+
+
+def test_gate_modes_tcp_http_and_command(start_coordinator, tmp_path):
+    coordinator = start_coordinator(make_tasks(2))
+    ok = run_script("readiness.py", "--endpoint", coordinator.url, "--mode", "tcp", "--timeout", 2)
+    assert ok.returncode == 0, ok.stderr
+    http_ok = run_script("readiness.py", "--endpoint", coordinator.url, "--mode", "http", "--path", "/health",
+                         "--expect-json", '{"status": "ready", "taskCount": 2}', "--timeout", 2)
+    assert http_ok.returncode == 0, http_ok.stderr
+    http_bad = run_script("readiness.py", "--endpoint", coordinator.url, "--mode", "http", "--path", "/health",
+                          "--expect-json", '{"status": "green"}', "--timeout", 0.5)
+    assert http_bad.returncode == 24 and "[readiness-timeout]" in http_bad.stderr and "green" in http_bad.stderr
+    check = tmp_path / "check.py"
+    check.write_text("import os, sys\nsys.exit(0 if os.environ['ALLOCSTACK_APP_ENDPOINT'].startswith('http://127.') else 1)\n")
+    command_ok = run_script("readiness.py", "--endpoint", coordinator.url, "--mode", "command",
+                            "--ready-command-json", json.dumps([sys.executable, str(check)]), "--timeout", 5)
+    assert command_ok.returncode == 0, command_ok.stderr
+    command_bad = run_script("readiness.py", "--endpoint", coordinator.url, "--mode", "command",
+                             "--ready-command-json", json.dumps([sys.executable, "-c", "raise SystemExit(1)"]),
+                             "--timeout", 0.5)
+    assert command_bad.returncode == 24
+    closed = run_script("readiness.py", "--endpoint", "http://127.0.0.1:9", "--mode", "tcp", "--timeout", 0.3)
+    assert closed.returncode == 24
+    usage = run_script("readiness.py", "--endpoint", coordinator.url, "--mode", "command", "--timeout", 1)
+    assert usage.returncode == 64
