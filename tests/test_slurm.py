@@ -123,16 +123,20 @@ def test_more_workers_than_the_node_has_cpus_is_refused_up_front(cluster_project
     assert not submitted_jobs(output)
 
 
-def test_wordcount_example_runs_on_the_cluster(cluster_project):
+@pytest.mark.parametrize("configfile, run", [
+    ("config/examples/baseline.yaml", "example-baseline"),
+    ("config/examples/wordcount/config.yaml", "wordcount"),
+])
+def test_examples_run_on_the_cluster(cluster_project, configfile, run):
     project, image = cluster_project
     done = snakemake(project, "--profile", "profiles/slurm", *TEST_RESOURCES, "runtime=10",
-                     "--configfile", "config/examples/wordcount/config.yaml", "--config", f"image={image}",
-                     timeout=600)
+                     "--configfile", configfile, "--config", f"image={image}", timeout=600)
     output = done.stdout + done.stderr
     assert done.returncode == 0, output[-4000:]
     assert len(submitted_jobs(output)) == 1
-    assert json.loads((project / "results/wordcount/result.json").read_text())["status"] == "success"
-    assert "words in 8 chunks agree" in (project / "logs/verify_results/wordcount.log").read_text()
+    assert json.loads((project / f"results/{run}/result.json").read_text())["status"] == "success"
+    if run == "wordcount":
+        assert "words in 8 chunks agree" in (project / "logs/verify_results/wordcount.log").read_text()
 
 
 def test_gpus_requested_reach_the_sbatch_line(cluster_project):

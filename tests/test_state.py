@@ -106,3 +106,17 @@ def test_scratch_owned_by_someone_else_is_refused(tmp_path):
     os.chown(foreign, 65534, 65534)
     with pytest.raises(AllocstackError, match="belongs to uid 65534"):
         ensure_private_dir(foreign)
+
+
+def test_launch_passes_gpu_and_slurm_context_into_the_image(tmp_path):
+    import launch
+
+    args = launch.parse_args(["--component=worker-01", "--run=r", "--image=/img.sif", "--apptainer-arg=--cleanenv",
+                              "--bind=/data", "--job-steps", "--step-arg=--gpus=1", "--", "worker.py", "--x"])
+    environ = {"SLURM_JOB_ID": "7", "CUDA_VISIBLE_DEVICES": "0,1", "SECRET": "no", "ALLOCSTACK_LAUNCHER_PID": "1"}
+    argv = launch.build_argv(args, tmp_path, environ)
+    assert argv[:2] == ["srun", "--job-name=worker-01"] and "--gpus=1" in argv
+    inner = argv[argv.index("apptainer"):]
+    assert "CUDA_VISIBLE_DEVICES=0,1" in inner and "SLURM_JOB_ID=7" in inner and "SECRET=no" not in inner
+    assert f"{tmp_path}:{tmp_path}" in inner and "/data:/data" in inner
+    assert inner[inner.index("/img.sif") + 1:] [:1] == ["python3"]

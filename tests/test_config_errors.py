@@ -1,0 +1,35 @@
+"""Every config path refuses bad values before anything runs, in one line naming the key."""
+
+from __future__ import annotations
+
+import pytest
+
+from workflow_helpers import snakemake
+
+BAD = {
+    "worker.command empty": ("worker: {command: []}", "worker.command"),
+    "worker.command a shell string": ("worker: {command: 'python3 x.py'}", "worker.command"),
+    "worker.task_timeout negative": ("worker: {task_timeout: -1}", "worker.task_timeout"),
+    "worker.gpus negative": ("worker: {gpus: -1}", "worker.gpus"),
+    "verify.command not a list": ("verify: {command: check.sh}", "verify.command"),
+    "service.readiness.mode unknown": ("service: {command: [x], readiness: {mode: ping}}", "service.readiness.mode"),
+    "service.readiness.path relative": ("service: {command: [x], readiness: {path: health}}", "service.readiness.path"),
+    "service command mode without a command": ("service: {command: [x], readiness: {mode: command}}",
+                                               "service.readiness.command is null"),
+    "decisions owner unknown": ("decisions: {accelerators: {owner: vendor, how: x}}", "decisions.accelerators.owner"),
+    "decisions missing how": ("decisions: {allocation: {owner: launch script}}", "decisions.allocation"),
+    "coordinator.max_attempts zero": ("coordinator: {max_attempts: 0}", "coordinator.max_attempts"),
+    "apptainer.binds not a list": ("apptainer: {binds: /data}", "apptainer.binds"),
+    "expected and verify.command both null": ("expected: null", "nothing would say whether"),
+    "unknown nested key": ("worker: {comand: [x]}", "comand"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD))
+def test_bad_config(project, case):
+    text, words = BAD[case]
+    (project / "config/bad.yaml").write_text(text + "\n")
+    done = snakemake(project, "--dry-run", "--configfile", "config/bad.yaml", timeout=120)
+    output = done.stdout + done.stderr
+    assert done.returncode != 0
+    assert "allocstack: error [config]:" in output and words in output, output[-1500:]
