@@ -100,7 +100,7 @@ def test_bad_requests_get_4xx_and_the_server_stays_up(start_coordinator):
     assert wrong.status_code == 400 and "digest" in wrong.json()["error"]
     assert s.get(url + "/nope").status_code == 404
     assert s.get(url + "/claim").status_code == 405
-    assert s.post(url + "/claim", data=b"x" * (9 << 20)).status_code == 413
+    assert s.post(url + "/claim", data=b"x" * (33 << 20)).status_code == 413
     assert requests.get(url + "/health", timeout=5).status_code == 200
 
 

@@ -147,3 +147,18 @@ def test_own_worker_and_own_check_without_expected_results(project):
     (project / "config/none.yaml").write_text("run: none\nexpected: null\n")
     refused = snakemake(project, "--dry-run", "--configfile", "config/none.yaml")
     assert refused.returncode != 0 and "nothing would say whether the results are correct" in refused.stdout + refused.stderr
+
+
+def test_large_outputs_are_posted_in_bounded_requests(start_coordinator, tmp_path):
+    """Four 3 MiB outputs in one batch: posted in requests below the coordinator's body limit."""
+    tasks = {"schemaVersion": 1, "tasks": [{"id": f"t{i}", "payload": {"text": "y" * 10}} for i in range(4)]}
+    coordinator = start_coordinator(tasks, "--max-body-bytes", str(12 << 20))
+    app = tmp_path / "big.py"
+    app.write_text("import sys\nsys.stdin.read()\nsys.stdout.write('z' * (3 << 20))\n")
+    gate = tmp_path / "gate.json"
+    gate.write_text('{"status": "ready"}')
+    done = run_script("worker.py", "--worker-id", "worker-01", "--scratch", coordinator.scratch, "--gate-record", gate,
+                      "--batch", "4", "--command-json", json.dumps([sys.executable, str(app)]))
+    assert done.returncode == 0, done.stderr
+    assert coordinator.stop() == 0
+    assert json.loads(coordinator.end_record.read_text())["resultCount"] == 4

@@ -429,7 +429,7 @@ def parse_args(argv: list[str] | None):
                              "(default: $SLURM_JOB_END_TIME)")
     parser.add_argument("--drain-seconds", type=non_negative_float, default=5.0, help="bound on draining in-flight results at shutdown")
     parser.add_argument("--progress-interval", type=positive_float, default=5.0, help="seconds between progress lines")
-    parser.add_argument("--max-body-bytes", type=positive_int, default=8 << 20, help="largest request body accepted")
+    parser.add_argument("--max-body-bytes", type=positive_int, default=32 << 20, help="largest request body accepted")
     parser.add_argument("--connection-timeout", type=positive_float, default=120.0, help="close a connection idle this long")
     args = parser.parse_args(argv)
     if args.scratch:

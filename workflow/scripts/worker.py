@@ -111,6 +111,23 @@ def claim_with_retry(client: CoordinatorClient, worker: str, batch: int, results
 #: Results of a batch are posted at least this often while the batch runs, so slow
 #: tasks are acknowledged (and survive a crash) without waiting for the whole batch.
 FLUSH_SECONDS = 1.0
+#: Results are posted in requests of at most about this many output bytes (the
+#: coordinator refuses bodies over --max-body-bytes, 32 MiB by default).
+MAX_POST_BYTES = 8 << 20
+
+
+def post_large(client: CoordinatorClient, worker: str, results: list[dict[str, Any]], tally: Tally,
+               log: Callable[[str], None]) -> list[dict[str, Any]]:
+    """Post all but the last ~MAX_POST_BYTES of ``results`` now; return what is left to ride on the next claim."""
+    chunk: list[dict[str, Any]] = []
+    size = 0
+    for result in results:
+        if chunk and size + len(result["output"]) > MAX_POST_BYTES:
+            count(client.post_results(worker, chunk), tally, log)
+            chunk, size = [], 0
+        chunk.append(result)
+        size += len(result["output"])
+    return chunk
 
 
 def count(reply: dict[str, Any], tally: Tally, log: Callable[[str], None]) -> None:
@@ -137,6 +154,7 @@ def work(client: CoordinatorClient, worker: str, handler: Handler, batch: int, w
     results: list[dict[str, Any]] = []
     waited_since: float | None = None
     while True:
+        results = post_large(client, worker, results, tally, log)
         reply = claim_with_retry(client, worker, batch, results, connect_timeout)
         tally.claims += 1
         count(reply, tally, log)
