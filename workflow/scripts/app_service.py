@@ -15,7 +15,6 @@ Exit code: your command's (0 when it ended on our forwarded signal).
 
 from __future__ import annotations
 
-import json
 import os
 import secrets
 import signal
@@ -26,7 +25,7 @@ import time
 from pathlib import Path
 
 from allocstack import SCHEMA_VERSION
-from allocstack.cli import ArgumentParser
+from allocstack.cli import ArgumentParser, argv_list
 from allocstack.endpoint import write_endpoint
 from allocstack.errors import AllocstackError, report
 from allocstack.events import append_event
@@ -45,14 +44,11 @@ def free_loopback_port() -> int:
 
 def parse_args(argv: list[str] | None):
     parser = ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--command-json", type=json.loads, required=True, help="your service as a JSON argv list")
+    parser.add_argument("--command-json", type=argv_list, required=True, help="your service as a JSON argv list")
     parser.add_argument("--scratch", type=Path, default=os.environ.get("ALLOCSTACK_SCRATCH") or None,
                         help="job-scoped scratch (default $ALLOCSTACK_SCRATCH): app.json goes there")
     parser.add_argument("--service-file", type=Path, help="the Snakemake service output, written first thing")
     args = parser.parse_args(argv)
-    command = args.command_json
-    if not isinstance(command, list) or not command or not all(isinstance(a, str) and a for a in command):
-        parser.error("--command-json must be a non-empty JSON list of non-empty strings")
     if args.scratch is None:
         parser.error("--scratch (or $ALLOCSTACK_SCRATCH) is required")
     return args

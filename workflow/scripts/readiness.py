@@ -28,7 +28,7 @@ from urllib.parse import urlsplit
 import requests
 
 from allocstack import SCHEMA_VERSION
-from allocstack.cli import ArgumentParser, positive_float, runtime_facts
+from allocstack.cli import ArgumentParser, argv_list, positive_float, runtime_facts
 from allocstack.endpoint import read_endpoint, require_loopback
 from allocstack.errors import EXIT_OK, AllocstackError, report
 from allocstack.events import append_event
@@ -158,7 +158,7 @@ def parse_args(argv: list[str] | None):
                              "JSON fields, a TCP connection, or a command exiting 0")
     parser.add_argument("--path", default="/health", help="http mode: the path to GET")
     parser.add_argument("--expect-json", type=json.loads, default={}, help="http mode: JSON fields the answer must have")
-    parser.add_argument("--ready-command-json", type=json.loads, default=None, help="command mode: a JSON argv list")
+    parser.add_argument("--ready-command-json", type=argv_list, default=None, help="command mode: a JSON argv list")
     count = parser.add_mutually_exclusive_group()
     count.add_argument("--task-count", type=int, help="taskCount the coordinator must report")
     count.add_argument("--inputs-summary", type=Path, help="read taskCount from validate_inputs' summary")
@@ -173,9 +173,8 @@ def parse_args(argv: list[str] | None):
         parser.error("health mode needs --task-count or --inputs-summary")
     if args.mode == "http" and (not isinstance(args.expect_json, dict) or not args.path.startswith("/")):
         parser.error("http mode needs --path starting with / and --expect-json as a JSON object")
-    if args.mode == "command" and (not isinstance(args.ready_command_json, list) or not args.ready_command_json
-                                   or not all(isinstance(a, str) and a for a in args.ready_command_json)):
-        parser.error("command mode needs --ready-command-json, a non-empty JSON list of strings")
+    if args.mode == "command" and args.ready_command_json is None:
+        parser.error("command mode needs --ready-command-json, a JSON argv list")
     if args.inputs_summary:
         try:
             args.task_count = read_json(args.inputs_summary, "inputs summary", diag="usage")["taskCount"]

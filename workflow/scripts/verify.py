@@ -14,7 +14,6 @@ removed, one line says why, and the exit code is 65.
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -23,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from allocstack import SCHEMA_VERSION
-from allocstack.cli import ArgumentParser
+from allocstack.cli import ArgumentParser, argv_list
 from allocstack.errors import EXIT_OK, AllocstackError, report
 from allocstack.events import gate_precedes_workers, read_events
 from allocstack.jsonio import atomic_write_json, read_json, sha256_file, sha256_text
@@ -111,18 +110,14 @@ def parse_args(argv: list[str] | None):
     parser.add_argument("--input", required=True, type=Path, help="task document")
     parser.add_argument("--results", required=True, type=Path, help="results.json written by the coordinator")
     parser.add_argument("--expected", type=Path, help="expected results document (compared output by output)")
-    parser.add_argument("--command-json", type=json.loads, default=None,
+    parser.add_argument("--command-json", type=argv_list, default=None,
                         help="the application's own check as a JSON argv list (verify.command)")
     parser.add_argument("--output", required=True, type=Path, help="success marker to write (result.json)")
     parser.add_argument("--end-record", type=Path, help="the coordinator's end record to check")
     parser.add_argument("--events", type=Path, help="event log whose gate/worker order to check")
     parser.add_argument("--retire-journal", type=Path, help="delete this journal once the run is verified")
     args = parser.parse_args(argv)
-    command = args.command_json
-    if command is not None and (not isinstance(command, list) or not command
-                                or not all(isinstance(arg, str) and arg for arg in command)):
-        parser.error("--command-json must be a non-empty JSON list of non-empty strings")
-    if args.expected is None and command is None:
+    if args.expected is None and args.command_json is None:
         parser.error("give --expected, --command-json, or both")
     return args
 

@@ -17,7 +17,6 @@ or the wait bound was hit; 77 the token was refused.
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 import threading
@@ -30,7 +29,7 @@ from typing import Any
 import requests
 
 from allocstack import SCHEMA_VERSION
-from allocstack.cli import ArgumentParser, non_negative_float, positive_float, positive_int, runtime_facts
+from allocstack.cli import ArgumentParser, argv_list, non_negative_float, positive_float, positive_int, runtime_facts
 from allocstack.client import CoordinatorClient
 from allocstack.endpoint import read_endpoint
 from allocstack.errors import EXIT_OK, EXIT_TEMPFAIL, AllocstackError, report
@@ -209,7 +208,7 @@ def parse_args(argv: list[str] | None):
     parser.add_argument("--gate-timeout", type=positive_float, default=60.0, help="bound on waiting for the gate record")
     parser.add_argument("--record", type=Path, help="write this worker's record (JSON) here at the end")
     parser.add_argument("--batch", type=positive_int, default=1, help="tasks claimed per round trip")
-    parser.add_argument("--command-json", type=json.loads, default=None,
+    parser.add_argument("--command-json", type=argv_list, default=None,
                         help='the user\'s program as a JSON argv list, run once per task, e.g. \'["python3", "x.py"]\'')
     parser.add_argument("--task-timeout", type=non_negative_float, default=0.0, help="seconds per task (0 = none)")
     parser.add_argument("--simulate-seconds", type=non_negative_float, default=0.0, help="extra seconds per task")
@@ -222,10 +221,6 @@ def parse_args(argv: list[str] | None):
         args.events = args.events or args.scratch / "events.jsonl"
     if not args.endpoint_file:
         parser.error("--endpoint-file is required when no --scratch (or $ALLOCSTACK_SCRATCH) is given")
-    command = args.command_json
-    if command is not None and (not isinstance(command, list) or not command
-                                or not all(isinstance(arg, str) and arg for arg in command)):
-        parser.error("--command-json must be a non-empty JSON list of non-empty strings")
     return args
 
 

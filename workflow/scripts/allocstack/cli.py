@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import platform
 import socket
@@ -37,6 +38,17 @@ def positive_int(text: str) -> int:
     value = int(text)
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be at least 1, got {text}")
+    return value
+
+
+def argv_list(text: str) -> list[str]:
+    """argparse type: a JSON argv list (a user's program, never a shell string)."""
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise argparse.ArgumentTypeError(f"not JSON: {exc.msg}") from exc
+    if not isinstance(value, list) or not value or not all(isinstance(arg, str) and arg for arg in value):
+        raise argparse.ArgumentTypeError("must be a non-empty JSON list of non-empty strings")
     return value
 
 
