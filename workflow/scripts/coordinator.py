@@ -42,7 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from allocstack import SCHEMA_VERSION
-from allocstack.cli import ArgumentParser, non_negative_float, positive_float, positive_int, runtime_facts
+from allocstack.cli import ArgumentParser, non_negative_float, positive_float, positive_int, runtime_facts, scratch_defaults
 from allocstack.endpoint import write_endpoint
 from allocstack.errors import EXIT_TEMPFAIL, AllocstackError, report
 from allocstack.events import append_event
@@ -79,7 +79,7 @@ class Coordinator:
         self.last_request = time.monotonic()
         self.first_claims: set[str] = set()
         self.outcome_written = False
-        self.progress: list[tuple[float, int]] = []
+        self.progress: deque[tuple[float, int]] = deque()
         self.history: deque[tuple[float, int]] = deque(maxlen=1800)
 
     # -- HTTP ----------------------------------------------------------------
@@ -290,7 +290,8 @@ class Coordinator:
             self.progress.append((now, len(self.board.results)))
             if not self.history or now - self.started_mono - self.history[-1][0] >= 1.0:
                 self.history.append((round(now - self.started_mono, 2), len(self.board.results)))
-            self.progress = [p for p in self.progress if now - p[0] <= 30.0]
+            while now - self.progress[0][0] > 30.0:
+                self.progress.popleft()
             if now - last_line >= self.args.progress_interval:
                 last_line = now
                 self.print_progress()
@@ -432,9 +433,7 @@ def parse_args(argv: list[str] | None):
     parser.add_argument("--max-body-bytes", type=positive_int, default=32 << 20, help="largest request body accepted")
     parser.add_argument("--connection-timeout", type=positive_float, default=120.0, help="close a connection idle this long")
     args = parser.parse_args(argv)
-    if args.scratch:
-        args.endpoint_file = args.endpoint_file or os.path.join(args.scratch, "endpoint.json")
-        args.events = args.events or os.path.join(args.scratch, "events.jsonl")
+    scratch_defaults(args)
     if not args.endpoint_file:
         parser.error("--endpoint-file is required when no --scratch (or $ALLOCSTACK_SCRATCH) is given")
     args.journal = args.journal or os.path.join(os.path.dirname(os.path.abspath(args.results)), "journal.jsonl")

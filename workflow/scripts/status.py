@@ -68,10 +68,10 @@ def main(argv: list[str] | None = None) -> int:
             raise AllocstackError("prerequisite", f"no endpoint file at {path}: is the stack running on this node?")
         url, token = read_endpoint(path)
         if args.url:
-            port = url.rsplit(":", 1)[1]
-            print(f"{url}/ui?token={read_view_token(path)}")
+            port, view = url.rsplit(":", 1)[1], read_view_token(path)
+            print(f"{url}/ui?token={view}")
             print(f"from your laptop: ssh -J $USER@<login node> -N -L 8787:127.0.0.1:{port} $USER@{os.uname().nodename}"
-                  f"  then open http://127.0.0.1:8787/ui?token={read_view_token(path)}")
+                  f"  then open http://127.0.0.1:8787/ui?token={view}")
             return EXIT_OK
         client = CoordinatorClient(url, token, timeout=10)
         try:

@@ -29,7 +29,7 @@ from typing import Any
 import requests
 
 from allocstack import SCHEMA_VERSION
-from allocstack.cli import ArgumentParser, argv_list, non_negative_float, positive_float, positive_int, runtime_facts
+from allocstack.cli import ArgumentParser, argv_list, non_negative_float, positive_float, positive_int, runtime_facts, scratch_defaults
 from allocstack.client import CoordinatorClient
 from allocstack.endpoint import read_endpoint
 from allocstack.errors import EXIT_OK, EXIT_TEMPFAIL, AllocstackError, report
@@ -201,7 +201,7 @@ def parse_args(argv: list[str] | None):
     parser.add_argument("--worker-id", required=True, help="e.g. worker-01")
     parser.add_argument("--scratch", type=Path, default=os.environ.get("ALLOCSTACK_SCRATCH") or None,
                         help="job-scoped scratch (default $ALLOCSTACK_SCRATCH): endpoint.json and events.jsonl")
-    parser.add_argument("--endpoint-file", type=Path, help="endpoint file (default SCRATCH/endpoint.json)")
+    parser.add_argument("--endpoint-file", help="endpoint file (default SCRATCH/endpoint.json)")
     parser.add_argument("--events", type=Path, help="event log (default SCRATCH/events.jsonl)")
     parser.add_argument("--gate-record", type=Path, action="append", default=[],
                         help="wait for this gate record to say ready before claiming (repeatable)")
@@ -216,9 +216,7 @@ def parse_args(argv: list[str] | None):
     parser.add_argument("--connect-timeout", type=positive_float, default=30.0, help="bound on an unreachable coordinator")
     parser.add_argument("--lease-seconds", type=positive_float, default=60.0, help="the coordinator's lease (heartbeat period /3)")
     args = parser.parse_args(argv)
-    if args.scratch:
-        args.endpoint_file = args.endpoint_file or args.scratch / "endpoint.json"
-        args.events = args.events or args.scratch / "events.jsonl"
+    scratch_defaults(args)
     if not args.endpoint_file:
         parser.error("--endpoint-file is required when no --scratch (or $ALLOCSTACK_SCRATCH) is given")
     return args

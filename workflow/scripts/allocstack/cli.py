@@ -52,6 +52,13 @@ def argv_list(text: str) -> list[str]:
     return value
 
 
+def scratch_defaults(args: argparse.Namespace) -> None:
+    """With ``args.scratch`` set, default ``endpoint_file`` and ``events`` to the files in it."""
+    if args.scratch:
+        args.endpoint_file = args.endpoint_file or os.path.join(args.scratch, "endpoint.json")
+        args.events = args.events or os.path.join(args.scratch, "events.jsonl")
+
+
 def os_release() -> str:
     """PRETTY_NAME from /etc/os-release as seen by this process (inside a container: the image's)."""
     try:
