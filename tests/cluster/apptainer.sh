@@ -173,9 +173,11 @@ wrapper_body() {
 # Root only: needs mount namespaces, pivot_root and /dev/fuse.
 #
 # Only these host paths exist inside the toolbox (at the same location): HOST_PATHS below, the
-# caller's working directory, and ALLOCSTACK_APPTAINER_BINDS (colon-separated). An image, a
-# definition file, an output or a --bind source anywhere else is "no such file" to apptainer:
-# add its directory to ALLOCSTACK_APPTAINER_BINDS.
+# caller's working directory, every existing absolute host path named in the arguments (an
+# image, a definition file, a `--bind SRC[:DST]` source, a script), and
+# ALLOCSTACK_APPTAINER_BINDS (colon-separated). Anything else (say, a file that a bound
+# script opens from another tree) is "no such file": add its directory to
+# ALLOCSTACK_APPTAINER_BINDS.
 set -Eeuo pipefail
 
 # /etc/resolv.conf is here so that `apptainer build` (debootstrap) and containers can resolve
@@ -188,13 +190,41 @@ fail() {
   exit 2
 }
 
-# True when $1 is one of HOST_PATHS or below one of them (already visible).
-covered() {
-  local p
-  for p in "${HOST_PATHS[@]}"; do
-    [[ $1 == "$p" || $1 == "$p"/* ]] && return 0
+# True when $1 is one of the paths $2... or below one of them.
+inside_any() {
+  local p target=$1
+  shift
+  for p in "$@"; do
+    [[ $target == "$p" || $target == "$p"/* ]] && return 0
   done
   return 1
+}
+
+# True when $1 is one of HOST_PATHS or below one of them (already visible).
+covered() {
+  inside_any "$1" "${HOST_PATHS[@]}"
+}
+
+# True when $1 is the toolbox, inside it, or one of its ancestors (binding those would nest
+# the toolbox inside itself).
+toolbox_path() {
+  [[ $1 == "$ROOTFS" || $1 == "$ROOTFS"/* || $ROOTFS == "$1"/* || $1 == / ]]
+}
+
+# Print the host paths named in the arguments: each argument, split at commas (`--bind a,b`)
+# and cut at the first colon (`SRC:DST[:OPTS]`), that is an absolute path which exists.
+# Covers `--bind=SRC` too. A checkout outside HOST_PATHS (CI clones to /check/...) needs this.
+named_host_paths() {
+  local arg item path items
+  for arg in "$@"; do
+    arg=${arg#--bind=}
+    IFS=, read -ra items <<<"$arg"
+    for item in "${items[@]}"; do
+      path=${item%%:*}
+      [[ $path == /* && -e $path ]] && printf '%s\n' "$path"
+    done
+  done
+  return 0
 }
 
 # Bind host path $1 to the same path inside the toolbox, creating the mount point.
@@ -220,12 +250,19 @@ enter_toolbox() {
   for p in "${HOST_PATHS[@]}"; do
     bind_host_path "$p"
   done
-  # The caller's directory and ALLOCSTACK_APPTAINER_BINDS, unless already visible.
+  # The caller's directory, the paths named in the arguments and ALLOCSTACK_APPTAINER_BINDS,
+  # unless already visible. A path inside one bound earlier is skipped (already visible).
   IFS=: read -ra extra <<<"${ALLOCSTACK_APPTAINER_BINDS:-}"
-  for p in "$(pwd -P)" "${extra[@]}"; do
+  local -a named=() bound=()
+  mapfile -t named < <(named_host_paths "$@")
+  for p in "$(pwd -P)" "${named[@]}" "${extra[@]}"; do
     [[ -n $p ]] || continue
     p=$(realpath -m -- "$p")
-    covered "$p" || bind_host_path "$p"
+    covered "$p" && continue
+    toolbox_path "$p" && continue
+    inside_any "$p" "${bound[@]}" && continue
+    bind_host_path "$p"
+    bound+=("$p")
   done
   # A fresh proc for this mount namespace; fall back to the host's where that is refused.
   mount -t proc proc "$ROOTFS/proc" 2>/dev/null || mount --rbind /proc "$ROOTFS/proc"
