@@ -7,6 +7,9 @@
    coordinator and real worker processes on loopback, against Dask distributed
    (LocalCluster, same task count and worker count) and a one-request-per-task
    stdlib client (urllib, a new connection per request: the reference's model).
+   Timed alike: Dask from a warmed-up cluster, allocstack and the stdlib client
+   from opening the gate with every worker process started and waiting for it;
+   the worker start cost is printed beside (a cold rate).
 2. Coordinator peak memory (VmHWM) and wall time from 1,000 to 1,000,000 tasks.
 3. ``snakemake --cores 4`` on the baseline against Snakemake's own floor (a
    one-rule workflow), and the gate latency from the run's events.jsonl.
@@ -59,8 +62,7 @@ class Coordinator:
         self.ready_seconds = time.monotonic() - self.started
         endpoint = json.loads((self.scratch / "endpoint.json").read_text())
         self.url, self.token = endpoint["endpoint"], endpoint["token"]
-        self.gate = self.dir / "gate.json"
-        self.gate.write_text('{"status": "ready"}')
+        self.gate = self.dir / "gate.json"  # written by run_warm() once every worker waits for it
 
     def peak_rss_mb(self) -> float:
         for line in open(f"/proc/{self.proc.pid}/status"):
@@ -76,27 +78,58 @@ class Coordinator:
         return end
 
 
-def allocstack_rate(count: int, workers: int, batch: int) -> tuple[float, dict]:
-    """Tasks/s from the first worker start to the last worker exit."""
-    coordinator = Coordinator(count)
+def start_warm(coordinator: Coordinator, argvs: list[list[str]]) -> tuple[list[subprocess.Popen], float]:
+    """Start worker processes and wait until each says it is waiting at the gate.
+
+    Like Dask's warmed-up LocalCluster: the clock starts when every worker is up (interpreter
+    started, imports done) and only the gate record is missing. Returns the processes and the
+    seconds they took to get there (the process start cost, reported separately).
+    """
     started = time.monotonic()
-    procs = [subprocess.Popen([PYTHON, str(SCRIPTS / "worker.py"), "--worker-id", f"worker-{i:02d}",
-                               "--scratch", str(coordinator.scratch), "--gate-record", str(coordinator.gate),
-                               "--batch", str(batch)], stdout=subprocess.DEVNULL)
-             for i in range(1, workers + 1)]
+    logs = [coordinator.dir / f"worker-{i}.log" for i in range(len(argvs))]
+    procs = [subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=log.open("wb")) for argv, log in zip(argvs, logs)]
+    pending = set(range(len(procs)))
+    while pending:
+        for i in list(pending):
+            if b"waiting for the readiness gate" in logs[i].read_bytes():
+                pending.discard(i)
+            elif procs[i].poll() is not None:
+                raise RuntimeError(f"worker {i} exited before the gate: {logs[i].read_text()[-500:]}")
+        time.sleep(0.005)
+    return procs, time.monotonic() - started
+
+
+def run_warm(coordinator: Coordinator, argvs: list[list[str]]) -> tuple[float, float]:
+    """(seconds from opening the gate to the last worker exit, seconds the workers took to start)."""
+    procs, startup = start_warm(coordinator, argvs)
+    started = time.monotonic()
+    coordinator.gate.write_text('{"status": "ready"}')
     for proc in procs:
-        proc.wait()
-    elapsed = time.monotonic() - started
+        if proc.wait() != 0:
+            raise RuntimeError(f"a worker failed: {proc.args}")
+    return time.monotonic() - started, startup
+
+
+def allocstack_rate(count: int, workers: int, batch: int) -> tuple[float, dict]:
+    """Tasks/s from opening the gate (workers started and waiting) to the last worker exit."""
+    coordinator = Coordinator(count)
+    argvs = [[PYTHON, str(SCRIPTS / "worker.py"), "--worker-id", f"worker-{i:02d}", "--scratch",
+              str(coordinator.scratch), "--gate-record", str(coordinator.gate), "--batch", str(batch)]
+             for i in range(1, workers + 1)]
+    elapsed, startup = run_warm(coordinator, argvs)
     peak = coordinator.peak_rss_mb()
     end = coordinator.stop()
     assert end["resultCount"] == count, end
     return count / elapsed, {"peak": peak, "fsyncs": end["journalFsyncs"], "ready": coordinator.ready_seconds,
-                             "elapsed": elapsed}
+                             "elapsed": elapsed, "startup": startup}
 
 
 STDLIB_WORKER = r"""
-import hashlib, json, sys, urllib.request
-url, token, worker = sys.argv[1:4]
+import hashlib, json, os, sys, time, urllib.request
+url, token, worker, gate = sys.argv[1:5]
+print("waiting for the readiness gate", file=sys.stderr, flush=True)
+while not os.path.exists(gate):
+    time.sleep(0.02)
 def post(path, body):
     request = urllib.request.Request(url + path, data=json.dumps(body).encode(),
         headers={"Authorization": "Bearer " + token, "Content-Type": "application/json"})
@@ -119,13 +152,11 @@ while True:
 
 
 def stdlib_rate(count: int, workers: int) -> float:
+    """The reference's model (one urllib request per claim and per result), timed like allocstack."""
     coordinator = Coordinator(count)
-    started = time.monotonic()
-    procs = [subprocess.Popen([PYTHON, "-c", STDLIB_WORKER, coordinator.url, coordinator.token, f"w{i}"])
+    argvs = [[PYTHON, "-c", STDLIB_WORKER, coordinator.url, coordinator.token, f"w{i}", str(coordinator.gate)]
              for i in range(workers)]
-    for proc in procs:
-        proc.wait()
-    elapsed = time.monotonic() - started
+    elapsed, _ = run_warm(coordinator, argvs)
     coordinator.stop()
     return count / elapsed
 
@@ -232,8 +263,10 @@ def main(argv: list[str] | None = None) -> int:
                 ratios = [f"{rate / stdlib:.1f}x stdlib"]
                 if baseline_dask:
                     ratios.append(f"{rate / baseline_dask:.1f}x Dask")
+                cold = count / (info["elapsed"] + info["startup"])
                 line = (f"| allocstack batch {batch} | {count:,} | {workers} | {rate:,.0f} | "
-                        f"{', '.join(ratios)}; {info['fsyncs']} fsyncs |")
+                        f"{', '.join(ratios)}; {info['fsyncs']} fsyncs; {cold:,.0f}/s counting "
+                        f"the {info['startup']:.2f} s worker start |")
                 print(line, flush=True)
                 rows.append(line)
                 throughput.append((f"allocstack b{batch} {count // 1000}k w{workers}", rate))

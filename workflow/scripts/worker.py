@@ -231,17 +231,20 @@ def export_app_endpoint(scratch: Path | None) -> None:
                           ALLOCSTACK_APP_PORT=url.rsplit(":", 1)[1])
 
 
-def await_gate(path: Path | None, timeout: float) -> None:
+def await_gate(path: Path | None, timeout: float, log: Callable[[str], None]) -> None:
     """Wait (polling every 20 ms, at most ``timeout`` s) for the gate record to say ready.
 
     The gate record is the sentinel between the readiness gate and the workers:
-    no worker claims a task before the gate has passed.
+    no worker claims a task before the gate has passed. A worker that has to wait says so
+    once in its log, so a stuck run shows where it stands.
 
     :raises AllocstackError: ``prerequisite`` when the record does not appear or does not say ready.
     """
     if path is None:
         return
     deadline = time.monotonic() + timeout
+    if not path.exists():
+        log(f"waiting for the readiness gate ({path}, at most {timeout:g} s)")
     while not path.exists():
         if time.monotonic() > deadline:
             raise AllocstackError("prerequisite", f"the readiness gate did not pass within {timeout:g} s (no {path})")
@@ -265,7 +268,7 @@ def main(argv: list[str] | None = None) -> int:
     watch_launcher(orphaned)
     try:
         for record in args.gate_record:
-            await_gate(record, args.gate_timeout)
+            await_gate(record, args.gate_timeout, log)
         export_app_endpoint(args.scratch)
         url, token = read_endpoint(args.endpoint_file)
         append_event(args.events, "worker-start", worker=worker, **runtime_facts())
