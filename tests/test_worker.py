@@ -101,3 +101,20 @@ def test_a_slow_batch_is_acknowledged_as_it_goes(start_coordinator, tmp_path):
     worker.kill()
     worker.wait()
     assert 4 <= acknowledged < 64
+
+
+def test_a_proxy_in_the_environment_never_sees_loopback_traffic(start_coordinator, tmp_path):
+    """Centers set http_proxy on nodes; the gate and the workers must still talk to 127.0.0.1 directly."""
+    coordinator = start_coordinator(make_tasks(5))
+    dead_proxy = "http://127.0.0.1:9"  # nothing listens: any request sent there fails with ProxyError
+    env = {"http_proxy": dead_proxy, "HTTP_PROXY": dead_proxy, "all_proxy": dead_proxy, "no_proxy": "",
+           "NO_PROXY": ""}
+    gate = tmp_path / "gate.json"
+    done = run_script("readiness.py", "--scratch", coordinator.scratch, "--task-count", 5, "--timeout", 3,
+                      "--record", gate, env=env)
+    assert done.returncode == 0, done.stderr
+    done = run_script("worker.py", "--worker-id", "worker-01", "--scratch", coordinator.scratch,
+                      "--gate-record", gate, "--connect-timeout", 2, env=env)
+    assert done.returncode == 0, done.stderr
+    assert "worker-01: done: 5 tasks" in done.stdout
+    assert coordinator.stop() == 0

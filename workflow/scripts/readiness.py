@@ -29,6 +29,7 @@ import requests
 
 from allocstack import SCHEMA_VERSION
 from allocstack.cli import ArgumentParser, argv_list, positive_float, runtime_facts
+from allocstack.client import loopback_session
 from allocstack.endpoint import read_endpoint, require_loopback
 from allocstack.errors import EXIT_OK, AllocstackError, report
 from allocstack.events import append_event
@@ -207,7 +208,7 @@ def main(argv: list[str] | None = None) -> int:
             raise AllocstackError(
                 "readiness-timeout", f"no endpoint file at {args.endpoint_file} within {args.timeout:g} s"
             )
-        with requests.Session() as session:
+        with loopback_session() as session:
             check, wanted = make_check(args, session, url)
             ready, attempts, last = probe(check, deadline, args.interval)
         if not ready:
