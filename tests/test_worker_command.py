@@ -19,7 +19,10 @@ APP = textwrap.dedent("""
         sys.exit(3)
     if text == "slow":
         time.sleep(30)
-    sys.stdout.write(f"{os.environ['ALLOCSTACK_TASK_ID']}:{text.upper()[:20]}:{len(text)}")
+    if text == "binary":
+        sys.stdout.buffer.write(b"ok \\xff\\xfe")
+        sys.exit(0)
+    sys.stdout.buffer.write(f"{os.environ['ALLOCSTACK_TASK_ID']}:{text.upper()[:20]}:{len(text)}".encode("utf-8"))
 """)
 
 
@@ -32,7 +35,7 @@ def documents(texts: list[str]) -> tuple[dict, dict]:
     return tasks, {"schemaVersion": 1, "results": results}
 
 
-def run_app(start_coordinator, tmp_path, texts: list[str], *worker_args: str):
+def run_app(start_coordinator, tmp_path, texts: list[str], *worker_args: str, env: dict | None = None):
     tasks, expected = documents(texts)
     coordinator = start_coordinator(tasks, "--max-attempts", "2", "--lease-seconds", "60")
     app = tmp_path / "app.py"
@@ -41,7 +44,7 @@ def run_app(start_coordinator, tmp_path, texts: list[str], *worker_args: str):
     gate.write_text('{"status": "ready"}')
     done = run_script("worker.py", "--worker-id", "worker-01", "--scratch", coordinator.scratch, "--gate-record", gate,
                       "--batch", "4", "--command-json", json.dumps([sys.executable, str(app)]), *worker_args,
-                      "--record", tmp_path / "w.json")
+                      "--record", tmp_path / "w.json", env=env)
     assert done.returncode == 0, done.stderr
     coordinator.stop()
     write_json(coordinator.tasks_path, tasks)
@@ -67,6 +70,18 @@ def test_a_failing_task_is_retried_then_fails_the_run_with_its_stderr(start_coor
     assert json.loads((tmp_path / "w.json").read_text())["failed"] == 2
     assert verify.returncode == 65 and "[task-failed]" in verify.stderr and "cannot shout" in verify.stderr
     assert not (tmp_path / "result.json").exists()
+
+
+def test_outputs_are_utf8_whatever_the_locale_and_bytes_that_are_not_fail_the_task(start_coordinator, tmp_path):
+    ascii_locale = {"LC_ALL": "C", "PYTHONUTF8": "0"}  # the worker's preferred encoding is then ASCII
+    coordinator, _, verify = run_app(start_coordinator, tmp_path, ["grüße ✓", "naïve"], env=ascii_locale)
+    assert verify.returncode == 0, verify.stderr
+    coordinator, worker, verify = run_app(start_coordinator, tmp_path, ["alpha", "binary"], env=ascii_locale)
+    end = json.loads(coordinator.end_record.read_text())
+    assert end["failedTasks"] == {"t1": "output is not UTF-8 text (byte 3): write text, or encode binary output, "
+                                        "e.g. base64"}
+    assert "Traceback" not in worker.stderr
+    assert verify.returncode == 65 and "[task-failed]" in verify.stderr
 
 
 def test_task_timeout_counts_as_a_failure(start_coordinator, tmp_path):

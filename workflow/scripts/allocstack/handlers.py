@@ -64,11 +64,12 @@ def command_handler(argv: list[str], timeout: float | None, scratch: str | None)
         payload_file = None
         if len(data) > INLINE_PAYLOAD_BYTES:
             handle, payload_file = tempfile.mkstemp(prefix=f"payload-{task_id}-", suffix=".json", dir=scratch)
-            with os.fdopen(handle, "w") as out:
+            with os.fdopen(handle, "w", encoding="utf-8") as out:
                 out.write(data)
             env["ALLOCSTACK_PAYLOAD_FILE"], data = payload_file, ""
         try:
-            done = subprocess.run(argv, input=data, capture_output=True, text=True, timeout=timeout, env=env)
+            # Bytes, not the locale's text: the protocol is UTF-8 whatever LANG says on the node.
+            done = subprocess.run(argv, input=data.encode("utf-8"), capture_output=True, timeout=timeout, env=env)
         except subprocess.TimeoutExpired as exc:
             raise TaskFailure(f"timed out after {timeout:g} s") from exc
         except OSError as exc:
@@ -77,7 +78,12 @@ def command_handler(argv: list[str], timeout: float | None, scratch: str | None)
             if payload_file:
                 os.unlink(payload_file)
         if done.returncode != 0:
-            raise TaskFailure(f"exit {done.returncode}: {done.stderr[-STDERR_TAIL:].strip()}")
-        return done.stdout
+            stderr = done.stderr.decode("utf-8", errors="replace")
+            raise TaskFailure(f"exit {done.returncode}: {stderr[-STDERR_TAIL:].strip()}")
+        try:
+            return done.stdout.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise TaskFailure(f"output is not UTF-8 text (byte {exc.start}): write text, or encode binary output, "
+                              f"e.g. base64") from exc
 
     return run
