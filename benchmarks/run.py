@@ -171,7 +171,7 @@ def dask_rate(count: int, workers: int) -> float | None:
     except ImportError:
         return None
     with LocalCluster(n_workers=workers, threads_per_worker=1, processes=True, dashboard_address=None,
-                      silence_logs=40) as cluster, Client(cluster) as client:
+                      silence_logs=50) as cluster, Client(cluster) as client:
         client.submit(noop, -1).result()  # warm up: workers connected
         started = time.monotonic()
         futures = client.map(noop, range(count), pure=False)

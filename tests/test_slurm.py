@@ -67,6 +67,11 @@ def test_baseline_is_one_sbatch_job_with_a_step_per_component(cluster_project):
     for component in provenance["components"].values():
         assert component["container"] == image and component["python"] == "/usr/bin/python3"
         assert component["slurmJobId"] == job
+    # Every step is pinned to the node of the group job: loopback only reaches that node.
+    node = provenance["slurm"]["node"]
+    for log in ("serve_coordinator/baseline.log", "await_readiness/baseline.log", "run_worker/baseline/worker-01.log"):
+        assert "srun --job-name=" in (project / "logs" / log).read_text()
+        assert f"--nodes=1 --nodelist={node} " in (project / "logs" / log).read_text(), log
     events = [json.loads(line) for line in (project / "results/baseline/events.jsonl").read_text().splitlines()]
     gate = next(e["t"] for e in events if e["event"] == "gate-passed")
     assert all(gate <= e["t"] for e in events if e["event"] == "worker-start")

@@ -43,14 +43,17 @@ from allocstack.lifeline import ENV as LIFELINE_ENV
 from allocstack.scratch import ensure_private_dir, resolve_root, run_scratch
 
 
-def step_prefix(component: str, cpus: int, step_args: list[str]) -> list[str]:
+def step_prefix(component: str, cpus: int, step_args: list[str], node: str | None) -> list[str]:
     """srun arguments that make ``component`` its own job step inside the current allocation.
 
-    ``--overlap`` and ``--mem=0`` because Snakemake's group job already runs inside one
-    step that holds the allocation's CPUs and memory; ``--exact`` so the step gets
-    exactly ``cpus`` CPUs.
+    ``--overlap`` and ``--mem=0`` (from ``step_args``) because Snakemake's group job already
+    runs inside one step that holds the allocation's CPUs and memory; ``--exact`` so the step
+    gets exactly ``cpus`` CPUs. ``--nodes=1 --nodelist=NODE`` pins every component to the node
+    this launcher runs on: the stack talks over loopback, so in an allocation of several nodes
+    a step placed elsewhere could never reach the coordinator.
     """
-    return ["srun", f"--job-name={component}", "--ntasks=1", f"--cpus-per-task={cpus}", *step_args]
+    pin = ["--nodes=1", f"--nodelist={node}"] if node else ["--nodes=1"]
+    return ["srun", f"--job-name={component}", "--ntasks=1", *pin, f"--cpus-per-task={cpus}", *step_args]
 
 
 def container_prefix(image: str, apptainer_args: list[str], binds: list[str], env: Mapping[str, str]) -> list[str]:
@@ -101,7 +104,7 @@ def build_argv(args, scratch: Path | None, environ: Mapping[str, str]) -> list[s
             env["ALLOCSTACK_SCRATCH"] = str(scratch)
         argv = container_prefix(args.image, args.apptainer_arg, binds, env) + argv
     if args.job_steps and environ.get("SLURM_JOB_ID"):
-        argv = step_prefix(args.component, args.cpus, args.step_arg) + argv
+        argv = step_prefix(args.component, args.cpus, args.step_arg, environ.get("SLURMD_NODENAME")) + argv
     return argv
 
 
