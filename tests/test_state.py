@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 from pathlib import Path
 
@@ -10,6 +11,7 @@ import pytest
 
 from allocstack.errors import AllocstackError
 from allocstack.journal import Journal, replay
+from allocstack.jsonio import atomic_write_json
 from allocstack.scratch import ensure_private_dir, resolve_root, run_scratch
 from allocstack.taskboard import TaskBoard
 from conftest import make_tasks
@@ -74,6 +76,19 @@ def test_journal_corruption_in_the_middle_is_an_integrity_error(tmp_path):
     with pytest.raises(AllocstackError) as raised:
         replay(path, "abc")
     assert raised.value.diag == "integrity"
+
+
+def test_atomic_json_is_streamed_stable_and_never_half_written(tmp_path):
+    target = tmp_path / "results.json"
+    document = {"schemaVersion": 1, "results": [{"taskId": f"t{i}", "output": "ü" * i} for i in range(3)]}
+    atomic_write_json(target, document)
+    assert target.read_text(encoding="utf-8") == json.dumps(document, indent=2, sort_keys=True) + "\n"
+    assert oct(target.stat().st_mode & 0o777) == "0o600"
+    before = target.read_bytes()
+    with pytest.raises(TypeError):  # fails mid-stream, after the first results were written to the temp file
+        atomic_write_json(target, {"results": [{"taskId": "t0"}, {"taskId": object()}]})
+    assert target.read_bytes() == before
+    assert [p.name for p in tmp_path.iterdir()] == ["results.json"]  # no temp file left behind
 
 
 def test_scratch_resolution_order(tmp_path):

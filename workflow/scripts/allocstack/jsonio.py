@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import os
 import tempfile
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -14,15 +16,16 @@ from .errors import AllocstackError
 PRIVATE_FILE = 0o600
 
 
-def dumps(document: Any) -> str:
-    """Stable, human-readable JSON (sorted keys, 2-space indent, trailing newline)."""
-    return json.dumps(document, indent=2, sort_keys=True) + "\n"
-
-
 def atomic_write_text(path: str | os.PathLike, text: str, mode: int = PRIVATE_FILE) -> None:
-    """Write ``text`` to ``path`` so readers see the old file or the whole new one.
+    """Write ``text`` to ``path`` so readers see the old file or the whole new one (see :func:`atomic_write_chunks`)."""
+    atomic_write_chunks(path, (text,), mode)
 
-    Temp file in the same directory, fsync, chmod, rename, fsync of the directory.
+
+def atomic_write_chunks(path: str | os.PathLike, chunks: Iterable[str], mode: int = PRIVATE_FILE) -> None:
+    """Write the concatenated ``chunks`` to ``path`` so readers see the old file or the whole new one.
+
+    Temp file in the same directory, fsync, chmod, rename, fsync of the directory. The chunks
+    are written as they come, so a large document never exists as one string in memory.
 
     :raises AllocstackError: ``io`` when the directory is missing or not writable.
     """
@@ -33,7 +36,8 @@ def atomic_write_text(path: str | os.PathLike, text: str, mode: int = PRIVATE_FI
         raise AllocstackError("io", f"cannot write {target}: {exc.strerror}") from exc
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(text)
+            for chunk in chunks:
+                handle.write(chunk)
             handle.flush()
             os.fsync(handle.fileno())
         os.chmod(tmp, mode)
@@ -48,8 +52,15 @@ def atomic_write_text(path: str | os.PathLike, text: str, mode: int = PRIVATE_FI
 
 
 def atomic_write_json(path: str | os.PathLike, document: Any, mode: int = PRIVATE_FILE) -> None:
-    """Atomically write ``document`` as JSON (see :func:`atomic_write_text`)."""
-    atomic_write_text(path, dumps(document), mode)
+    """Atomically write ``document`` as stable, human-readable JSON (sorted keys, 2-space indent, final newline).
+
+    Written as it is encoded (see :func:`atomic_write_chunks`).
+
+    Streaming matters for results.json: ``json.dumps`` with an indent first builds a list of
+    every token (about 1 GB for a million results) before joining them.
+    """
+    encoder = json.JSONEncoder(indent=2, sort_keys=True)
+    atomic_write_chunks(path, itertools.chain(encoder.iterencode(document), ("\n",)), mode)
 
 
 def fsync_dir(directory: str | os.PathLike) -> None:
