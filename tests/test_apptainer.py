@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -159,6 +160,25 @@ def test_container_start_overhead(tmp_path, image):
     print(f"component start (median of 5): host {timings['host']*1000:.0f} ms, "
           f"apptainer {timings['apptainer']*1000:.0f} ms, overhead {(timings['apptainer']-timings['host'])*1000:.0f} ms")
     assert timings["apptainer"] > 0
+
+
+def test_a_checkout_outside_the_usual_places_is_bound_into_the_image(tmp_path, image):
+    """CI clones to /check/...: scripts from any directory must reach the image (found by CI, exit 255)."""
+    elsewhere = Path("/srv/allocstack-checkout-test")  # outside /tmp, /work, /home: nothing makes it visible by default
+    shutil.rmtree(elsewhere, ignore_errors=True)
+    try:
+        shutil.copytree(SCRIPTS, elsewhere / "scripts", ignore=shutil.ignore_patterns("__pycache__"))
+    except OSError as exc:
+        pytest.skip(f"cannot write {elsewhere}: {exc.strerror}")
+    try:
+        done = subprocess.run([sys.executable, str(elsewhere / "scripts/launch.py"), "--component=t", "--run=t",
+                               f"--scratch-root={tmp_path}", f"--image={image}", "--apptainer-arg=--cleanenv",
+                               "--apptainer-arg=--contain", "--", str(elsewhere / "scripts/readiness.py"), "--help"],
+                              capture_output=True, text=True, cwd=tmp_path, timeout=120)
+        assert done.returncode == 0, done.stderr[-2000:]
+        assert "usage: readiness.py" in done.stdout
+    finally:
+        shutil.rmtree(elsewhere, ignore_errors=True)
 
 
 def test_gpus_per_worker_add_nv_and_a_gpu_step_to_each_worker(project, image):

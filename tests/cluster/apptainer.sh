@@ -205,10 +205,14 @@ covered() {
   inside_any "$1" "${HOST_PATHS[@]}"
 }
 
-# True when $1 is the toolbox, inside it, or one of its ancestors (binding those would nest
-# the toolbox inside itself).
+# The toolbox's own system directories: a host path below them (say /usr/bin/python3 as a
+# command argument) must not shadow the toolbox's files.
+readonly SYSTEM_PATHS=(/usr /bin /sbin /lib /lib32 /lib64 /libx32 /etc /var /boot /proc)
+
+# True when $1 must not be bound: the toolbox, inside it, one of its ancestors (binding those
+# would nest the toolbox inside itself), or below one of the toolbox's system directories.
 toolbox_path() {
-  [[ $1 == "$ROOTFS" || $1 == "$ROOTFS"/* || $ROOTFS == "$1"/* || $1 == / ]]
+  [[ $1 == "$ROOTFS" || $1 == "$ROOTFS"/* || $ROOTFS == "$1"/* || $1 == / ]] || inside_any "$1" "${SYSTEM_PATHS[@]}"
 }
 
 # Print the host paths named in the arguments: each argument, split at commas (`--bind a,b`)
