@@ -108,7 +108,8 @@ def command_check(argv: list[str], url: str) -> Check:
     env = {**os.environ, "ALLOCSTACK_APP_ENDPOINT": url}
 
     def check(timeout: float) -> tuple[bool, str]:
-        done = subprocess.run(argv, capture_output=True, encoding="utf-8", errors="replace", env=env, timeout=max(timeout, 1.0))
+        done = subprocess.run(argv, capture_output=True, encoding="utf-8", errors="replace", env=env,
+                              timeout=max(timeout, 1.0))
         return done.returncode == 0, f"exit {done.returncode} {(done.stderr or done.stdout).strip()[-120:]}"
 
     return check
