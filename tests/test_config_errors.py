@@ -33,3 +33,14 @@ def test_bad_config(project, case):
     output = done.stdout + done.stderr
     assert done.returncode != 0
     assert "allocstack: error [config]:" in output and words in output, output[-1500:]
+
+
+@pytest.mark.parametrize("key", ["tasks", "expected"])
+def test_a_missing_input_file_is_one_line_naming_its_key(project, key):
+    (project / "config/bad.yaml").write_text(f"{key}: inputs/nope.json\n")
+    done = snakemake(project, "--cores", "4", "--configfile", "config/bad.yaml", timeout=120)
+    output = done.stdout + done.stderr
+    assert done.returncode != 0
+    assert f"allocstack: error [input]: {key} file inputs/nope.json does not exist (config key '{key}')" in output
+    assert "MissingInputException" not in output
+    assert not (project / "results").exists() and not (project / "logs").exists()

@@ -1,6 +1,7 @@
 # Helpers shared by the rules: names, paths and the component launch command.
 # No rules here.
 import json
+import os
 import shlex
 import shutil
 import subprocess
@@ -77,7 +78,20 @@ def largest_node_cpus():
         return None
 
 
+def check_input_files():
+    """A missing input file is one allocstack line naming the key, not Snakemake's MissingInputException."""
+    named = [("tasks", config["tasks"]), ("expected", config["expected"])]
+    if USE_IMAGE:
+        named.append(("image", config["image"]))
+    for key, path in named:
+        if path and not os.path.isfile(path):
+            fail_config(
+                "input", f"{key} file {path} does not exist (config key '{key}')"
+            )
+
+
 def check_prerequisites():
+    check_input_files()
     needed = sum(
         [config["workers"] * config["worker"]["cpus"], config["coordinator"]["cpus"]]
     )
