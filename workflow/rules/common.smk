@@ -79,11 +79,12 @@ def largest_node_cpus():
 
 
 def check_input_files():
-    """A missing input file is one allocstack line naming the key, not Snakemake's MissingInputException."""
-    named = [("tasks", config["tasks"]), ("expected", config["expected"])]
-    if USE_IMAGE:
-        named.append(("image", config["image"]))
-    for key, path in named:
+    """A missing input file is one allocstack line naming the key, not Snakemake's MissingInputException.
+
+    The image is not checked here: validate_inputs checks it and its digest before anything
+    starts, and `--dry-run` stays usable for review before the image is built.
+    """
+    for key, path in (("tasks", config["tasks"]), ("expected", config["expected"])):
         if path and not os.path.isfile(path):
             fail_config(
                 "input", f"{key} file {path} does not exist (config key '{key}')"
