@@ -209,10 +209,10 @@ covered() {
 # command argument) must not shadow the toolbox's files.
 readonly SYSTEM_PATHS=(/usr /bin /sbin /lib /lib32 /lib64 /libx32 /etc /var /boot /proc)
 
-# True when $1 must not be bound: the toolbox, inside it, one of its ancestors (binding those
-# would nest the toolbox inside itself), or below one of the toolbox's system directories.
+# True when $1 is the toolbox, inside it, or one of its ancestors (binding those would nest
+# the toolbox inside itself).
 toolbox_path() {
-  [[ $1 == "$ROOTFS" || $1 == "$ROOTFS"/* || $ROOTFS == "$1"/* || $1 == / ]] || inside_any "$1" "${SYSTEM_PATHS[@]}"
+  [[ $1 == "$ROOTFS" || $1 == "$ROOTFS"/* || $ROOTFS == "$1"/* || $1 == / ]]
 }
 
 # Print the host paths named in the arguments: each argument, split at commas (`--bind a,b`)
@@ -254,17 +254,19 @@ enter_toolbox() {
   for p in "${HOST_PATHS[@]}"; do
     bind_host_path "$p"
   done
-  # The caller's directory, the paths named in the arguments and ALLOCSTACK_APPTAINER_BINDS,
-  # unless already visible. A path inside one bound earlier is skipped (already visible).
+  # The caller's directory, ALLOCSTACK_APPTAINER_BINDS and the paths named in the arguments
+  # (those never below the toolbox's system directories), unless already visible: covered, or
+  # inside a path bound earlier.
   IFS=: read -ra extra <<<"${ALLOCSTACK_APPTAINER_BINDS:-}"
   local -a named=() bound=()
   mapfile -t named < <(named_host_paths "$@")
-  for p in "$(pwd -P)" "${named[@]}" "${extra[@]}"; do
+  for p in "$(pwd -P)" "${extra[@]}" "${named[@]}"; do
     [[ -n $p ]] || continue
     p=$(realpath -m -- "$p")
-    covered "$p" && continue
-    toolbox_path "$p" && continue
-    inside_any "$p" "${bound[@]}" && continue
+    covered "$p" || toolbox_path "$p" || inside_any "$p" "${bound[@]}" && continue
+    if inside_any "$p" "${SYSTEM_PATHS[@]}" && ! inside_any "$p" "$(pwd -P)" "${extra[@]}"; then
+      continue
+    fi
     bind_host_path "$p"
     bound+=("$p")
   done
