@@ -207,10 +207,7 @@ def launch(component, cpus=1, scratch=True, tolerate_kill=None, job_end_time=Fal
         if USE_IMAGE:
             argv.append(f"--image={os.path.abspath(config['image'])}")
             argv += [f"--apptainer-arg={arg}" for arg in config["apptainer"]["args"]]
-            if (
-                int(resources.get("gpu", 0) or 0) > 0
-                and "--nv" not in config["apptainer"]["args"]
-            ):
+            if gpus > 0 and "--nv" not in config["apptainer"]["args"]:
                 argv.append("--apptainer-arg=--nv")  # GPUs requested: expose the driver
             argv.append(f"--apptainer-hint={config['apptainer']['hint']}")
             argv += [f"--bind={path}" for path in bind_paths(wildcards)]
@@ -269,9 +266,7 @@ def app_service_inputs(wildcards):
 
 def gate_records(wildcards):
     """The gate record(s) a worker waits for: the coordinator's, and the own service's."""
-    records = [f"results/{wildcards.run}/readiness.json"]
-    if config["service"]["command"]:
-        records.append(f"results/{wildcards.run}/app-readiness.json")
+    records = [f"results/{wildcards.run}/readiness.json", *app_gate_record(wildcards)]
     return " ".join(f"--gate-record {record}" for record in records)
 
 
