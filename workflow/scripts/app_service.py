@@ -21,15 +21,12 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
-from allocstack import SCHEMA_VERSION
 from allocstack.cli import ArgumentParser, argv_list
-from allocstack.endpoint import write_endpoint
+from allocstack.endpoint import app_environment, write_endpoint, write_service_file
 from allocstack.errors import AllocstackError, report
 from allocstack.events import append_event
-from allocstack.jsonio import atomic_write_json
 from allocstack.lifeline import watch_launcher
 from allocstack.scratch import ensure_private_dir
 
@@ -57,16 +54,14 @@ def parse_args(argv: list[str] | None):
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.service_file:
-        atomic_write_json(args.service_file, {"schemaVersion": SCHEMA_VERSION, "pid": os.getpid(),
-                                              "startedAt": time.time()}, 0o644)
+        write_service_file(args.service_file)
     try:
         ensure_private_dir(args.scratch)
     except AllocstackError as error:
         return report(error)
     port, token = free_loopback_port(), secrets.token_urlsafe(32)
     endpoint, published = f"http://127.0.0.1:{port}", args.scratch / "app.json"
-    env = {**os.environ, "ALLOCSTACK_APP_PORT": str(port), "ALLOCSTACK_APP_ENDPOINT": endpoint,
-           "ALLOCSTACK_APP_TOKEN": token}
+    env = {**os.environ, **app_environment(endpoint, token)}
     try:
         child = subprocess.Popen(args.command_json, env=env)
     except OSError as exc:

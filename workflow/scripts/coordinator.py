@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import asyncio
 import hmac
-import socket
 from collections import deque
 from urllib.parse import parse_qs
 import os
@@ -43,7 +42,7 @@ from typing import Any
 
 from allocstack import SCHEMA_VERSION
 from allocstack.cli import ArgumentParser, non_negative_float, positive_float, positive_int, runtime_facts, scratch_defaults
-from allocstack.endpoint import write_endpoint
+from allocstack.endpoint import TUNNEL_PORT, tunnel_command, write_endpoint, write_service_file
 from allocstack.errors import EXIT_TEMPFAIL, AllocstackError, report
 from allocstack.events import append_event
 from allocstack.httpserver import HttpServer, Request, Response
@@ -313,12 +312,8 @@ class Coordinator:
 
     def tunnel_hint(self, port: int) -> str:
         """How to reach the status page from a laptop: the coordinator listens on the node's loopback only."""
-        node = os.environ.get("SLURMD_NODENAME") or socket.gethostname()
-        login = os.environ.get("SLURM_SUBMIT_HOST")
-        user = os.environ.get("USER") or "$USER"
-        hop = f"-J {user}@{login} " if login else ""
-        return (f"coordinator: status page: ssh {hop}-N -L 8787:127.0.0.1:{port} {user}@{node} ; then open the URL "
-                "that `python workflow/scripts/status.py --url` prints (with 8787 as the port)")
+        return (f"coordinator: status page: {tunnel_command(port, os.environ)} ; then open the URL "
+                f"that `python workflow/scripts/status.py --url` prints (with {TUNNEL_PORT} as the port)")
 
     async def run(self) -> int:
         loop = asyncio.get_running_loop()
@@ -448,13 +443,12 @@ def _slurm_end_time() -> float:
 def start_fresh(args) -> None:
     """Before anything else: announce the process, and clear what an earlier run left in scratch.
 
-    The service file tells Snakemake the coordinator process is up (consumers then
-    start and the gate does the real readiness wait, with its own deadline); a stale
-    endpoint or event log from a crashed run must not be mistaken for this run's.
+    The service file tells Snakemake the coordinator process is up (see
+    :func:`write_service_file`); a stale endpoint or event log from a crashed run
+    must not be mistaken for this run's.
     """
     if args.service_file:
-        atomic_write_json(args.service_file, {"schemaVersion": SCHEMA_VERSION, "pid": os.getpid(),
-                                              "startedAt": time.time()}, 0o644)
+        write_service_file(args.service_file)
     if args.end_record:
         Path(args.end_record).unlink(missing_ok=True)
     if args.scratch:

@@ -22,7 +22,7 @@ import requests
 
 from allocstack.cli import ArgumentParser
 from allocstack.client import CoordinatorClient
-from allocstack.endpoint import read_endpoint, read_view_token
+from allocstack.endpoint import TUNNEL_PORT, read_endpoint, read_view_token, tunnel_command
 from allocstack.errors import EXIT_OK, AllocstackError, report
 from allocstack.scratch import resolve_root, run_scratch
 
@@ -70,8 +70,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.url:
             port, view = url.rsplit(":", 1)[1], read_view_token(path)
             print(f"{url}/ui?token={view}")
-            print(f"from your laptop: ssh -J $USER@<login node> -N -L 8787:127.0.0.1:{port} $USER@{os.uname().nodename}"
-                  f"  then open http://127.0.0.1:8787/ui?token={view}")
+            print(f"from your laptop: {tunnel_command(port, os.environ)}"
+                  f"  then open http://127.0.0.1:{TUNNEL_PORT}/ui?token={view}")
             return EXIT_OK
         client = CoordinatorClient(url, token, timeout=10)
         try:

@@ -31,7 +31,7 @@ import requests
 from allocstack import SCHEMA_VERSION
 from allocstack.cli import ArgumentParser, argv_list, non_negative_float, positive_float, positive_int, runtime_facts, scratch_defaults
 from allocstack.client import CoordinatorClient
-from allocstack.endpoint import read_endpoint
+from allocstack.endpoint import app_environment, read_endpoint
 from allocstack.errors import EXIT_OK, EXIT_TEMPFAIL, AllocstackError, report
 from allocstack.events import append_event
 from allocstack.handlers import TaskFailure, baseline, command_handler
@@ -226,9 +226,7 @@ def export_app_endpoint(scratch: Path | None) -> None:
     """With an own service (config service.command), give the worker's program its endpoint and token."""
     published = scratch / "app.json" if scratch else None
     if published is not None and published.exists():
-        url, token = read_endpoint(published)
-        os.environ.update(ALLOCSTACK_APP_ENDPOINT=url, ALLOCSTACK_APP_TOKEN=token,
-                          ALLOCSTACK_APP_PORT=url.rsplit(":", 1)[1])
+        os.environ.update(app_environment(*read_endpoint(published)))
 
 
 def await_gate(path: Path | None, timeout: float, log: Callable[[str], None]) -> None:

@@ -1,13 +1,18 @@
-"""The endpoint file: where the coordinator listens and the run's bearer token.
+"""What a service publishes: its endpoint file, its Snakemake service file, how to reach it.
 
-``{"schemaVersion": 1, "endpoint": "http://127.0.0.1:PORT", "token": "..."}``,
-written atomically with mode 0600 inside the 0700 job-scoped scratch.
+The endpoint file is ``{"schemaVersion": 1, "endpoint": "http://127.0.0.1:PORT",
+"token": "...", "viewToken": "..."}``, written atomically with mode 0600 inside the
+0700 job-scoped scratch. The coordinator and your own service (``app_service.py``)
+publish the same way.
 """
 
 from __future__ import annotations
 
 import ipaddress
 import os
+import socket
+import time
+from collections.abc import Mapping
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -43,6 +48,35 @@ def write_endpoint(path: str | os.PathLike, url: str, token: str, view_token: st
     """``token`` may claim and post; ``view_token`` may only read /status and the /ui page."""
     atomic_write_json(path, {"schemaVersion": SCHEMA_VERSION, "endpoint": url, "token": token,
                              "viewToken": view_token})
+
+
+def write_service_file(path: str | os.PathLike) -> None:
+    """The Snakemake ``service()`` output: written first thing, it tells Snakemake the process is up.
+
+    Consumers then start; the readiness gate does the real wait, with its own deadline.
+    """
+    atomic_write_json(path, {"schemaVersion": SCHEMA_VERSION, "pid": os.getpid(), "startedAt": time.time()}, 0o644)
+
+
+def app_environment(url: str, token: str) -> dict[str, str]:
+    """The variables that tell your service, and your workers' program, where your own service listens."""
+    return {"ALLOCSTACK_APP_ENDPOINT": url, "ALLOCSTACK_APP_TOKEN": token, "ALLOCSTACK_APP_PORT": url.rsplit(":", 1)[1]}
+
+
+#: The laptop-side port of the SSH tunnel the hints suggest.
+TUNNEL_PORT = 8787
+
+
+def tunnel_command(port: int | str, environ: Mapping[str, str]) -> str:
+    """The ``ssh -L`` command that reaches ``127.0.0.1:port`` on this node from a laptop.
+
+    Through the submit (login) host as a jump host when Slurm names it.
+    """
+    node = environ.get("SLURMD_NODENAME") or socket.gethostname()
+    login = environ.get("SLURM_SUBMIT_HOST")
+    user = environ.get("USER") or "$USER"
+    hop = f"-J {user}@{login} " if login else ""
+    return f"ssh {hop}-N -L {TUNNEL_PORT}:127.0.0.1:{port} {user}@{node}"
 
 
 def read_view_token(path: str | os.PathLike) -> str:
