@@ -27,10 +27,8 @@ from allocstack.cli import ArgumentParser, argv_list
 from allocstack.endpoint import app_environment, write_endpoint, write_service_file
 from allocstack.errors import AllocstackError, report
 from allocstack.events import append_event
-from allocstack.lifeline import watch_launcher
+from allocstack.lifeline import forward_signals, watch_launcher
 from allocstack.scratch import ensure_private_dir
-
-FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
 
 def free_loopback_port() -> int:
@@ -78,8 +76,7 @@ def main(argv: list[str] | None = None) -> int:
         forwarded.add(signum)
         child.send_signal(signum)
 
-    for signum in FORWARDED:
-        signal.signal(signum, forward)
+    forward_signals(forward)
     watch_launcher(lambda: forward(signal.SIGTERM, None))
     code = child.wait()
     published.unlink(missing_ok=True)

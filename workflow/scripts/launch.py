@@ -39,7 +39,7 @@ from pathlib import Path
 from allocstack.cli import ArgumentParser, positive_int
 from allocstack.errors import AllocstackError, report
 from allocstack.jsonio import atomic_write_json
-from allocstack.lifeline import ENV as LIFELINE_ENV
+from allocstack.lifeline import ENV as LIFELINE_ENV, forward_signals
 from allocstack.scratch import ensure_private_dir, resolve_root, run_scratch
 
 
@@ -116,7 +116,6 @@ def check_programs(argv: list[str], hint: str) -> None:
             raise AllocstackError("prerequisite", f"{program} is not on PATH{fix}")
 
 
-FORWARDED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 PR_SET_PDEATHSIG = 1
 
 
@@ -158,8 +157,7 @@ def supervise(command: list[str], env: dict[str, str], component: str, kill_reco
         if not (in_step and signal_step(env["SLURM_JOB_ID"], component, signum)):
             child.send_signal(signum)
 
-    for signum in FORWARDED_SIGNALS:
-        signal.signal(signum, forward)
+    forward_signals(forward)
     code = child.wait()
     if code >= 0:
         return code
