@@ -39,6 +39,8 @@ readonly SLURMDBD_CONF=/etc/slurm/slurmdbd.conf
 readonly MUNGE_KEY=/etc/munge/munge.key
 readonly CONF_MARKER="written by tests/cluster/slurm.sh"
 readonly ACCOUNT=allocstack
+# An account that exists but root may not use: tests of a refused slurm_account.
+readonly OTHER_ACCOUNT=allocstack-other
 readonly CLUSTER=allocstack
 readonly PACKAGES=(slurmctld slurmd slurm-client munge slurmdbd mariadb-server)
 # Start order; `stop` walks it backwards.
@@ -307,6 +309,10 @@ ensure_accounting() {
         sacctmgr -i add account "$ACCOUNT" cluster="$CLUSTER" \
             description="allocstack tests" organization=allocstack >/dev/null
     fi
+    if [[ -z $(sacctmgr -n -P list account "$OTHER_ACCOUNT" format=account) ]]; then
+        sacctmgr -i add account "$OTHER_ACCOUNT" cluster="$CLUSTER" \
+            description="an account root is not associated with" organization=allocstack >/dev/null
+    fi
     if [[ -z $(sacctmgr -n -P list assoc user=root account="$ACCOUNT" format=user) ]]; then
         sacctmgr -i add user root account="$ACCOUNT" cluster="$CLUSTER" >/dev/null
     fi
@@ -360,10 +366,25 @@ all_running() {
 
 cluster_answers() { timeout 15 sinfo >/dev/null 2>&1; }
 
+# A running cluster whose slurm.conf.in changed (say a new partition): write the new
+# conf and have slurmctld and slurmd re-read it. Jobs keep running; nothing is cancelled.
+refresh_running_cluster() {
+    local before after
+    before=$(sha256sum "$SLURM_CONF" 2>/dev/null || true)
+    write_slurm_conf
+    after=$(sha256sum "$SLURM_CONF")
+    if [[ $before != "$after" ]]; then
+        info "slurm.conf changed: scontrol reconfigure"
+        scontrol reconfigure
+    fi
+    ensure_accounting
+}
+
 # ---------------------------------------------------------------- commands
 
 cmd_start() {
     if all_running && cluster_answers && node_usable; then
+        refresh_running_cluster
         cmd_status
         return 0
     fi
