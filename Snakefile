@@ -21,16 +21,19 @@ include: "workflow/rules/verify.smk"
 include: "workflow/rules/report.smk"
 
 
-localrules:
-    all,
-    validate_inputs,
-    record_decisions,
-    plot_timeline,
-
-
 rule all:
     default_target: True
     input:
         f"results/{RUN}/result.json",
         f"results/{RUN}/decision-record.md",
         f"results/{RUN}/timeline.svg",
+    localrule: True
+
+
+# The verdict, counts, wall time and where the marker and report are, on the terminal.
+onsuccess:
+    end_of_run_summary("success")
+
+
+onerror:
+    end_of_run_summary("error")

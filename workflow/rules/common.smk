@@ -1,32 +1,90 @@
 # Helpers shared by the rules: names, paths and the component launch command.
 # No rules here.
+import importlib.util
 import json
+import logging
 import os
 import shlex
 import shutil
 import subprocess
 import sys
+import time
 
 import jsonschema
 import yaml
 from snakemake.exceptions import WorkflowError
+from snakemake.logging import logger
 from snakemake.settings.types import DeploymentMethod
+from snakemake.sourcecache import LocalSourceFile
 from snakemake.utils import validate
+
+STARTED_AT = time.time()
+
+
+def scripts_dir():
+    """The component scripts, next to this file (also when allocstack is a module of another workflow).
+
+    Relative to the working directory, like every other path of a rule.
+    """
+    here = workflow.current_basedir
+    if not isinstance(here, LocalSourceFile):
+        # errors.py is not loadable yet (it is found through this path): 78 is [config]'s code.
+        print(
+            "allocstack: error [config]: allocstack runs as a module from a local checkout "
+            "only (a git submodule or clone: snakefile: 'path/to/allocstack/Snakefile'), "
+            f"not from {here.get_path_or_uri(secret_free=True)}",
+            file=sys.stderr,
+        )
+        sys.exit(78)
+    path = os.path.join(here.get_path_or_uri(secret_free=True), "..", "scripts")
+    return os.path.relpath(os.path.normpath(path))
+
+
+SCRIPTS = scripts_dir()
+
+
+def load_errors_module():
+    """workflow/scripts/allocstack/errors.py: the diagnostic ids and exit codes, one place for all."""
+    spec = importlib.util.spec_from_file_location(
+        "allocstack_errors", os.path.join(SCRIPTS, "allocstack", "errors.py")
+    )
+    loaded = sys.modules[spec.name] = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(loaded)
+    return loaded
+
+
+ERRORS = load_errors_module()
 
 
 def fail_config(diag, message):
-    """Stop before anything runs with allocstack's one-line error format."""
-    raise WorkflowError(f"allocstack: error [{diag}]: {message}")
+    """Stop before anything runs: ONE allocstack line and the diagnostic's exit code (no traceback)."""
+    sys.exit(ERRORS.report(ERRORS.AllocstackError(diag, message)))
+
+
+def nulls_from_command_line(values, schema):
+    """``--config expected=null`` arrives as the string "null" (Snakemake parses it as text):
+    where the schema allows null, it means null."""
+    for key, spec in schema.get("properties", {}).items():
+        if key not in values:
+            continue
+        kinds = spec.get("type", [])
+        if values[key] == "null" and "null" in (
+            [kinds] if isinstance(kinds, str) else kinds
+        ):
+            values[key] = None
+        elif isinstance(values[key], dict) and "properties" in spec:
+            nulls_from_command_line(values[key], spec)
 
 
 def validate_config():
     """Validate (and fill defaults of) the config; a violation is ONE line naming the key."""
     schema_path = workflow.source_path("../schemas/config.schema.yaml")
+    with open(schema_path) as handle:
+        schema = yaml.safe_load(handle)
+    nulls_from_command_line(config, schema)
     try:
         validate(config, schema_path)
     except WorkflowError:
-        with open(schema_path) as handle:
-            schema = yaml.safe_load(handle)
         validator = jsonschema.Draft202012Validator(schema)
         error = jsonschema.exceptions.best_match(validator.iter_errors(config))
         key = ".".join(str(part) for part in error.absolute_path) or "config"
@@ -132,9 +190,6 @@ def check_prerequisites():
 
 
 check_prerequisites()
-
-
-SCRIPTS = os.path.relpath(os.path.join(workflow.basedir, "workflow", "scripts"))
 
 
 def script(name):
@@ -275,4 +330,54 @@ def app_gate_record(wildcards):
         [f"results/{wildcards.run}/app-readiness.json"]
         if config["service"]["command"]
         else []
+    )
+
+
+# The terminal during and after a run.
+class TerminalFilter(logging.Filter):
+    """What Snakemake prints on the terminal, made readable for the person watching.
+
+    * "Waiting at most N seconds for missing files: results/<run>/coordinator.service" is
+      normal: the consumers of a service start with it and wait (Snakemake polls once a
+      second) until its process is up. Dropped when every missing file is a service file.
+    * The coordinator draws a live progress line on a terminal (it ends in no newline):
+      Snakemake's next message erases it first instead of being glued to its end; the
+      coordinator redraws it below within half a second.
+    """
+
+    clear_line = sys.stderr.isatty() and sys.stdout.isatty()
+
+    def filter(self, record):
+        message = record.getMessage()
+        if message.startswith("Waiting at most") and all(
+            line.startswith("results/") and line.endswith(".service (missing locally)")
+            for line in message.splitlines()[1:]
+        ):
+            return False
+        if self.clear_line and record.levelno >= logging.INFO:
+            sys.stderr.write("\r\033[K")
+            sys.stderr.flush()
+        return True
+
+
+if not any(type(f).__name__ == "TerminalFilter" for f in logger.filters):
+    logger.addFilter(TerminalFilter())
+
+
+def end_of_run_summary(outcome):
+    """Snakemake's onsuccess/onerror: the run's verdict, counts, wall time and where things are.
+
+    ``status.py --end-of-run`` renders it from the run's records (and, after an error, the
+    allocstack error lines of this run's logs), so it is the last thing on the terminal.
+    """
+    subprocess.run(
+        [
+            sys.executable,
+            script("status.py"),
+            f"--run={RUN}",
+            f"--end-of-run={outcome}",
+            f"--since={STARTED_AT}",
+        ],
+        check=False,
+        timeout=60,
     )

@@ -11,6 +11,7 @@ rule validate_inputs:
         "results/{run}/inputs.json",
     log:
         "logs/validate_inputs/{run}.log",
+    localrule: True
     conda:
         STACK_ENV
     params:

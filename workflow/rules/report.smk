@@ -1,9 +1,12 @@
 # Review and report: the decision record (config `decisions`, the seed's "Adapt
-# it" exercise) and the run's timeline, both shown by `snakemake --report`.
+# it" exercise; written once the inputs are validated) and the run's timeline,
+# both shown by `snakemake --report`.
 
 
 rule record_decisions:
     input:
+        # After validation: bad inputs write nothing, not even the decision record.
+        validated="results/{run}/inputs.json",
         script=script("render_decisions.py"),
     output:
         report(
@@ -13,6 +16,7 @@ rule record_decisions:
         ),
     log:
         "logs/record_decisions/{run}.log",
+    localrule: True
     conda:
         STACK_ENV
     params:
@@ -38,6 +42,7 @@ rule plot_timeline:
         ),
     log:
         "logs/plot_timeline/{run}.log",
+    localrule: True
     conda:
         STACK_ENV
     params:

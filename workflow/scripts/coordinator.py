@@ -34,6 +34,7 @@ from collections import deque
 from urllib.parse import parse_qs
 import os
 import secrets
+import shutil
 import signal
 import sys
 import time
@@ -51,11 +52,22 @@ from allocstack.journal import Journal, replay
 from allocstack.lifeline import launcher_alive, launcher_pid
 from allocstack.jsonio import atomic_write_json, sha256_file, sha256_text
 from allocstack.scratch import ensure_private_dir
-from allocstack.taskboard import WORKER_ID_PATTERN, TaskBoard
+from allocstack.taskboard import WORKER_ID_PATTERN, TaskBoard, fair_share
 from allocstack.taskset import load_tasks
 
 WAIT_HINT_SECONDS = 0.1
 MAX_CLAIM_BATCH = 10_000
+LIVE_INTERVAL = 0.5
+
+
+def live_line(s: dict[str, Any], workers: int) -> str:
+    """``allocstack: 3,016/10,000 tasks done (30%), 16 leased, 327 tasks/s, 21 s left, 2 workers`` (pure)."""
+    percent = 100 * s["done"] // s["total"] if s["total"] else 100
+    eta = f"{s['etaSeconds']:,.0f} s left" if s["etaSeconds"] is not None else "time left -"
+    active = len(s["workers"])
+    failed = f", {s['failed']:,} failed" if s.get("failed") else ""
+    return (f"allocstack: {s['done']:,}/{s['total']:,} tasks done ({percent}%){failed}, {s['leased']:,} leased, "
+            f"{s['ratePerSecond']:,.0f} tasks/s, {eta}, {active}/{workers} workers")
 
 
 class Coordinator:
@@ -77,9 +89,12 @@ class Coordinator:
         self.listening_at = 0.0
         self.last_request = time.monotonic()
         self.first_claims: set[str] = set()
+        self.reservation: tuple[int, float] | None = None  # (tasks held back per waiting worker, until)
         self.outcome_written = False
         self.progress: deque[tuple[float, int]] = deque()
         self.history: deque[tuple[float, int]] = deque(maxlen=1800)
+        # A person watches a terminal: a live line instead of a line every 5 s (the log keeps those).
+        self.live = args.progress == "live" or (args.progress == "auto" and sys.stdout.isatty())
 
     # -- HTTP ----------------------------------------------------------------
     def authorized(self, request: Request) -> bool:
@@ -182,7 +197,8 @@ class Coordinator:
         closed = self.claims_closed()
         if closed:
             return Response.json(200, {**reply, "status": "stop", "reason": closed})
-        granted = self.board.claim(worker, self.fair_share(max_tasks), time.monotonic())
+        now = time.monotonic()
+        granted = self.board.claim(worker, self.fair_share(worker, max_tasks, now), now)
         if granted:
             if worker not in self.first_claims:
                 self.first_claims.add(worker)
@@ -209,10 +225,20 @@ class Coordinator:
         self.finish_if_finished()
         return Response.json(200, {"status": outcome})
 
-    def fair_share(self, max_tasks: int) -> int:
-        """At most an equal share of what is pending, so a big batch never starves the other workers."""
+    def fair_share(self, worker: str, max_tasks: int, now: float) -> int:
+        """An equal share of what is pending, and a share held back for each worker that has had none yet.
+
+        The reservation lapses one lease after the first grant: a worker that never comes
+        holds back work no longer than a worker that died holding it.
+        """
         pending = self.board.counts()["pending"]
-        return max(1, min(max_tasks, -(-pending // self.args.workers)))
+        if self.reservation is None:
+            self.reservation = (pending // self.args.workers, now + self.args.lease_seconds)
+        reserve_each, _ = self.reservation if now < self.reservation[1] else (0, 0.0)
+        newcomer = worker not in self.first_claims
+        waiting = max(0, self.args.workers - len(self.first_claims) - newcomer)
+        return fair_share(max_tasks, pending, self.args.workers, newcomer=newcomer, waiting=waiting,
+                          reserve_each=reserve_each)
 
     async def heartbeat(self, request: Request) -> Response:
         body = self._body(request)
@@ -277,7 +303,7 @@ class Coordinator:
         """Expire leases, sample progress, print progress lines, enforce the coordinator's own bounds."""
         parent = os.getppid()
         launcher = launcher_pid()
-        last_line = 0.0
+        last_line = last_live = 0.0
         while not self.stopping.is_set():
             await asyncio.sleep(0.25)
             now = time.monotonic()
@@ -294,6 +320,9 @@ class Coordinator:
             if now - last_line >= self.args.progress_interval:
                 last_line = now
                 self.print_progress()
+            if self.live and not self.outcome_written and now - last_live >= LIVE_INTERVAL:
+                last_live = now
+                self.draw_live()
             if self.args.idle_timeout and now - self.last_request > self.args.idle_timeout:
                 self.stop("idle-timeout")
             elif self.args.lifetime and time.time() - self.started_at > self.args.lifetime:
@@ -302,13 +331,23 @@ class Coordinator:
                 self.stop("parent-exit")
 
     def print_progress(self) -> None:
-        """One progress line to the log (stderr) and to stdout, which the rule leaves on the terminal."""
+        """One progress line to the log (stderr) and, unless a live line is drawn there, to stdout.
+
+        stdout is Snakemake's output: the terminal, or under Slurm the job's log.
+        """
         s = self.summary()
         eta = f"{s['etaSeconds']:.0f} s" if s["etaSeconds"] is not None else "-"
         line = (f"coordinator: progress {s['done']}/{s['total']} done, {s['leased']} leased, "
                 f"{s['ratePerSecond']:.0f} tasks/s, eta {eta}")
-        print(line, flush=True)
+        if not self.live:
+            print(line, flush=True)
         print(line, file=sys.stderr, flush=True)
+
+    def draw_live(self, final: bool = False) -> None:
+        """The live one-line progress on a terminal, redrawn in place (the final one ends the line)."""
+        width = shutil.get_terminal_size((100, 24)).columns - 1  # a wrapped line could not be redrawn
+        sys.stdout.write("\r\033[K" + live_line(self.summary(), self.args.workers)[:width] + ("\n" if final else ""))
+        sys.stdout.flush()
 
     def tunnel_hint(self, port: int) -> str:
         """How to reach the status page from a laptop: the coordinator listens on the node's loopback only."""
@@ -368,6 +407,8 @@ class Coordinator:
         append_event(self.args.events, "coordinator-end", status=end["status"], reason=reason,
                      resultCount=end["resultCount"])
         self.print_progress()
+        if self.live:
+            self.draw_live(final=True)
         line = (f"coordinator: {end['status']} ({reason}), {end['resultCount']}/{end['taskCount']} results, "
                 f"{self.journal.fsyncs} journal fsyncs")
         print(line, flush=True)
@@ -425,6 +466,9 @@ def parse_args(argv: list[str] | None):
                              "(default: $SLURM_JOB_END_TIME)")
     parser.add_argument("--drain-seconds", type=non_negative_float, default=5.0, help="bound on draining in-flight results at shutdown")
     parser.add_argument("--progress-interval", type=positive_float, default=5.0, help="seconds between progress lines")
+    parser.add_argument("--progress", choices=["auto", "live", "lines"], default="auto",
+                        help="stdout: a live line redrawn in place (live), a line every --progress-interval "
+                             "(lines), or live when stdout is a terminal (auto)")
     parser.add_argument("--max-body-bytes", type=positive_int, default=32 << 20, help="largest request body accepted")
     parser.add_argument("--connection-timeout", type=positive_float, default=120.0, help="close a connection idle this long")
     args = parser.parse_args(argv)

@@ -1,13 +1,17 @@
 #!/usr/bin/env python3
-"""Show a running stack's state on one screen (or the URL of its live status page).
+"""Show a stack's state on one screen: live while it runs, from its records once it ended.
 
+    python workflow/scripts/status.py                         # the only run there is
     python workflow/scripts/status.py --run baseline          # on the node the stack runs on
     python workflow/scripts/status.py --run baseline --url    # the /ui page address (view token)
     srun --jobid JOB --overlap python workflow/scripts/status.py --run baseline   # from a login node
 
-It reads the run's endpoint file in job-scoped scratch (only you can read it)
-and asks the coordinator for ``/status``. Exit 0, or 69 when no stack of that
-run is serving.
+While the stack runs it reads the run's endpoint file in job-scoped scratch (only
+you can read it) and asks the coordinator for ``/status``. Once it ended it shows
+the run from ``results/<run>/`` (the verdict, counts, workers, where the marker
+is). ``--run`` may be left out when there is exactly one run. Snakemake calls it
+with ``--end-of-run`` for the summary it prints when a run ends. Exit 0, or 69
+when there is no such run.
 """
 
 from __future__ import annotations
@@ -15,16 +19,15 @@ from __future__ import annotations
 import json
 import os
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
-import requests
-
 from allocstack.cli import ArgumentParser
-from allocstack.client import CoordinatorClient
 from allocstack.endpoint import TUNNEL_PORT, read_endpoint, read_view_token, tunnel_command
 from allocstack.errors import EXIT_OK, AllocstackError, report
 from allocstack.scratch import resolve_root, run_scratch
+from allocstack.summary import error_lines, known_runs, live_runs, read_run, render_finished
 
 
 def render(status: dict[str, Any], url: str) -> str:
@@ -51,33 +54,106 @@ def render(status: dict[str, Any], url: str) -> str:
 
 def parse_args(argv: list[str] | None):
     parser = ArgumentParser(description=__doc__.split("\n\n")[0])
-    where = parser.add_mutually_exclusive_group(required=True)
-    where.add_argument("--run", help="run name (config `run`); the endpoint is in its job-scoped scratch")
+    where = parser.add_mutually_exclusive_group()
+    where.add_argument("--run", help="run name (config `run`); default: the only run there is")
     where.add_argument("--endpoint-file", type=Path, help="the endpoint file itself")
     parser.add_argument("--scratch-root", default="", help="config `scratch` if you set one")
+    parser.add_argument("--results-dir", type=Path, default=Path("results"), help="where runs leave their records")
+    parser.add_argument("--logs-dir", type=Path, default=Path("logs"), help="where the components' logs are")
     parser.add_argument("--url", action="store_true", help="print the live page's URL and the SSH tunnel command")
     parser.add_argument("--json", action="store_true", help="print the raw /status document")
+    parser.add_argument("--end-of-run", choices=["success", "error"],
+                        help="Snakemake's summary when a run ends (onsuccess/onerror): from the records only")
+    parser.add_argument("--since", type=float, default=0.0,
+                        help="epoch seconds the command started: wall time, and which logs are this run's")
     return parser.parse_args(argv)
+
+
+def user_scratch(scratch_root: str) -> Path | None:
+    """``<root>/allocstack-<uid>``, where live runs publish their endpoints (None if it cannot be resolved)."""
+    try:
+        return run_scratch(resolve_root(scratch_root, os.environ), "x").parent
+    except AllocstackError:
+        return None
+
+
+def choose_run(args) -> str:
+    """``--run``, or the only run there is (live in scratch, or with records in the results directory).
+
+    :raises AllocstackError: ``usage`` naming the runs when there are several, ``prerequisite`` when none.
+    """
+    if args.run:
+        return args.run
+    scratch = user_scratch(args.scratch_root)
+    runs = sorted(set(live_runs(scratch) if scratch else []) | set(known_runs(args.results_dir)))
+    if len(runs) == 1:
+        return runs[0]
+    if not runs:
+        raise AllocstackError("prerequisite", f"no run found: no stack is serving here and {args.results_dir}/ "
+                                              "holds no run's records; give --run")
+    raise AllocstackError("usage", f"{len(runs)} runs: {', '.join(runs)}; say which with --run")
+
+
+def live_status(path: Path) -> tuple[str, dict[str, Any]]:
+    """(url, /status document) from a serving coordinator.
+
+    :raises AllocstackError: ``prerequisite`` when it does not answer.
+    """
+    import requests  # only a live stack needs the HTTP client
+
+    from allocstack.client import CoordinatorClient
+
+    url, token = read_endpoint(path)
+    try:
+        return url, CoordinatorClient(url, token, timeout=10).status()
+    except requests.RequestException as exc:
+        raise AllocstackError("prerequisite", f"the coordinator at {url} does not answer ({type(exc).__name__})") from exc
+
+
+def show_finished(args, run: str) -> int:
+    """The run from its records; an error when it left none."""
+    if args.end_of_run:
+        failed = args.end_of_run == "error"
+        # after an error, what an earlier run left is not this run's: only fresh records count
+        records = read_run(args.results_dir, run, args.since if failed else 0.0)
+        errors = error_lines(args.logs_dir, run, args.since) if failed else None
+        wall = time.time() - args.since if args.since else None
+        print(render_finished(records, failed=failed, wall_seconds=wall, errors=errors), flush=True)
+        return EXIT_OK
+    records = read_run(args.results_dir, run)
+    if not records.exists:
+        raise AllocstackError("prerequisite", f"run {run!r}: no stack is serving on this node and "
+                                              f"{records.directory}/ holds no records")
+    if args.url:
+        raise AllocstackError("prerequisite", f"run {run!r} has ended: --url needs a running stack")
+    if args.json:
+        print(json.dumps({**records.documents, "workers": records.workers}, indent=2, sort_keys=True))
+    else:
+        print(render_finished(records), flush=True)
+    return EXIT_OK
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     try:
-        path = args.endpoint_file or run_scratch(resolve_root(args.scratch_root, os.environ), args.run) / "endpoint.json"
-        if not path.exists():
-            raise AllocstackError("prerequisite", f"no endpoint file at {path}: is the stack running on this node?")
-        url, token = read_endpoint(path)
+        if args.endpoint_file:
+            run, path = None, args.endpoint_file
+        else:
+            run = choose_run(args)
+            scratch = user_scratch(args.scratch_root)
+            path = scratch / run / "endpoint.json" if scratch else None
+        if args.end_of_run or path is None or not path.exists():
+            if run is None:
+                raise AllocstackError("prerequisite", f"no endpoint file at {path}: is the stack running on this node?")
+            return show_finished(args, run)
         if args.url:
+            url, _ = read_endpoint(path)
             port, view = url.rsplit(":", 1)[1], read_view_token(path)
             print(f"{url}/ui?token={view}")
             print(f"from your laptop: {tunnel_command(port, os.environ)}"
                   f"  then open http://127.0.0.1:{TUNNEL_PORT}/ui?token={view}")
             return EXIT_OK
-        client = CoordinatorClient(url, token, timeout=10)
-        try:
-            status = client.status()
-        except requests.RequestException as exc:
-            raise AllocstackError("prerequisite", f"the coordinator at {url} does not answer ({type(exc).__name__})") from exc
+        url, status = live_status(path)
     except AllocstackError as error:
         return report(error)
     if args.json:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ipaddress
 import os
+import pwd
 import socket
 import time
 from collections.abc import Mapping
@@ -67,6 +68,14 @@ def app_environment(url: str, token: str) -> dict[str, str]:
 TUNNEL_PORT = 8787
 
 
+def login_name() -> str:
+    """This process's user name from the password database (``$USER`` is not always set)."""
+    try:
+        return pwd.getpwuid(os.getuid()).pw_name
+    except KeyError:
+        return "$USER"
+
+
 def tunnel_command(port: int | str, environ: Mapping[str, str]) -> str:
     """The ``ssh -L`` command that reaches ``127.0.0.1:port`` on this node from a laptop.
 
@@ -74,7 +83,7 @@ def tunnel_command(port: int | str, environ: Mapping[str, str]) -> str:
     """
     node = environ.get("SLURMD_NODENAME") or socket.gethostname()
     login = environ.get("SLURM_SUBMIT_HOST")
-    user = environ.get("USER") or "$USER"
+    user = environ.get("USER") or login_name()
     hop = f"-J {user}@{login} " if login else ""
     return f"ssh {hop}-N -L {TUNNEL_PORT}:127.0.0.1:{port} {user}@{node}"
 

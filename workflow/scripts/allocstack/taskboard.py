@@ -203,3 +203,23 @@ class TaskBoard:
             self.pending.appendleft(task_id)
         self.expired_leases += len(overdue)
         return overdue
+
+
+def fair_share(max_tasks: int, pending: int, workers: int, *, newcomer: bool = False, waiting: int = 0,
+               reserve_each: int = 0) -> int:
+    """How many tasks one claim may take (0 = wait).
+
+    At most an equal share of what is pending (``ceil(pending / workers)``), so a big batch
+    never starves the other workers. While some expected workers have had no work yet
+    (``waiting`` of them, not counting this one), ``reserve_each`` tasks stay held back for
+    each of them; a ``newcomer`` (its first grant) may take its own reserved share at once.
+    So with as many tasks as workers, every worker gets work, however late it starts.
+
+    :param max_tasks: what the worker asked for (its batch size).
+    :param reserve_each: ``tasks // workers`` at the first grant; 0 once the reservation lapsed.
+    """
+    share = -(-pending // max(workers, 1))
+    if newcomer:
+        share = max(share, reserve_each)
+    share = min(share, pending - waiting * reserve_each)
+    return max(0, min(max_tasks, share))

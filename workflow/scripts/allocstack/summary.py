@@ -1,0 +1,183 @@
+"""A finished run, read back from its records: the end-of-run summary and ``status.py`` after the run.
+
+Everything here reads files a run leaves (``results/<run>/...`` and the components'
+logs) and renders text; nothing talks to a coordinator. The records:
+``result.json`` (the success marker), ``coordinator.json`` (how the coordinator
+ended, per-worker counts), ``workers/worker-NN.json``, ``readiness.json`` and
+``events.jsonl``.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .events import read_events
+
+#: The files of ``results/<run>/`` a summary reads (any may be missing).
+RECORDS = {"marker": "result.json", "end": "coordinator.json", "gate": "readiness.json", "inputs": "inputs.json"}
+ERROR_PREFIX = "allocstack: error ["
+#: Records and logs at most this many seconds older than the start of the command count as its own
+#: (file systems round modification times; Slurm's clocks may differ by a little).
+CLOCK_SLACK = 2.0
+
+
+@dataclass
+class RunRecords:
+    """What ``results/<run>/`` holds; ``None`` for a record that is missing or unreadable."""
+
+    run: str
+    directory: Path
+    documents: dict[str, Any] = field(default_factory=dict)
+    workers: dict[str, dict[str, Any]] = field(default_factory=dict)
+    events: list[dict[str, Any]] = field(default_factory=list)
+
+    def get(self, name: str) -> Any:
+        return self.documents.get(name)
+
+    @property
+    def exists(self) -> bool:
+        return any(value is not None for value in self.documents.values()) or bool(self.workers or self.events)
+
+
+def _read(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+
+
+def read_run(results_dir: Path, run: str, since: float = 0.0) -> RunRecords:
+    """Read every record of ``run`` under ``results_dir``.
+
+    A record that is missing, unreadable or older than ``since`` (epoch seconds: left by an
+    earlier run) is ``None``.
+    """
+    directory = results_dir / run
+    records = RunRecords(run, directory)
+
+    def fresh(path: Path) -> bool:
+        try:
+            return path.stat().st_mtime >= since - CLOCK_SLACK
+        except OSError:
+            return False
+
+    for name, filename in RECORDS.items():
+        path = directory / filename
+        records.documents[name] = _read(path) if fresh(path) else None
+    for path in sorted((directory / "workers").glob("*.json")):
+        document = _read(path) if fresh(path) else None
+        if isinstance(document, dict):
+            records.workers[path.stem] = document
+    if fresh(directory / "events.jsonl"):
+        records.events = read_events(directory / "events.jsonl")
+    return records
+
+
+def known_runs(results_dir: Path) -> list[str]:
+    """Runs that left records under ``results_dir`` (a directory with any of the run's records)."""
+    if not results_dir.is_dir():
+        return []
+    return sorted(entry.name for entry in results_dir.iterdir()
+                  if entry.is_dir() and any((entry / name).exists() for name in RECORDS.values()))
+
+
+def error_lines(logs_dir: Path, run: str, since: float = 0.0) -> list[tuple[str, Path]]:
+    """The allocstack error lines in ``run``'s component logs written since ``since`` (epoch seconds).
+
+    Logs are ``logs/<rule>/<run>.log`` and ``logs/<rule>/<run>/<name>.log``. Each distinct
+    line once, in the order of the logs' modification times.
+    """
+    candidates = [*logs_dir.glob(f"*/{run}.log"), *logs_dir.glob(f"*/{run}/*.log")]
+    found: dict[str, Path] = {}
+    for path in sorted(candidates, key=lambda p: p.stat().st_mtime):
+        if path.stat().st_mtime < since - CLOCK_SLACK:
+            continue
+        for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
+            start = line.find(ERROR_PREFIX)
+            if start >= 0:
+                found.setdefault(line[start:].strip(), path)
+    return list(found.items())
+
+
+def _seconds(value: float) -> str:
+    return f"{value:.1f} s" if value < 120 else f"{value / 60:.1f} min"
+
+
+def stack_seconds(records: RunRecords) -> float | None:
+    """From the coordinator's start to the last event of the stack (its end, or a worker's end)."""
+    end = records.get("end")
+    times = [event["t"] for event in records.events if isinstance(event.get("t"), (int, float))]
+    start = end.get("startedAt") if isinstance(end, dict) else None
+    if start is None and times:
+        start = min(times)
+    if start is None or not times:
+        return None
+    return max(times) - start
+
+
+def worker_line(records: RunRecords) -> str:
+    """``2: worker-01 2 tasks, worker-02 2 tasks`` (killed workers say so)."""
+    parts = []
+    for name, record in sorted(records.workers.items()):
+        if record.get("status") == "killed":
+            parts.append(f"{name} killed ({record.get('signal', '?')})")
+        else:
+            parts.append(f"{name} {record.get('tasksCompleted', 0)} tasks")
+    return f"{len(records.workers)}: " + ", ".join(parts) if parts else "none recorded"
+
+
+def render_finished(records: RunRecords, *, failed: bool | None = None, wall_seconds: float | None = None,
+                    errors: list[tuple[str, Path]] | None = None) -> str:
+    """The summary of a run that is not running: verdict, counts, times, where things are.
+
+    :param failed: the outcome when the caller knows it (Snakemake's onsuccess/onerror);
+        ``None`` = from the marker alone.
+    :param errors: the run's allocstack error lines and the log each is in (failed runs).
+    """
+    marker, end, gate = records.get("marker"), records.get("end"), records.get("gate")
+    verified = isinstance(marker, dict) and marker.get("status") == "success"
+    failed = not verified if failed is None else failed
+    where = records.directory
+    if not failed:
+        count = marker.get("taskCount", "?") if isinstance(marker, dict) else "?"
+        lines = [f"allocstack: run {records.run} VERIFIED: {count} of {count} tasks correct"]
+    else:
+        lines = [f"allocstack: run {records.run} FAILED" + ("" if records.exists else f": nothing was written to {where}/")]
+        for line, path in (errors or [])[:5]:
+            lines += [f"  {line}", f"      (in {path})"]
+        if errors is not None and not errors:
+            lines.append("  no allocstack error line in this run's logs: see the failed job's log above")
+    if isinstance(end, dict):
+        lines.append(f"  tasks       {end.get('resultCount', '?')} of {end.get('taskCount', '?')} done, "
+                     f"{len(end.get('failedTasks') or {})} failed; {end.get('expiredLeases', 0)} leases expired and "
+                     f"requeued; {end.get('restored', 0)} restored from the journal")
+        if end.get("status") != "completed":
+            lines.append(f"  coordinator ended {end.get('status')} ({end.get('reason')}): acknowledged results stay "
+                         "in the journal; run the same command again to resume")
+    if records.workers:
+        lines.append(f"  workers     {worker_line(records)}")
+    times = [f"{_seconds(wall_seconds)} for this command"] if wall_seconds is not None else []
+    stack = stack_seconds(records)
+    if stack is not None:
+        ready = f"ready after {gate['secondsToReady']:.2f} s, " if isinstance(gate, dict) and "secondsToReady" in gate else ""
+        times.append(f"the stack {_seconds(stack)} ({ready}coordinator start to last event)")
+    if times:
+        lines.append(f"  wall time   {'; '.join(times)}")
+    if not failed:
+        lines.append(f"  marker      {where / RECORDS['marker']}")
+        for label, name in (("timeline", "timeline.svg"), ("decisions", "decision-record.md")):
+            if (where / name).exists():
+                lines.append(f"  {label:<11} {where / name}")
+        lines.append("  report      snakemake --report report.html  (the DAG, the decision record and the timeline)")
+    return "\n".join(lines)
+
+
+def live_runs(user_scratch: Path) -> list[str]:
+    """Runs with an endpoint file in this user's scratch root (``<root>/allocstack-<uid>/<run>/``)."""
+    if not user_scratch.is_dir():
+        return []
+    return sorted(entry.name for entry in user_scratch.iterdir() if (entry / "endpoint.json").exists())
+
