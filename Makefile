@@ -1,20 +1,25 @@
 # The two commands of the README's quick start, and their building blocks.
 #   make run   - set up the venv and run the baseline stack locally
-#   make test  - set up the venv (and, as root, the Slurm test cluster and the
-#                Apptainer toolbox) and run the whole test suite
+#   make test  - set up the venv, lint the Python code (ruff, settings in
+#                pyproject.toml), then (as root) the Slurm test cluster and the
+#                Apptainer toolbox, and run the whole test suite
+#   make lint  - the lint step alone
 #   make bench - the benchmarks (table + plot), see benchmarks/run.py
 PYTHON ?= python3
 VENV := .venv
 STAMP := $(VENV)/.installed
 
-.PHONY: run test bench venv cluster clean
+.PHONY: run test lint bench venv cluster clean
 
 run: $(STAMP)
 	$(VENV)/bin/snakemake --cores 4
 
-test: $(STAMP)
+test: $(STAMP) lint
 	bash tests/cluster/prepare.sh
 	. tests/cluster/env.sh && $(VENV)/bin/pytest -c tests/pytest.ini tests
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
 
 # Benchmarks (prints a table, writes benchmarks/output/benchmarks.png); needs Dask and matplotlib.
 bench: $(STAMP)

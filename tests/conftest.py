@@ -17,27 +17,12 @@ SCRIPTS = ROOT / "workflow" / "scripts"
 sys.path.insert(0, str(SCRIPTS))
 PYTHON = sys.executable
 
+from make_tasks import expected_for, make_tasks  # noqa: E402  (the users' command makes the tests' tasks too)
+
 
 def write_json(path: Path, document) -> Path:
     path.write_text(json.dumps(document), encoding="utf-8")
     return path
-
-
-def make_tasks(count: int, message: str = "m", repeat: int = 2) -> dict:
-    return {
-        "schemaVersion": 1,
-        "tasks": [{"id": f"task-{i:06d}", "payload": {"message": f"{message}{i}", "repeat": repeat}} for i in range(count)],
-    }
-
-
-def expected_for(tasks: dict) -> dict:
-    import hashlib
-
-    results = []
-    for task in tasks["tasks"]:
-        output = task["payload"]["message"] * task["payload"]["repeat"]
-        results.append({"taskId": task["id"], "output": output, "sha256": hashlib.sha256(output.encode()).hexdigest()})
-    return {"schemaVersion": 1, "results": results}
 
 
 def run_script(name: str, *args: str, env: dict | None = None, timeout: float = 60, cwd: Path | None = None):

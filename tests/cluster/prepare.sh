@@ -3,7 +3,8 @@
 #   1. the single-node Slurm test cluster (tests/cluster/slurm.sh start),
 #   2. the Apptainer toolbox (tests/cluster/apptainer.sh install),
 #   3. the test image, built from container/test.def and cached by its hash,
-#   4. Debian's chromium, for the live status page test.
+#   4. Debian's chromium, for the live status page test,
+#   5. tmux, a real terminal for the tests of what a run prints on one.
 # Without root it says why and exits 0: the `slurm` and `apptainer` tests then
 # skip with that reason. With ALLOCSTACK_REQUIRE_CLUSTER=1 (CI) any failure is fatal.
 set -Eeuo pipefail
@@ -32,3 +33,8 @@ if ! command -v chromium >/dev/null 2>&1; then
     || { apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends chromium >/dev/null; }
 fi
 echo "prepare: $(chromium --version) ready after $((SECONDS - started)) s"
+if ! command -v tmux >/dev/null 2>&1; then
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends tmux >/dev/null \
+    || { apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends tmux >/dev/null; }
+fi
+echo "prepare: $(tmux -V) ready after $((SECONDS - started)) s"

@@ -18,9 +18,17 @@ from allocstack.errors import EXIT_OK
 from allocstack.events import read_events
 from allocstack.jsonio import atomic_write_text
 
-WIDTH, LANE, LEFT, TOP = 900, 26, 110, 40
+WIDTH, LANE, LEFT, TOP, FONT = 900, 26, 110, 40, 12
+#: A generous width of one character at FONT px in a sans-serif font: labels are laid out with it
+#: (no font metrics without a renderer), so real text is never wider than the room it gets.
+CHAR_WIDTH = 0.62 * FONT
+MARK_ROW = 16
 MARKS = {"coordinator-listening": ("listening", "#718096"), "gate-passed": ("gate passed", "#2b6cb0"),
          "coordinator-end": ("coordinator end", "#c05621")}
+
+
+def text_width(text: str) -> float:
+    return len(text) * CHAR_WIDTH
 
 
 def lanes(events: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
@@ -35,28 +43,54 @@ def lanes(events: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     return found
 
 
+def place_labels(marks: list[tuple[float, str]], right: float) -> list[tuple[float, int, str]]:
+    """Put each mark's label at its line, on the first row where it overlaps no other label (pure).
+
+    A label that would run past ``right`` ends at its line instead (``anchor`` "end").
+    :returns: (x where the text starts, row, label) in the order given.
+    """
+    rows: list[list[tuple[float, float]]] = []
+    placed = []
+    for x, label in marks:
+        width = text_width(label)
+        start = x + 3 if x + 3 + width <= right else x - 3 - width
+        row = next((i for i, taken in enumerate(rows)
+                    if all(start + width + 6 <= a or b + 6 <= start for a, b in taken)), len(rows))
+        if row == len(rows):
+            rows.append([])
+        rows[row].append((start, start + width))
+        placed.append((start, row, label))
+    return placed
+
+
 def render(events: list[dict[str, Any]]) -> str:
-    """The SVG document (pure)."""
+    """The SVG document (pure): no label overlaps another or runs past the edge."""
     times = [e["t"] for e in events if "t" in e] or [0.0]
     t0, t1 = min(times), max(max(times), min(times) + 1e-3)
-    x = lambda t: LEFT + (t - t0) / (t1 - t0) * (WIDTH - LEFT - 20)  # noqa: E731
     workers = lanes(events)
-    height = TOP + LANE * max(1, len(workers)) + 40
+    counts = {worker: f"{lane.get('completed', 0)} tasks" for worker, lane in workers.items()}
+    right = WIDTH - 10 - max((text_width(label) + 4 for label in counts.values()), default=0)  # room for counts
+    x = lambda t: LEFT + (t - t0) / (t1 - t0) * (right - LEFT)  # noqa: E731
+    marks = place_labels([(x(e["t"]), MARKS[e["event"]][0]) for e in events if e.get("event") in MARKS], WIDTH - 5)
+    rows = 1 + max((row for _, row, _ in marks), default=0)
+    lanes_end = TOP + LANE * max(1, len(workers))
+    height = lanes_end + 16 + MARK_ROW * rows
     parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{WIDTH}" height="{height}" font-family="sans-serif" '
-             'font-size="12">', f'<text x="10" y="20" font-size="14">Run timeline ({t1 - t0:.2f} s)</text>']
+             f'font-size="{FONT}">', f'<text x="10" y="20" font-size="14">Run timeline ({t1 - t0:.2f} s)</text>']
     for row, (worker, lane) in enumerate(sorted(workers.items())):
         y = TOP + row * LANE
         start, end = lane.get("start", t0), lane.get("end", t1)
         parts.append(f'<text x="10" y="{y + 15}">{html.escape(str(worker))}</text>')
         parts.append(f'<rect x="{x(start):.1f}" y="{y + 4}" width="{max(2.0, x(end) - x(start)):.1f}" height="16" '
                      f'fill="{"#38a169" if lane.get("status") == "done" else "#d69e2e"}"/>')
-        parts.append(f'<text x="{x(end) + 4:.1f}" y="{y + 16}" fill="#4a5568">{lane.get("completed", 0)} tasks</text>')
-    for event in events:
-        if event.get("event") in MARKS:
-            label, colour = MARKS[event["event"]]
-            parts.append(f'<line x1="{x(event["t"]):.1f}" x2="{x(event["t"]):.1f}" y1="{TOP - 6}" y2="{height - 24}" '
-                         f'stroke="{colour}" stroke-dasharray="4 3"/>')
-            parts.append(f'<text x="{x(event["t"]) + 3:.1f}" y="{height - 8}" fill="{colour}">{label}</text>')
+        parts.append(f'<text x="{max(x(end), x(start) + 2) + 4:.1f}" y="{y + 16}" fill="#4a5568">{counts[worker]}</text>')
+    colours = [MARKS[e["event"]][1] for e in events if e.get("event") in MARKS]
+    lines = [x(e["t"]) for e in events if e.get("event") in MARKS]
+    for line_x, colour, (start, row, label) in zip(lines, colours, marks):
+        label_y = lanes_end + 16 + MARK_ROW * row
+        parts.append(f'<line x1="{line_x:.1f}" x2="{line_x:.1f}" y1="{TOP - 6}" y2="{label_y - FONT}" '
+                     f'stroke="{colour}" stroke-dasharray="4 3"/>')
+        parts.append(f'<text x="{start:.1f}" y="{label_y}" fill="{colour}">{label}</text>')
     parts.append("</svg>")
     return "\n".join(parts) + "\n"
 

@@ -19,6 +19,14 @@ from allocstack.jsonio import atomic_write_json, check_sidecar, sha256_file
 from allocstack.taskset import load_expected, load_tasks
 
 
+def mismatch_hint(tasks: Path, expected: Path) -> str:
+    """What to do when the expected results belong to another task set (e.g. a new ``tasks=`` with the
+    baseline's ``expected``, which still applies unless the config says otherwise)."""
+    return (f"; {expected} (config key 'expected') is not the expected results of {tasks}: give yours with "
+            "--config expected=PATH (workflow/scripts/make_tasks.py writes both), or expected=null "
+            "with a verify.command")
+
+
 def parse_args(argv: list[str] | None):
     parser = ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--tasks", required=True, type=Path, help="task document")
@@ -39,7 +47,7 @@ def main(argv: list[str] | None = None) -> int:
             for index, task in enumerate(tasks.tasks, start=1):
                 check_baseline_payload(task["payload"], f"tasks {args.tasks}: task {index} ({task['id']})")
         if args.expected:
-            load_expected(str(args.expected), tasks)
+            load_expected(str(args.expected), tasks, mismatch_hint=mismatch_hint(args.tasks, args.expected))
         summary = {
             "schemaVersion": SCHEMA_VERSION,
             "taskCount": len(tasks),

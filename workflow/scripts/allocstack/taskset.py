@@ -98,12 +98,15 @@ def load_tasks(path: str, what: str = "tasks") -> TaskSet:
     return parse_tasks(read_json(path, what), f"{what} {path}")
 
 
-def parse_expected(document: Any, tasks: TaskSet, what: str = "expected") -> dict[str, dict[str, Any]]:
+def parse_expected(document: Any, tasks: TaskSet, what: str = "expected",
+                   mismatch_hint: str = "") -> dict[str, dict[str, Any]]:
     """Validate an expected-results document against ``tasks``; return results by task id.
 
     Each entry is ``{"taskId", "output", "sha256"}``; the digest must be the SHA-256
     of the UTF-8 output, and the ids must be exactly the task ids.
 
+    :param mismatch_hint: appended when the ids differ from the task ids (the document
+        probably belongs to another task set).
     :raises AllocstackError: ``input`` naming the first problem.
     """
     from .jsonio import sha256_text
@@ -118,7 +121,7 @@ def parse_expected(document: Any, tasks: TaskSet, what: str = "expected") -> dic
         _need(not unknown, where, f"unknown key {unknown[0]!r}" if unknown else "")
         task_id = check_task_id(entry.get("taskId"), where)
         _need(task_id not in expected, where, f"duplicate taskId {task_id!r}")
-        _need(task_id in task_ids, where, f"taskId {task_id!r} is not a task of the input")
+        _need(task_id in task_ids, where, f"taskId {task_id!r} is not a task of the input{mismatch_hint}")
         output, digest = entry.get("output"), entry.get("sha256")
         _need(isinstance(output, str), f"{where} ({task_id})", "output must be a string")
         _need(
@@ -129,10 +132,11 @@ def parse_expected(document: Any, tasks: TaskSet, what: str = "expected") -> dic
         _need(digest == sha256_text(output), f"{where} ({task_id})", "sha256 is not the digest of output")
         expected[task_id] = entry
     missing = [task_id for task_id in tasks.ids if task_id not in expected]
-    _need(not missing, what, f"no expected result for task {missing[0]!r}" if missing else "")
+    _need(not missing, what, f"no expected result for task {missing[0]!r}{mismatch_hint}" if missing else "")
     return expected
 
 
-def load_expected(path: str, tasks: TaskSet, what: str = "expected") -> dict[str, dict[str, Any]]:
+def load_expected(path: str, tasks: TaskSet, what: str = "expected",
+                  mismatch_hint: str = "") -> dict[str, dict[str, Any]]:
     """Read and validate an expected document from ``path``."""
-    return parse_expected(read_json(path, what), tasks, f"{what} {path}")
+    return parse_expected(read_json(path, what), tasks, f"{what} {path}", mismatch_hint)

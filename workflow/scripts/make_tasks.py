@@ -1,0 +1,84 @@
+#!/usr/bin/env python3
+"""Make N baseline tasks and their expected results: try allocstack at any scale, one command.
+
+    python workflow/scripts/make_tasks.py 10000               # inputs/tasks-10000.json, expected/results-10000.json
+    snakemake --cores 4 --config tasks=inputs/tasks-10000.json expected=expected/results-10000.json run=n10000
+
+Task ``task-NNNNNN`` has the payload ``{"message": "<message>NNNNNN", "repeat": R}``; its
+expected output is what the built-in baseline handler makes of it (the message
+repeated R times) with that output's SHA-256. Both files are written atomically.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+from allocstack import SCHEMA_VERSION
+from allocstack.cli import ArgumentParser, positive_int
+from allocstack.errors import EXIT_OK, AllocstackError, report
+from allocstack.handlers import MAX_REPEAT, baseline, check_baseline_payload
+from allocstack.jsonio import atomic_write_json, sha256_text
+from allocstack.taskset import MAX_TASKS
+
+
+def make_tasks(count: int, message: str = "m", repeat: int = 2) -> dict[str, Any]:
+    """A task document of ``count`` baseline tasks (pure)."""
+    width = max(6, len(str(count - 1)))
+    return {
+        "schemaVersion": SCHEMA_VERSION,
+        "tasks": [{"id": f"task-{i:0{width}d}", "payload": {"message": f"{message}{i}", "repeat": repeat}}
+                  for i in range(count)],
+    }
+
+
+def expected_for(tasks: dict[str, Any]) -> dict[str, Any]:
+    """The expected results of baseline ``tasks``: the handler's output and its digest (pure)."""
+    results = []
+    for task in tasks["tasks"]:
+        output = baseline(task["payload"])
+        results.append({"taskId": task["id"], "output": output, "sha256": sha256_text(output)})
+    return {"schemaVersion": SCHEMA_VERSION, "results": results}
+
+
+def bounded_count(text: str) -> int:
+    count = positive_int(text)
+    if count > MAX_TASKS:
+        raise argparse.ArgumentTypeError(f"at most {MAX_TASKS:,} tasks, got {text}")
+    return count
+
+
+def parse_args(argv: list[str] | None):
+    parser = ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("count", type=bounded_count, help="how many tasks")
+    parser.add_argument("--tasks", type=Path, help="task document to write (default inputs/tasks-COUNT.json)")
+    parser.add_argument("--expected", type=Path, help="expected results to write (default expected/results-COUNT.json)")
+    parser.add_argument("--message", default="m", help="message prefix of every payload (its task number follows)")
+    parser.add_argument("--repeat", type=positive_int, default=2, help=f"payload repeat, 1..{MAX_REPEAT}")
+    args = parser.parse_args(argv)
+    args.tasks = args.tasks or Path("inputs") / f"tasks-{args.count}.json"
+    args.expected = args.expected or Path("expected") / f"results-{args.count}.json"
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    try:
+        tasks = make_tasks(args.count, args.message, args.repeat)
+        check_baseline_payload(tasks["tasks"][-1]["payload"], "--message/--repeat")
+        for path in (args.tasks, args.expected):
+            path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_json(args.tasks, tasks, 0o644)
+        atomic_write_json(args.expected, expected_for(tasks), 0o644)
+    except AllocstackError as error:
+        return report(error)
+    print(f"make_tasks: wrote {args.count:,} tasks to {args.tasks} and their expected results to {args.expected}; "
+          f"run them with\n  snakemake --cores 4 --config tasks={args.tasks} expected={args.expected} "
+          f"run=n{args.count}", flush=True)
+    return EXIT_OK
+
+
+if __name__ == "__main__":
+    sys.exit(main())
