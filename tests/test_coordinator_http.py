@@ -172,6 +172,23 @@ def test_a_batch_claim_gets_at_most_a_fair_share(start_coordinator):
     coordinator = start_coordinator(make_tasks(10), "--workers", "2")
     s = session(coordinator)
     first = s.post(coordinator.url + "/claim", json={"workerId": "a", "max": 64}).json()["tasks"]
+    # the other worker's half is held for it: a second claim of the first waits
+    assert s.post(coordinator.url + "/claim", json={"workerId": "a", "max": 64}).json()["status"] == "wait"
     second = s.post(coordinator.url + "/claim", json={"workerId": "b", "max": 64}).json()["tasks"]
-    assert len(first) == 5 and len(second) == 3  # ceil(10/2), then ceil(5/2)
+    assert len(first) == 5 and len(second) == 5  # ceil(10/2), then the share held for b
     assert not {t["id"] for t in first} & {t["id"] for t in second}
+
+
+def test_a_share_held_for_a_worker_that_never_comes_lapses_after_one_lease(start_coordinator):
+    coordinator = start_coordinator(make_tasks(4), "--workers", "2", "--lease-seconds", "0.5")
+    s = session(coordinator)
+    claim = {"workerId": "a", "max": 64}
+    first = s.post(coordinator.url + "/claim", json=claim).json()["tasks"]
+    outputs = [t["payload"]["message"] * t["payload"]["repeat"] for t in first]
+    results = [{"taskId": t["id"], "output": o, "sha256": hashlib.sha256(o.encode()).hexdigest()}
+               for t, o in zip(first, outputs, strict=True)]
+    again = s.post(coordinator.url + "/claim", json={**claim, "results": results}).json()
+    assert len(first) == 2 and again["accepted"] == [t["id"] for t in first] and again["status"] == "wait"
+    time.sleep(0.6)
+    later = s.post(coordinator.url + "/claim", json=claim).json()
+    assert later["status"] == "task" and len(later["tasks"]) == 1  # an equal share of the 2 left

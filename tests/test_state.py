@@ -13,7 +13,7 @@ from allocstack.errors import AllocstackError
 from allocstack.journal import Journal, replay
 from allocstack.jsonio import atomic_write_json
 from allocstack.scratch import ensure_private_dir, resolve_root, run_scratch
-from allocstack.taskboard import TaskBoard
+from allocstack.taskboard import TaskBoard, fair_share
 from conftest import make_tasks
 
 
@@ -46,6 +46,19 @@ def test_board_heartbeat_keeps_lease():
     assert board.heartbeat("b", [task["id"]], now=8) == []
     assert board.expire(now=15) == []
     assert board.expire(now=19) == [task["id"]]
+
+
+def test_fair_share_gives_every_worker_work_while_tasks_are_at_least_workers():
+    # 4 tasks, 2 workers, batch 64: the first gets its half, then waits while the other's half is held
+    assert fair_share(64, 4, 2, newcomer=True, waiting=1, reserve_each=2) == 2
+    assert fair_share(64, 2, 2, waiting=1, reserve_each=2) == 0
+    assert fair_share(64, 2, 2, newcomer=True, waiting=0, reserve_each=2) == 2
+    # as many tasks as workers: one each, the last comer included
+    assert [fair_share(64, 3 - i, 3, newcomer=True, waiting=2 - i, reserve_each=1) for i in range(3)] == [1, 1, 1]
+    # the reservation lapsed (reserve_each 0): an equal share of what is pending, never more than asked
+    assert fair_share(64, 10, 2) == 5 and fair_share(3, 10, 2) == 3 and fair_share(64, 1, 8) == 1
+    assert fair_share(256, 100_000, 8, newcomer=True, waiting=7, reserve_each=12_500) == 256
+    assert fair_share(64, 0, 2) == 0
 
 
 def test_journal_group_commit_replay_and_torn_line(tmp_path):

@@ -40,8 +40,9 @@ def test_status_command_summarises_the_run(half_done):
     assert re.search(r"worker-01\s+4,000\s+4,000", done.stdout)
     raw = run_script("status.py", "--endpoint-file", half_done.endpoint_file, "--json")
     assert '"done": 4000' in raw.stdout
-    missing = run_script("status.py", "--run", "nothing-here", "--scratch-root", half_done.tmp / "none")
-    assert missing.returncode == 69 and "no endpoint file" in missing.stderr
+    missing = run_script("status.py", "--run", "nothing-here", "--scratch-root", half_done.tmp / "none",
+                         "--results-dir", half_done.tmp / "results")
+    assert missing.returncode == 69 and "run 'nothing-here': no stack is serving on this node" in missing.stderr
 
 
 def test_the_page_needs_the_view_token_which_cannot_claim(half_done):

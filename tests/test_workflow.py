@@ -144,3 +144,38 @@ def test_decision_record_timeline_and_report(project):
     (project / "config/bad.yaml").write_text("decisions:\n  allocation: {owner: me, how: x}\n")
     bad = snakemake(project, "--dry-run", "--configfile", "config/bad.yaml")
     assert bad.returncode != 0 and "[config]: decisions.allocation.owner: 'me' is not one of" in bad.stdout + bad.stderr
+
+
+def test_timeline_labels_neither_overlap_nor_run_past_the_edge():
+    """The baseline's events: "gate passed" and "coordinator end" 9 ms apart, a worker with 0 tasks last."""
+    import xml.etree.ElementTree as ET
+
+    from plot_timeline import CHAR_WIDTH, WIDTH, render
+
+    t = 1000.0
+    events = [{"t": t, "event": "coordinator-listening"}, {"t": t + 0.99, "event": "gate-passed"},
+              {"t": t + 1.0, "event": "worker-start", "worker": "worker-02"},
+              {"t": t + 1.009, "event": "coordinator-end"},
+              {"t": t + 1.01, "event": "worker-end", "worker": "worker-02", "completed": 4, "status": "done"},
+              {"t": t + 1.03, "event": "worker-start", "worker": "worker-01"},
+              {"t": t + 1.035, "event": "worker-end", "worker": "worker-01", "completed": 0, "status": "done"}]
+    svg = ET.fromstring(render(events))
+    height = float(svg.get("height"))
+    boxes = []
+    for text in svg.iter("{http://www.w3.org/2000/svg}text"):
+        size = float(text.get("font-size", svg.get("font-size")))
+        x, y, width = float(text.get("x")), float(text.get("y")), len(text.text) * CHAR_WIDTH * size / 12
+        assert 0 <= x and x + width <= WIDTH and size <= y <= height, (text.text, x, width)
+        boxes.append((text.text, x, x + width, y - size, y))
+    labels = {box[0] for box in boxes}
+    assert {"gate passed", "coordinator end", "0 tasks", "4 tasks", "listening"} <= labels
+    for i, a in enumerate(boxes):
+        for b in boxes[i + 1:]:
+            apart = a[2] <= b[1] or b[2] <= a[1] or a[4] <= b[3] or b[4] <= a[3]
+            assert apart, f"{a[0]!r} overlaps {b[0]!r}"
+
+
+def test_report_html_is_ignored_by_git():
+    ignored = subprocess.run(["git", "check-ignore", "--no-index", "report.html", "report.zip"], cwd=ROOT,
+                             capture_output=True, text=True, check=False)
+    assert ignored.stdout.split() == ["report.html", "report.zip"]

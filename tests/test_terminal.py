@@ -1,0 +1,207 @@
+"""What a person sees on the terminal: the live progress line, the end-of-run summary, one-line errors.
+
+The terminal tests run Snakemake in a real terminal (tmux) and read the screen back
+with ``tmux capture-pane``: what a pipe would show is not what a person watching sees.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import run_script
+from real_parts import unavailable
+from workflow_helpers import SNAKEMAKE, snakemake
+
+LIVE = re.compile(r"^allocstack: (\d+)/(\d+) tasks done \(\d+%\), \d+ leased, [\d,]+ tasks/s, .*, \d+/\d+ workers$")
+
+
+class Terminal:
+    """A detached tmux session of a fixed size running one command."""
+
+    def __init__(self, name: str, command: str, cwd: Path) -> None:
+        if shutil.which("tmux") is None:
+            unavailable("tmux is not installed (tests/cluster/prepare.sh installs it, as root)")
+        self.name = name
+        subprocess.run(["tmux", "kill-session", "-t", name], capture_output=True, check=False)
+        subprocess.run(["tmux", "new-session", "-d", "-s", name, "-x", "160", "-y", "50", "-c", str(cwd),
+                        f"{command}; echo EXIT=$?; sleep 600"], check=True)
+
+    def screen(self) -> list[str]:
+        """Every line of the scrollback, as the terminal shows it (escape sequences applied)."""
+        done = subprocess.run(["tmux", "capture-pane", "-p", "-J", "-S", "-", "-t", self.name],
+                              capture_output=True, text=True, check=True)
+        return done.stdout.rstrip("\n").splitlines()
+
+    def close(self) -> None:
+        subprocess.run(["tmux", "kill-session", "-t", self.name], capture_output=True, check=False)
+
+
+@pytest.fixture
+def terminal(project):
+    opened: list[Terminal] = []
+
+    def open_terminal(command: str) -> Terminal:
+        term = Terminal(f"allocstack-test-{project.parent.name}", command, project)
+        opened.append(term)
+        return term
+
+    yield open_terminal
+    for term in opened:
+        term.close()
+
+
+def test_live_progress_line_and_end_of_run_summary_in_a_real_terminal(project, terminal):
+    run_script("make_tasks.py", "20", cwd=project).check_returncode()
+    (project / "config/slow.yaml").write_text("simulate: {task_seconds: 0.25}\n")
+    term = terminal(f"TMPDIR={project / 'tmp'} {SNAKEMAKE} --cores 4 --configfile config/slow.yaml --config "
+                    "tasks=inputs/tasks-20.json expected=expected/results-20.json run=live")
+    seen_midway: set[int] = set()
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        screen = term.screen()
+        for line in screen:
+            match = LIVE.match(line)
+            if match and 0 < int(match[1]) < 20:
+                seen_midway.add(int(match[1]))
+        if any(line.startswith("EXIT=") for line in screen):
+            break
+        time.sleep(0.1)
+    screen = term.screen()
+    assert "EXIT=0" in screen, "\n".join(screen[-40:])
+    # the live line was redrawn in place while tasks completed ...
+    assert seen_midway, "no live progress line seen during the run:\n" + "\n".join(screen)
+    # ... and stays once, finished, on a line of its own: no Snakemake message glued to it
+    live_lines = [line for line in screen if line.startswith("allocstack: ") and "tasks done" in line]
+    assert live_lines == ["allocstack: 20/20 tasks done (100%), 0 leased, " + live_lines[0].split(" leased, ")[1]]
+    assert LIVE.match(live_lines[0])
+    assert not any("coordinator: progress" in line for line in screen)  # the 5-second lines stay in the log
+    assert "coordinator: progress 20/20 done" in (project / "logs/serve_coordinator/live.log").read_text()
+    assert not any("Waiting at most" in line for line in screen)
+    # the summary: verdict, counts, wall time, where the marker and the report are
+    start = screen.index("allocstack: run live VERIFIED: 20 of 20 tasks correct")
+    summary = screen[start:start + 8]
+    assert summary[1].startswith("  tasks       20 of 20 done, 0 failed;")
+    assert re.match(r"  workers     2: worker-01 \d+ tasks, worker-02 \d+ tasks$", summary[2])
+    assert re.match(r"  wall time   [\d.]+ s for this command; the stack [\d.]+ s", summary[3])
+    assert summary[4] == "  marker      results/live/result.json"
+    assert "  report      snakemake --report report.html" in summary[7]
+    assert len(screen) - start < 14  # at the end: only Snakemake's log hint and elapsed time follow
+
+
+def test_without_a_terminal_progress_is_lines_and_the_summary_still_ends_the_run(project):
+    done = snakemake(project, "--cores", "4")
+    output = done.stdout + done.stderr
+    assert done.returncode == 0, output[-3000:]
+    assert "coordinator: progress 4/4 done" in output and "\r" not in output
+    assert "Waiting at most" not in output
+    assert "allocstack: run baseline VERIFIED: 4 of 4 tasks correct" in done.stdout
+
+
+def test_bad_input_ends_with_its_one_line_and_writes_nothing(project, terminal):
+    tasks = json.loads((project / "inputs/tasks.json").read_text())
+    tasks["tasks"][1]["id"] = "task-001"
+    (project / "inputs/dup.json").write_text(json.dumps(tasks))
+    term = terminal(f"TMPDIR={project / 'tmp'} {SNAKEMAKE} --cores 4 --config tasks=inputs/dup.json run=dup")
+    deadline = time.monotonic() + 120
+    while not any(line.startswith("EXIT=") for line in term.screen()) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    screen = term.screen()
+    assert screen[-1] == "EXIT=1", "\n".join(screen[-30:])
+    # the verdict and the one line, at the end (only Snakemake's log hint and its last words follow)
+    tail = screen[-10:]
+    assert "allocstack: run dup FAILED: nothing was written to results/dup/" in tail, "\n".join(screen[-30:])
+    assert "  allocstack: error [input]: tasks inputs/dup.json: task 2: duplicate task id 'task-001'" in tail
+    written = [p for p in (project / "results").rglob("*") if p.is_file()] if (project / "results").exists() else []
+    assert written == []  # not even the decision record
+
+
+@pytest.mark.parametrize(("override", "diag", "code"), [
+    ("workers=0", "config", 78),
+    ("wrokers=3", "config", 78),
+    ("tasks=inputs/nope.json", "input", 65),
+])
+def test_a_config_error_is_one_line_and_its_documented_exit_code(project, override, diag, code):
+    done = snakemake(project, "--dry-run", "--config", override)
+    output = done.stdout + done.stderr
+    assert done.returncode == code, output
+    assert len([line for line in output.splitlines() if "allocstack: error" in line]) == 1
+    assert f"allocstack: error [{diag}]:" in output
+    assert "Traceback" not in output and 'File "' not in output and "WorkflowError" not in output
+
+
+def test_null_on_the_command_line_means_null(project):
+    done = snakemake(project, "--dry-run", "--config", "expected=null")
+    output = done.stdout + done.stderr
+    assert "expected file null" not in output
+    assert done.returncode == 78 and "expected is null and verify.command is not set" in output
+    (project / "config/own-check.yaml").write_text("verify: {command: [python3, -c, 'pass']}\n")
+    fine = snakemake(project, "--dry-run", "--configfile", "config/own-check.yaml", "--config", "expected=null")
+    assert fine.returncode == 0, fine.stdout + fine.stderr
+    assert "--expected" not in fine.stdout
+
+
+def test_new_tasks_with_the_baseline_expected_file_get_a_hint(project):
+    run_script("make_tasks.py", "10", cwd=project).check_returncode()
+    done = snakemake(project, "--cores", "4", "--config", "tasks=inputs/tasks-10.json", "run=ten")
+    output = done.stdout + done.stderr
+    assert done.returncode != 0
+    line = next(line for line in output.splitlines() if line.startswith("  allocstack: error [input]"))
+    assert "expected/results.json (config key 'expected') is not the expected results of inputs/tasks-10.json" in line
+    assert "--config expected=PATH" in line and "expected=null with a verify.command" in line
+
+
+def test_status_shows_a_finished_run_and_picks_the_only_run(project):
+    done = snakemake(project, "--cores", "4")
+    assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
+    env = {"TMPDIR": str(project / "tmp")}
+    status = run_script("status.py", cwd=project, env=env)  # no --run: there is one run
+    assert status.returncode == 0, status.stderr
+    lines = status.stdout.splitlines()
+    assert lines[0] == "allocstack: run baseline VERIFIED: 4 of 4 tasks correct"
+    # batching shares the work: with as many tasks as workers or more, every worker gets some
+    assert "  workers     2: worker-01 2 tasks, worker-02 2 tasks" in lines
+    assert "  marker      results/baseline/result.json" in lines
+    ended = run_script("status.py", "--url", cwd=project, env=env)
+    assert ended.returncode == 69 and "run 'baseline' has ended: --url needs a running stack" in ended.stderr
+    (project / "results/other").mkdir()
+    (project / "results/other/inputs.json").write_text("{}")
+    several = run_script("status.py", cwd=project, env=env)
+    assert several.returncode == 64 and "2 runs: baseline, other; say which with --run" in several.stderr
+    unknown = run_script("status.py", "--run", "nope", cwd=project, env=env)
+    assert unknown.returncode == 69 and "no stack is serving on this node" in unknown.stderr
+
+
+def test_the_tunnel_names_the_real_user_without_user_set():
+    import pwd
+
+    from allocstack.endpoint import tunnel_command
+
+    command = tunnel_command(43825, {"SLURMD_NODENAME": "node042", "SLURM_SUBMIT_HOST": "login1"})
+    name = pwd.getpwuid(os.getuid()).pw_name
+    assert command == f"ssh -J {name}@login1 -N -L 8787:127.0.0.1:43825 {name}@node042"
+    assert "$USER" not in command
+
+
+def test_make_tasks_makes_a_task_set_every_worker_shares(project):
+    made = run_script("make_tasks.py", "3", "--message", "hello", "--repeat", "3", cwd=project)
+    assert made.returncode == 0, made.stderr
+    assert "snakemake --cores 4 --config tasks=inputs/tasks-3.json expected=expected/results-3.json run=n3" in made.stdout
+    tasks = json.loads((project / "inputs/tasks-3.json").read_text())
+    expected = json.loads((project / "expected/results-3.json").read_text())
+    assert tasks["tasks"][2] == {"id": "task-000002", "payload": {"message": "hello2", "repeat": 3}}
+    assert expected["results"][2]["output"] == "hello2hello2hello2"
+    done = snakemake(project, "--cores", "4", "--config", "tasks=inputs/tasks-3.json",
+                     "expected=expected/results-3.json", "run=n3", "workers=3")
+    assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
+    completed = {p.stem: json.loads(p.read_text())["tasksCompleted"] for p in (project / "results/n3/workers").iterdir()}
+    assert completed == {"worker-01": 1, "worker-02": 1, "worker-03": 1}  # as many tasks as workers: one each
+    bad = run_script("make_tasks.py", "0", cwd=project)
+    assert bad.returncode == 64 and bad.stderr.startswith("allocstack: error [usage]:")
