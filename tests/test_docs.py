@@ -30,3 +30,19 @@ def test_every_config_key_is_documented():
 
     for key in keys(schema["properties"]):
         assert f"| `{key}` |" in documented, f"config/README.md does not explain {key}"
+
+
+def test_the_conventions_of_the_ecosystem_are_kept():
+    import subprocess
+    import tomllib
+
+    assert (ROOT / "LICENSE").read_text().startswith("MIT License\n")
+    catalog = yaml.safe_load((ROOT / ".snakemake-workflow-catalog.yml").read_text())
+    deployment = catalog["usage"]["software-stack-deployment"]
+    assert set(catalog["usage"]) == {"mandatory-flags", "software-stack-deployment"} and deployment["report"] is True
+    ruff = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["ruff"]
+    assert {"F", "E", "I", "B", "S", "BLE", "EXE", "PLW1510"} <= set(ruff["lint"]["select"])
+    assert re.search(r"^ruff==[0-9.]+$", (ROOT / "requirements.txt").read_text(), flags=re.M)
+    plan = subprocess.run(["make", "-n", "test"], cwd=ROOT, capture_output=True, text=True, check=True).stdout
+    assert ".venv/bin/ruff check ." in plan.splitlines()
+    assert plan.index("ruff check") < plan.index("pytest")

@@ -39,6 +39,9 @@ def test_lint_and_format_are_clean():
     snakefmt = str(Path(SNAKEMAKE).parent / "snakefmt")
     fmt = subprocess.run([snakefmt, "--check", "."], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert fmt.returncode == 0, fmt.stderr
+    ruff = subprocess.run([str(Path(SNAKEMAKE).parent / "ruff"), "check", "."], cwd=ROOT, capture_output=True,
+                          text=True, timeout=120)
+    assert ruff.returncode == 0, ruff.stdout[-3000:]  # the rules and why are in pyproject.toml
 
 
 def test_baseline_end_to_end_rerun_and_forcerun(project):
