@@ -17,7 +17,7 @@ SCRIPTS = ROOT / "workflow" / "scripts"
 sys.path.insert(0, str(SCRIPTS))
 PYTHON = sys.executable
 
-from make_tasks import expected_for, make_tasks  # noqa: E402  (the users' command makes the tests' tasks too)
+from make_tasks import expected_for, make_tasks  # noqa: E402, F401  (the users' command makes the tests' tasks too)
 
 
 def write_json(path: Path, document) -> Path:

@@ -42,7 +42,7 @@ def test_the_conventions_of_the_ecosystem_are_kept():
     assert set(catalog["usage"]) == {"mandatory-flags", "software-stack-deployment"} and deployment["report"] is True
     ruff = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["ruff"]
     assert {"F", "E", "I", "B", "S", "BLE", "EXE", "PLW1510"} <= set(ruff["lint"]["select"])
-    assert re.search(r"^ruff==[0-9.]+$", (ROOT / "requirements.txt").read_text(), flags=re.M)
+    assert re.search(r"^ruff==[0-9.]+$", (ROOT / "requirements.txt").read_text(), flags=re.MULTILINE)
     plan = subprocess.run(["make", "-n", "test"], cwd=ROOT, capture_output=True, text=True, check=True).stdout
     assert ".venv/bin/ruff check ." in plan.splitlines()
     assert plan.index("ruff check") < plan.index("pytest")

@@ -40,7 +40,7 @@ def test_lint_and_format_are_clean():
     fmt = subprocess.run([snakefmt, "--check", "."], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert fmt.returncode == 0, fmt.stderr
     ruff = subprocess.run([str(Path(SNAKEMAKE).parent / "ruff"), "check", "."], cwd=ROOT, capture_output=True,
-                          text=True, timeout=120)
+                          text=True, timeout=120, check=False)
     assert ruff.returncode == 0, ruff.stdout[-3000:]  # the rules and why are in pyproject.toml
 
 
@@ -168,7 +168,7 @@ def test_timeline_labels_neither_overlap_nor_run_past_the_edge():
     for text in svg.iter("{http://www.w3.org/2000/svg}text"):
         size = float(text.get("font-size", svg.get("font-size")))
         x, y, width = float(text.get("x")), float(text.get("y")), len(text.text) * CHAR_WIDTH * size / 12
-        assert 0 <= x and x + width <= WIDTH and size <= y <= height, (text.text, x, width)
+        assert x >= 0 and x + width <= WIDTH and size <= y <= height, (text.text, x, width)
         boxes.append((text.text, x, x + width, y - size, y))
     labels = {box[0] for box in boxes}
     assert {"gate passed", "coordinator end", "0 tasks", "4 tasks", "listening"} <= labels

@@ -61,7 +61,10 @@ LIVE_INTERVAL = 0.5
 
 
 def live_line(s: dict[str, Any], workers: int) -> str:
-    """``allocstack: 3,016/10,000 tasks done (30%), 16 leased, 327 tasks/s, 21 s left, 2 workers`` (pure)."""
+    """``allocstack: 3,016/10,000 tasks done (30%), 16 leased, 327 tasks/s, 21 s left, 2/2 workers`` (pure).
+
+    The last count: workers that have asked for work, of those the run starts.
+    """
     percent = 100 * s["done"] // s["total"] if s["total"] else 100
     eta = f"{s['etaSeconds']:,.0f} s left" if s["etaSeconds"] is not None else "time left -"
     active = len(s["workers"])

@@ -75,8 +75,8 @@ def render(events: list[dict[str, Any]]) -> str:
     rows = 1 + max((row for _, row, _ in marks), default=0)
     lanes_end = TOP + LANE * max(1, len(workers))
     height = lanes_end + 16 + MARK_ROW * rows
-    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{WIDTH}" height="{height}" font-family="sans-serif" '
-             f'font-size="{FONT}">', f'<text x="10" y="20" font-size="14">Run timeline ({t1 - t0:.2f} s)</text>']
+    parts = [(f'<svg xmlns="http://www.w3.org/2000/svg" width="{WIDTH}" height="{height}" font-family="sans-serif" '
+              f'font-size="{FONT}">'), f'<text x="10" y="20" font-size="14">Run timeline ({t1 - t0:.2f} s)</text>']
     for row, (worker, lane) in enumerate(sorted(workers.items())):
         y = TOP + row * LANE
         start, end = lane.get("start", t0), lane.get("end", t1)
@@ -86,7 +86,7 @@ def render(events: list[dict[str, Any]]) -> str:
         parts.append(f'<text x="{max(x(end), x(start) + 2) + 4:.1f}" y="{y + 16}" fill="#4a5568">{counts[worker]}</text>')
     colours = [MARKS[e["event"]][1] for e in events if e.get("event") in MARKS]
     lines = [x(e["t"]) for e in events if e.get("event") in MARKS]
-    for line_x, colour, (start, row, label) in zip(lines, colours, marks):
+    for line_x, colour, (start, row, label) in zip(lines, colours, marks, strict=True):
         label_y = lanes_end + 16 + MARK_ROW * row
         parts.append(f'<line x1="{line_x:.1f}" x2="{line_x:.1f}" y1="{TOP - 6}" y2="{label_y - FONT}" '
                      f'stroke="{colour}" stroke-dasharray="4 3"/>')
