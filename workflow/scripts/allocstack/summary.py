@@ -102,6 +102,11 @@ def error_lines(logs_dir: Path, run: str, since: float = 0.0) -> list[tuple[str,
     return list(found.items())
 
 
+def _n(value: Any) -> str:
+    """A count with thousands separators (anything else as it is)."""
+    return f"{value:,}" if isinstance(value, int) else str(value)
+
+
 def _seconds(value: float) -> str:
     return f"{value:.1f} s" if value < 120 else f"{value / 60:.1f} min"
 
@@ -125,7 +130,7 @@ def worker_line(records: RunRecords) -> str:
         if record.get("status") == "killed":
             parts.append(f"{name} killed ({record.get('signal', '?')})")
         else:
-            parts.append(f"{name} {record.get('tasksCompleted', 0)} tasks")
+            parts.append(f"{name} {_n(record.get('tasksCompleted', 0))} tasks")
     return f"{len(records.workers)}: " + ", ".join(parts) if parts else "none recorded"
 
 
@@ -143,7 +148,7 @@ def render_finished(records: RunRecords, *, failed: bool | None = None, wall_sec
     where = records.directory
     if not failed:
         count = marker.get("taskCount", "?") if isinstance(marker, dict) else "?"
-        lines = [f"allocstack: run {records.run} VERIFIED: {count} of {count} tasks correct"]
+        lines = [f"allocstack: run {records.run} VERIFIED: {_n(count)} of {_n(count)} tasks correct"]
     else:
         lines = [f"allocstack: run {records.run} FAILED" + ("" if records.exists else f": nothing was written to {where}/")]
         for line, path in (errors or [])[:5]:
@@ -151,9 +156,9 @@ def render_finished(records: RunRecords, *, failed: bool | None = None, wall_sec
         if errors is not None and not errors:
             lines.append("  no allocstack error line in this run's logs: see the failed job's log above")
     if isinstance(end, dict):
-        lines.append(f"  tasks       {end.get('resultCount', '?')} of {end.get('taskCount', '?')} done, "
-                     f"{len(end.get('failedTasks') or {})} failed; {end.get('expiredLeases', 0)} leases expired and "
-                     f"requeued; {end.get('restored', 0)} restored from the journal")
+        lines.append(f"  tasks       {_n(end.get('resultCount', '?'))} of {_n(end.get('taskCount', '?'))} done, "
+                     f"{_n(len(end.get('failedTasks') or {}))} failed; {_n(end.get('expiredLeases', 0))} leases expired "
+                     f"and requeued; {_n(end.get('restored', 0))} restored from the journal")
         if end.get("status") != "completed":
             lines.append(f"  coordinator ended {end.get('status')} ({end.get('reason')}): acknowledged results stay "
                          "in the journal; run the same command again to resume")
