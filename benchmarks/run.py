@@ -65,9 +65,10 @@ class Coordinator:
         self.gate = self.dir / "gate.json"  # written by run_warm() once every worker waits for it
 
     def peak_rss_mb(self) -> float:
-        for line in open(f"/proc/{self.proc.pid}/status"):
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) / 1024
+        with open(f"/proc/{self.proc.pid}/status") as status:
+            for line in status:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024
         return float("nan")
 
     def stop(self) -> dict:
@@ -87,7 +88,7 @@ def start_warm(coordinator: Coordinator, argvs: list[list[str]]) -> tuple[list[s
     """
     started = time.monotonic()
     logs = [coordinator.dir / f"worker-{i}.log" for i in range(len(argvs))]
-    procs = [subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=log.open("wb")) for argv, log in zip(argvs, logs)]
+    procs = [subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=log.open("wb")) for argv, log in zip(argvs, logs, strict=True)]
     pending = set(range(len(procs)))
     while pending:
         for i in list(pending):
@@ -206,9 +207,10 @@ def snakemake_overhead(runs: int) -> dict:
 
 
 def machine() -> str:
-    cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")),
-               "unknown CPU")
-    memory = next(int(line.split()[1]) for line in open("/proc/meminfo") if line.startswith("MemTotal")) / 2**20
+    cpuinfo = Path("/proc/cpuinfo").read_text().splitlines()
+    cpu = next((line.split(":", 1)[1].strip() for line in cpuinfo if line.startswith("model name")), "unknown CPU")
+    meminfo = Path("/proc/meminfo").read_text().splitlines()
+    memory = next(int(line.split()[1]) for line in meminfo if line.startswith("MemTotal")) / 2**20
     return f"{os.cpu_count()} CPUs ({cpu}), {memory:.0f} GiB, Python {sys.version.split()[0]}"
 
 
@@ -221,13 +223,13 @@ def plot(path: Path, throughput: list[tuple[str, float]], memory: list[tuple[int
     except ImportError:
         return False
     figure, (left, right) = plt.subplots(1, 2, figsize=(13, 5))
-    labels, rates = zip(*throughput)
-    left.barh(labels, rates, color=["#2b6cb0" if l.startswith("allocstack") else "#a0aec0" for l in labels])
+    labels, rates = zip(*throughput, strict=False)
+    left.barh(labels, rates, color=["#2b6cb0" if label.startswith("allocstack") else "#a0aec0" for label in labels])
     left.set_xscale("log")
     left.set_xlabel("no-op tasks per second (log scale)")
     left.set_title("Dispatch throughput")
     left.invert_yaxis()
-    counts, peaks, walls = zip(*memory)
+    counts, peaks, walls = zip(*memory, strict=False)
     right.loglog(counts, peaks, "o-", label="coordinator peak RSS (MB)")
     right.loglog(counts, walls, "s-", label="wall time (s)")
     right.set_xlabel("tasks")

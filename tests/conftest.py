@@ -28,7 +28,7 @@ def write_json(path: Path, document) -> Path:
 def run_script(name: str, *args: str, env: dict | None = None, timeout: float = 60, cwd: Path | None = None):
     return subprocess.run(
         [PYTHON, str(SCRIPTS / name), *map(str, args)],
-        capture_output=True, text=True, timeout=timeout, env={**os.environ, **(env or {})}, cwd=cwd,
+        capture_output=True, text=True, timeout=timeout, env={**os.environ, **(env or {})}, cwd=cwd, check=False
     )
 
 
@@ -42,7 +42,7 @@ class RunningCoordinator:
         self.results = tmp / "results.json"
         self.end_record = tmp / "end.json"
         self.journal = tmp / "state" / "journal.jsonl"
-        self.log = open(tmp / "coordinator.log", "w")
+        self.log = open(tmp / "coordinator.log", "w")  # noqa: SIM115  (the process's log, closed by stop())
         self.proc = subprocess.Popen(
             [PYTHON, str(SCRIPTS / "coordinator.py"), "--input", str(self.tasks_path), "--results", str(self.results),
              "--scratch", str(self.scratch), "--end-record", str(self.end_record), "--journal", str(self.journal),

@@ -12,7 +12,7 @@ from conftest import ROOT
 
 def test_readme_diagnostic_table_matches_the_code():
     readme = (ROOT / "README.md").read_text()
-    rows = dict(re.findall(r"^\| `([a-z-]+)` \| (\d+) \|", readme, flags=re.M))
+    rows = dict(re.findall(r"^\| `([a-z-]+)` \| (\d+) \|", readme, flags=re.MULTILINE))
     assert rows == {diag: str(code) for diag, (code, _) in DIAGNOSTICS.items()}
 
 

@@ -9,7 +9,6 @@ import subprocess
 import time
 from pathlib import Path
 
-
 from conftest import expected_for, make_tasks, pids_mentioning, write_json
 from workflow_helpers import SNAKEMAKE, snakemake
 
@@ -93,7 +92,7 @@ def test_coordinator_kill_9_then_rerun_resumes_from_the_journal(project):
     wait_for(lambda: journaled(project, "resume") >= 4)
     [coordinator] = component_pids(project, "coordinator.py")
     os.kill(coordinator, signal.SIGKILL)
-    output, _ = proc.communicate(timeout=200)
+    _output, _ = proc.communicate(timeout=200)
     assert proc.returncode != 0
     assert not (project / "results/resume/result.json").exists()
     done_before = journaled(project, "resume")

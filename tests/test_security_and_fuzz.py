@@ -145,15 +145,15 @@ def other_user():
 
 def as_user(user: str, code: str) -> subprocess.CompletedProcess:
     return subprocess.run(["runuser", "-u", user, "--", "/usr/bin/python3", "-c", code],
-                          capture_output=True, text=True, timeout=30, cwd="/")
+                          capture_output=True, text=True, timeout=30, cwd="/", check=False)
 
 
 def test_another_local_user_cannot_read_the_endpoint_claim_or_post(start_coordinator, other_user, tmp_path):
     # The scratch lives where any user could look (a shared /tmp): only its 0700/0600 modes protect it.
     shared = tmp_path / "shared"
     shared.mkdir()
-    os.chmod(tmp_path, 0o755)
-    os.chmod(shared, 0o1777)
+    os.chmod(tmp_path, 0o755)  # noqa: S103  (on purpose: another user must be able to look)
+    os.chmod(shared, 0o1777)  # noqa: S103  (a shared /tmp, as on a node)
     coordinator = start_coordinator(make_tasks(2), scratch=shared / "allocstack-0" / "run")
     endpoint, url = coordinator.endpoint_file, coordinator.url
     read = as_user(other_user, f"open({str(endpoint)!r}).read()")

@@ -67,7 +67,7 @@ def headless(browser: str, tmp_path, *args: str) -> subprocess.CompletedProcess:
         [browser, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
          "--disable-background-networking", "--disable-component-update", "--disable-sync",
          f"--user-data-dir={tmp_path / 'chromium-profile'}", "--virtual-time-budget=5000", *args],
-        capture_output=True, text=True, timeout=120)
+        capture_output=True, text=True, timeout=120, check=False)
 
 
 @pytest.mark.browser

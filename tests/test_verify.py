@@ -119,6 +119,6 @@ def test_verification_is_linear(tmp_path):
     expected = expected_for(tasks)
     results = {"schemaVersion": 1, "results": [{**r, "workerId": "w"} for r in expected["results"]]}
     started = time.monotonic()
-    done, marker = verify(tmp_path, tasks, expected, results)
+    done, _marker = verify(tmp_path, tasks, expected, results)
     assert done.returncode == 0, done.stderr
     assert time.monotonic() - started < 30

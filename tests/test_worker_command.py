@@ -85,7 +85,7 @@ def test_outputs_are_utf8_whatever_the_locale_and_bytes_that_are_not_fail_the_ta
 
 
 def test_task_timeout_counts_as_a_failure(start_coordinator, tmp_path):
-    coordinator, worker, verify = run_app(start_coordinator, tmp_path, ["slow", "alpha"], "--task-timeout", "0.5")
+    coordinator, _worker, verify = run_app(start_coordinator, tmp_path, ["slow", "alpha"], "--task-timeout", "0.5")
     end = json.loads(coordinator.end_record.read_text())
     assert end["failedTasks"] == {"t0": "timed out after 0.5 s"}
     assert verify.returncode == 65

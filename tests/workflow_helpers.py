@@ -32,5 +32,5 @@ def snakemake(workdir: Path, *args: str, timeout: float = 300, env: dict | None 
     environment = {**os.environ, "TMPDIR": str(workdir / "tmp"), **(env or {})}
     return subprocess.run(
         ["timeout", "-k", "10", str(timeout), SNAKEMAKE, *args],
-        cwd=workdir, capture_output=True, text=True, env=environment,
+        cwd=workdir, capture_output=True, text=True, env=environment, check=False
     )

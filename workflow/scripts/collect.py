@@ -56,7 +56,7 @@ def slurm_steps(job_id: str | None) -> list[dict[str, str]] | None:
         return None
     if done.returncode != 0:
         return None
-    return [dict(zip(STEP_FIELDS, line.split("|"))) for line in done.stdout.splitlines() if line]
+    return [dict(zip(STEP_FIELDS, line.split("|"), strict=False)) for line in done.stdout.splitlines() if line]
 
 
 def components(events: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:

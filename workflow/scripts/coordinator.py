@@ -30,28 +30,35 @@ from __future__ import annotations
 
 import asyncio
 import hmac
-from collections import deque
-from urllib.parse import parse_qs
 import os
 import secrets
 import shutil
 import signal
 import sys
 import time
+from collections import deque
 from pathlib import Path
 from typing import Any
+from urllib.parse import parse_qs
 
 from allocstack import SCHEMA_VERSION
-from allocstack.cli import ArgumentParser, non_negative_float, positive_float, positive_int, runtime_facts, scratch_defaults
+from allocstack.cli import (
+    ArgumentParser,
+    non_negative_float,
+    positive_float,
+    positive_int,
+    runtime_facts,
+    scratch_defaults,
+)
 from allocstack.endpoint import TUNNEL_PORT, tunnel_command, write_endpoint, write_service_file
 from allocstack.errors import EXIT_TEMPFAIL, AllocstackError, report
 from allocstack.events import append_event
 from allocstack.httpserver import HttpServer, Request, Response
-from allocstack.statuspage import PAGE
 from allocstack.journal import Journal, replay
-from allocstack.lifeline import launcher_alive, launcher_pid
 from allocstack.jsonio import atomic_write_json, sha256_file, sha256_text
+from allocstack.lifeline import launcher_alive, launcher_pid
 from allocstack.scratch import ensure_private_dir
+from allocstack.statuspage import PAGE
 from allocstack.taskboard import WORKER_ID_PATTERN, TaskBoard, fair_share
 from allocstack.taskset import load_tasks
 

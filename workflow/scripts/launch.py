@@ -39,7 +39,8 @@ from pathlib import Path
 from allocstack.cli import ArgumentParser, positive_int
 from allocstack.errors import AllocstackError, report
 from allocstack.jsonio import atomic_write_json
-from allocstack.lifeline import ENV as LIFELINE_ENV, forward_signals
+from allocstack.lifeline import ENV as LIFELINE_ENV
+from allocstack.lifeline import forward_signals
 from allocstack.scratch import ensure_private_dir, resolve_root, run_scratch
 
 
@@ -66,7 +67,7 @@ def container_prefix(image: str, apptainer_args: list[str], binds: list[str], en
         argv += ["--env", f"{name}={value}"]
     for path in dict.fromkeys(binds):  # same path inside as outside; de-duplicated, order kept
         argv += ["--bind", f"{path}:{path}"]
-    return argv + [image]
+    return [*argv, image]
 
 
 def job_end_time(environ: Mapping[str, str]) -> str | None:

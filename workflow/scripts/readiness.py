@@ -109,7 +109,7 @@ def command_check(argv: list[str], url: str) -> Check:
 
     def check(timeout: float) -> tuple[bool, str]:
         done = subprocess.run(argv, capture_output=True, encoding="utf-8", errors="replace", env=env,
-                              timeout=max(timeout, 1.0))
+                              timeout=max(timeout, 1.0), check=False)
         return done.returncode == 0, f"exit {done.returncode} {(done.stderr or done.stdout).strip()[-120:]}"
 
     return check

@@ -37,12 +37,12 @@ def render(status: dict[str, Any], url: str) -> str:
     state = "complete" if status.get("complete") else ("stopping" if status.get("draining") else "running")
     lines = [
         f"allocstack stack at {url}: {state}",
-        f"  tasks     {status['done']:>9,} done  {status['leased']:>7,} leased  {status['pending']:>9,} pending"
-        f"  {status.get('failed', 0):>5,} failed  of {status['total']:,}",
+        (f"  tasks     {status['done']:>9,} done  {status['leased']:>7,} leased  {status['pending']:>9,} pending"
+        f"  {status.get('failed', 0):>5,} failed  of {status['total']:,}"),
         f"  rate      {status['ratePerSecond']:>9,.0f} tasks/s (last 30 s), time left {eta}",
         f"  elapsed   {status['elapsedSeconds']:>9.1f} s, ready after {ready}",
-        f"  leases    {status['expiredLeases']:>9,} expired and requeued; {status.get('rejected', 0):,} results rejected;"
-        f" {status.get('restored', 0):,} restored from the journal",
+        (f"  leases    {status['expiredLeases']:>9,} expired and requeued; {status.get('rejected', 0):,} results rejected;"
+        f" {status.get('restored', 0):,} restored from the journal"),
         "  workers   claimed   completed  last seen",
     ]
     for worker, stats in status["workers"].items():

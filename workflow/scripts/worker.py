@@ -29,7 +29,15 @@ from typing import Any
 import requests
 
 from allocstack import SCHEMA_VERSION
-from allocstack.cli import ArgumentParser, argv_list, non_negative_float, positive_float, positive_int, runtime_facts, scratch_defaults
+from allocstack.cli import (
+    ArgumentParser,
+    argv_list,
+    non_negative_float,
+    positive_float,
+    positive_int,
+    runtime_facts,
+    scratch_defaults,
+)
 from allocstack.client import CoordinatorClient
 from allocstack.endpoint import app_environment, read_endpoint
 from allocstack.errors import EXIT_OK, EXIT_TEMPFAIL, AllocstackError, report
@@ -168,7 +176,7 @@ def work(client: CoordinatorClient, worker: str, handler: Handler, batch: int, w
             for position, task in enumerate(tasks, start=1):
                 try:
                     output = handler(task["id"], task["payload"])
-                except Exception as exc:  # a handler may raise anything: it is that task's failure, not ours
+                except Exception as exc:  # noqa: BLE001  (a handler may raise anything: that task's failure, not ours)
                     reason = str(exc) if isinstance(exc, TaskFailure) else f"{type(exc).__name__}: {exc}"
                     report_failure(client, worker, task["id"], reason, tally, log)
                     continue

@@ -16,8 +16,10 @@ WORD = re.compile(r"[a-z']+")
 
 
 def main() -> int:
-    tasks = json.load(open(os.environ["ALLOCSTACK_TASKS"]))["tasks"]
-    results = json.load(open(os.environ["ALLOCSTACK_RESULTS"]))["results"]
+    with open(os.environ["ALLOCSTACK_TASKS"], encoding="utf-8") as handle:
+        tasks = json.load(handle)["tasks"]
+    with open(os.environ["ALLOCSTACK_RESULTS"], encoding="utf-8") as handle:
+        results = json.load(handle)["results"]
     truth = Counter(word for task in tasks for word in WORD.findall(task["payload"]["text"].lower()))
     claimed: Counter = Counter()
     for result in results:

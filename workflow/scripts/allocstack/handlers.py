@@ -69,7 +69,7 @@ def command_handler(argv: list[str], timeout: float | None, scratch: str | None)
             env["ALLOCSTACK_PAYLOAD_FILE"], data = payload_file, ""
         try:
             # Bytes, not the locale's text: the protocol is UTF-8 whatever LANG says on the node.
-            done = subprocess.run(argv, input=data.encode("utf-8"), capture_output=True, timeout=timeout, env=env)
+            done = subprocess.run(argv, input=data.encode("utf-8"), capture_output=True, timeout=timeout, env=env, check=False)
         except subprocess.TimeoutExpired as exc:
             raise TaskFailure(f"timed out after {timeout:g} s") from exc
         except OSError as exc:

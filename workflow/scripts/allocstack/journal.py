@@ -76,6 +76,7 @@ class Journal:
         self._buffer: list[bytes] = []
         self._waiters: list[asyncio.Future[None]] = []
         self._flushing = False
+        self._flusher: asyncio.Task[None] | None = None  # held: the loop keeps only weak references to tasks
         self.fsyncs = 0
         self.records = 0
 
@@ -89,7 +90,7 @@ class Journal:
         self._waiters.append(waiter)
         if not self._flushing:
             self._flushing = True
-            loop.create_task(self._flush_loop())
+            self._flusher = loop.create_task(self._flush_loop())
         await waiter
 
     async def _flush_loop(self) -> None:

@@ -134,7 +134,7 @@ class TaskBoard:
             return Verdict(None, 400, "taskId is missing or malformed")
         unknown = set(result) - {"taskId", "workerId", "output", "sha256"}
         if unknown:
-            return Verdict(task_id, 400, f"unknown key {sorted(unknown)[0]!r}")
+            return Verdict(task_id, 400, f"unknown key {min(unknown)!r}")
         output, digest = result.get("output"), result.get("sha256")
         if not isinstance(output, str) or len(output) > MAX_OUTPUT_CHARS:
             return Verdict(task_id, 400, "output must be a string")
