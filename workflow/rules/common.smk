@@ -1,5 +1,6 @@
 # Helpers shared by the rules: names, paths and the component launch command.
 # No rules here.
+import getpass
 import importlib.util
 import json
 import logging
@@ -136,6 +137,35 @@ def largest_node_cpus():
         return None
 
 
+def allocstack_module(name):
+    """workflow/scripts/allocstack/NAME.py, loaded by its path (a standard-library-only module)."""
+    path = os.path.join(workflow.basedir, "workflow", "scripts", "allocstack", f"{name}.py")
+    spec = importlib.util.spec_from_file_location(f"allocstack_{name}", path)
+    loaded = sys.modules[spec.name] = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(loaded)
+    return loaded
+
+
+def check_cluster_settings(cpus):
+    """Refuse what Slurm would refuse or never run, before anything is submitted (one line).
+
+    An account that does not exist or that the user may not use, a partition that does not
+    exist, a runtime above the partition's MaxTime, memory above its largest node's.
+    """
+    slurm = allocstack_module("slurm")
+    resources = workflow.resource_settings.default_resources or {}
+    components = config["workers"] + 2 + (2 if config["service"]["command"] else 0)
+    submission = slurm.submission_from_resources(
+        {name: resource.raw for name, resource in resources.items()},
+        components=components,
+        cpus=cpus,
+        user=getpass.getuser(),
+    )
+    problem = slurm.submission_problem(submission, slurm.gather_facts(submission))
+    if problem is not None:
+        fail_config("config", f"default-resources {problem[1]}")
+
+
 def check_input_files():
     """A missing input file is one allocstack line naming the key, not Snakemake's MissingInputException.
 
@@ -165,6 +195,8 @@ def check_prerequisites():
             f"worker.cpus, plus coordinator.cpus) but {source} has {max_cpus}: the job "
             "would pend forever; lower workers (or set slurm.max_cpus)",
         )
+    if submits_to_slurm():
+        check_cluster_settings(needed)
     ready = config["service"]["readiness"]
     if (
         config["service"]["command"]

@@ -1,0 +1,307 @@
+"""What Slurm says, asked in one place: accounts, partitions and nodes, with their parsing.
+
+The calls (``sacctmgr``, ``scontrol``) run with a bound (:data:`QUERY_TIMEOUT`) and answer
+``None`` when a client is missing, fails or does not answer: a check that cannot ask Slurm
+says nothing rather than guessing. The parsing functions take the text the commands print,
+so they are tested on captured output.
+
+:func:`submission_problem` is the check the workflow runs before it submits anything: an
+account that does not exist or that the user may not use, a partition that does not exist,
+a runtime above the partition's MaxTime, memory above the largest node's. Each of these
+either hangs the Snakemake Slurm plugin (an invalid account) or leaves the job pending
+for ever (a time limit the partition refuses), so they are refused up front, in one line
+naming the profile key.
+
+Standard library only: the workflow (``common.smk``) loads this file directly.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+#: Seconds any one Slurm query may take: a controller that does not answer must not hang a run.
+QUERY_TIMEOUT = 15.0
+
+Query = Callable[[list[str]], "str | None"]
+
+
+def query(argv: list[str], timeout: float = QUERY_TIMEOUT) -> str | None:
+    """stdout of the Slurm client command ``argv``, or None if it is missing, fails or times out."""
+    try:
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return done.stdout if done.returncode == 0 else None
+
+
+# -- parsing ------------------------------------------------------------------------------
+
+UNLIMITED = {"UNLIMITED", "INFINITE", "NONE", "N/A", ""}
+
+
+def parse_minutes(text: str) -> int | None:
+    """Minutes in a Slurm time (``MaxTime``, ``--time``); None for UNLIMITED/INFINITE.
+
+    Slurm's forms: ``M``, ``M:S``, ``H:M:S``, ``D-H``, ``D-H:M``, ``D-H:M:S``. Seconds round up.
+
+    :raises ValueError: for text that is none of these.
+    """
+    text = text.strip()
+    if text.upper() in UNLIMITED:
+        return None
+    match = re.fullmatch(r"(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?", text)
+    if not match:
+        raise ValueError(f"not a Slurm time: {text!r}")
+    days, first, second, third = match.groups()
+    if days is not None:  # D-H[:M[:S]]
+        hours, minutes, seconds = int(first), int(second or 0), int(third or 0)
+    elif third is not None:  # H:M:S
+        hours, minutes, seconds = int(first), int(second), int(third)
+    else:  # M or M:S
+        hours, minutes, seconds = 0, int(first), int(second or 0)
+    return int(days or 0) * 1440 + hours * 60 + minutes + (1 if seconds else 0)
+
+
+def parse_megabytes(text: str) -> int | None:
+    """Megabytes in a Slurm memory value (``8000``, ``8000M``, ``8G``); None for UNLIMITED.
+
+    :raises ValueError: for text that is not a memory value.
+    """
+    text = text.strip()
+    if text.upper() in UNLIMITED:
+        return None
+    match = re.fullmatch(r"(\d+)([KMGT]?)", text.upper())
+    if not match:
+        raise ValueError(f"not a Slurm memory value: {text!r}")
+    factor = {"K": 1 / 1024, "": 1, "M": 1, "G": 1024, "T": 1024 * 1024}[match.group(2)]
+    return int(int(match.group(1)) * factor)
+
+
+def parse_record(line: str) -> dict[str, str]:
+    """One ``scontrol show ... -o`` line (``Key=Value Key=Value ...``) as a dict.
+
+    A value may contain spaces (``OS=Linux 6.1 #1 SMP``): a word without ``=`` belongs to
+    the value before it.
+    """
+    record: dict[str, str] = {}
+    key = None
+    for word in line.split():
+        name, sep, value = word.partition("=")
+        if sep and name and (name[0].isupper() or name[0].isdigit()) and " " not in name:
+            key = name
+            record[key] = value
+        elif key is not None:
+            record[key] += " " + word
+    return record
+
+
+def parse_column(text: str) -> list[str]:
+    """The first column of ``sacctmgr -n -P`` output, empty lines dropped, order kept."""
+    values = (line.split("|", 1)[0].strip() for line in text.splitlines())
+    return list(dict.fromkeys(value for value in values if value))
+
+
+@dataclass(frozen=True)
+class Partition:
+    name: str
+    max_time: int | None  # minutes; None = unlimited
+    max_mem_per_node: int | None  # MB; None = unlimited
+    default: bool = False  # where a job without --partition goes
+
+
+@dataclass(frozen=True)
+class Node:
+    name: str
+    real_memory: int  # MB
+    cpus: int
+    partitions: tuple[str, ...]
+
+
+def parse_partitions(text: str) -> dict[str, Partition]:
+    """``scontrol show partition -o``: every partition by name."""
+    found: dict[str, Partition] = {}
+    for line in text.splitlines():
+        record = parse_record(line)
+        if "PartitionName" not in record:
+            continue
+        found[record["PartitionName"]] = Partition(
+            name=record["PartitionName"],
+            max_time=parse_minutes(record.get("MaxTime", "UNLIMITED")),
+            max_mem_per_node=parse_megabytes(record.get("MaxMemPerNode", "UNLIMITED")),
+            default=record.get("Default") == "YES",
+        )
+    return found
+
+
+def parse_nodes(text: str) -> dict[str, Node]:
+    """``scontrol show node -o``: every node by name, with its memory, CPUs and partitions."""
+    found: dict[str, Node] = {}
+    for line in text.splitlines():
+        record = parse_record(line)
+        if "NodeName" not in record:
+            continue
+        found[record["NodeName"]] = Node(
+            name=record["NodeName"],
+            real_memory=parse_megabytes(record.get("RealMemory", "0")) or 0,
+            cpus=int(record.get("CPUTot", "0") or 0),
+            partitions=tuple(p for p in record.get("Partitions", "").split(",") if p),
+        )
+    return found
+
+
+# -- what a submission asks for, and what Slurm has -------------------------------------
+
+@dataclass(frozen=True)
+class Submission:
+    """The sbatch request of the stack's job, as the profile's default-resources give it."""
+
+    account: str | None
+    partition: str | None
+    runtime: int | None  # minutes
+    memory: int | None  # MB for the whole job
+    memory_detail: str = ""  # how ``memory`` was computed, for the message
+    user: str = ""
+    runtime_text: str = ""  # ``runtime`` as the profile spells it
+
+
+@dataclass
+class ClusterFacts:
+    """What Slurm answered; None where it could not be asked."""
+
+    accounts: list[str] | None = None  # every account in the accounting database
+    user_accounts: list[str] | None = None  # accounts the user has an association with
+    partitions: dict[str, Partition] | None = None
+    nodes: dict[str, Node] | None = None
+
+
+def gather_facts(submission: Submission, ask: Query = query) -> ClusterFacts:
+    """Ask Slurm only what ``submission`` needs checked (each query bounded, see :func:`query`)."""
+    facts = ClusterFacts()
+    if submission.account:
+        accounts = ask(["sacctmgr", "--noheader", "--parsable2", "show", "account", "format=account"])
+        associations = ask(["sacctmgr", "--noheader", "--parsable2", "show", "association",
+                            f"user={submission.user}", "format=account"])
+        facts.accounts = parse_column(accounts) if accounts is not None else None
+        facts.user_accounts = parse_column(associations) if associations is not None else None
+    if submission.partition or submission.runtime or submission.memory:
+        partitions = ask(["scontrol", "--oneliner", "show", "partition"])
+        facts.partitions = parse_partitions(partitions) if partitions is not None else None
+    if submission.memory:
+        nodes = ask(["scontrol", "--oneliner", "show", "node"])
+        facts.nodes = parse_nodes(nodes) if nodes is not None else None
+    return facts
+
+
+def submission_problem(submission: Submission, facts: ClusterFacts) -> tuple[str, str] | None:
+    """The first setting Slurm would refuse or never run, as (profile key, why); None if none.
+
+    Checked in this order: the account exists, the user may use it, the partition exists,
+    the runtime fits the partition's MaxTime, the memory fits the partition's largest node.
+    A fact Slurm did not give (None) skips its check.
+    """
+    account = submission.account
+    if account and facts.accounts is not None and facts.accounts:
+        yours = ", ".join(facts.user_accounts or []) or "none"
+        if account.lower() not in {a.lower() for a in facts.accounts}:
+            return "slurm_account", (f"slurm_account={account}: there is no such account in Slurm "
+                                     f"(accounts {submission.user} may use: {yours})")
+        if facts.user_accounts is not None and account.lower() not in {a.lower() for a in facts.user_accounts}:
+            return "slurm_account", (f"slurm_account={account}: the account exists but user {submission.user} "
+                                     f"has no association with it, so Slurm refuses the job "
+                                     f"(accounts {submission.user} may use: {yours})")
+    if facts.partitions is None:
+        return None
+    if submission.partition:
+        partition = facts.partitions.get(submission.partition)
+        if partition is None:
+            names = ", ".join(facts.partitions) or "none"
+            return "slurm_partition", (f"slurm_partition={submission.partition}: there is no such partition "
+                                       f"(partitions: {names})")
+    else:  # no slurm_partition: Slurm's default partition
+        partition = next((p for p in facts.partitions.values() if p.default), None)
+    if partition is None:
+        return None
+    if submission.runtime and partition.max_time is not None and submission.runtime > partition.max_time:
+        spelled = submission.runtime_text or str(submission.runtime)
+        minutes = "" if spelled == str(submission.runtime) else f" ({submission.runtime} minutes)"
+        return "runtime", (f"runtime={spelled}{minutes}: above the {partition.max_time}-minute MaxTime of "
+                           f"partition {partition.name}, so the job would pend for ever; lower runtime or "
+                           "choose another partition")
+    if submission.memory and facts.nodes is not None:
+        sizes = [node.real_memory for node in facts.nodes.values() if partition.name in node.partitions]
+        limit = max(sizes) if sizes else None
+        if partition.max_mem_per_node is not None:
+            limit = min(limit, partition.max_mem_per_node) if limit is not None else partition.max_mem_per_node
+        if limit is not None and submission.memory > limit:
+            return "mem_mb", (f"{submission.memory_detail or submission.memory} MB in one allocation, above the "
+                              f"{limit} MB of the largest node of partition {partition.name}; lower mem_mb "
+                              "(or workers)")
+    return None
+
+
+def as_int(value: object, parse: Callable[[str], int | None]) -> int | None:
+    """A default-resources value as an integer: an int, or text ``parse`` understands; else None."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    if isinstance(value, str):
+        try:
+            return parse(value.strip().strip("'\""))
+        except ValueError:
+            return None
+    return None
+
+
+def as_text(value: object) -> str | None:
+    """A default-resources value as plain text (quotes from a YAML or shell string removed)."""
+    if value is None:
+        return None
+    text = str(value).strip().strip("'\"")
+    return text or None
+
+
+RUNTIME_UNITS = {"s": 1 / 60, "m": 1, "min": 1, "h": 60, "d": 1440, "w": 10080}
+
+
+def parse_runtime(text: str) -> int:
+    """Minutes in a Snakemake ``runtime`` resource: ``90`` (minutes), ``90m``, ``1.5h``, ``2d``.
+
+    :raises ValueError: for anything else (an expression such as ``attempt * 60``).
+    """
+    match = re.fullmatch(r"(\d+(?:\.\d+)?)\s*([a-z]*)", text.strip().lower())
+    if not match or match.group(2) not in {"", *RUNTIME_UNITS}:
+        raise ValueError(f"not a runtime: {text!r}")
+    return round(float(match.group(1)) * RUNTIME_UNITS.get(match.group(2), 1))
+
+
+def parse_int(text: str) -> int:
+    """A plain integer (``mem_mb``). :raises ValueError: otherwise."""
+    return int(text)
+
+
+def submission_from_resources(resources: Mapping[str, object], components: int, cpus: int,
+                              user: str) -> Submission:
+    """The stack job's request from the profile's default-resources (raw values).
+
+    Snakemake sums ``mem_mb`` over the components that run at the same time (``components``)
+    and ``mem_mb_per_cpu`` over the job's CPUs; ``runtime`` is the stack's (collection and
+    verification declare 0). A value that is an expression (``attempt * 60``) is not checked.
+    """
+    runtime = as_int(resources.get("runtime"), parse_runtime)
+    per_component = as_int(resources.get("mem_mb"), parse_int)
+    per_cpu = as_int(resources.get("mem_mb_per_cpu"), parse_int)
+    memory, detail = None, ""
+    if per_component:
+        memory = per_component * components
+        detail = f"mem_mb={per_component} x {components} components running at once = {memory}"
+    elif per_cpu:
+        memory = per_cpu * cpus
+        detail = f"mem_mb_per_cpu={per_cpu} x {cpus} CPUs = {memory}"
+    return Submission(account=as_text(resources.get("slurm_account")),
+                      partition=as_text(resources.get("slurm_partition")),
+                      runtime=runtime, memory=memory, memory_detail=detail, user=user,
+                      runtime_text=as_text(resources.get("runtime")) or "")
