@@ -102,6 +102,22 @@ def pids_mentioning(text: str) -> list[int]:
     return found
 
 
+def pids_of_run(workdir: Path, *helpers: str) -> list[int]:
+    """PIDs of live processes of the run in ``workdir``: its path on their command line, or one of
+    ``helpers`` (say "Apptainer runtime parent") on their command line and the path in their
+    environment (every process of a test's run inherits TMPDIR=WORKDIR/tmp). Other runs on a shared
+    machine are not touched."""
+    found = set(pids_mentioning(str(workdir)))
+    for pid in {pid for helper in helpers for pid in pids_mentioning(helper)} - found:
+        try:
+            environment = Path(f"/proc/{pid}/environ").read_bytes()
+        except OSError:
+            continue
+        if str(workdir).encode() in environment:
+            found.add(pid)
+    return sorted(found)
+
+
 @pytest.fixture
 def project(tmp_path):
     """A fresh copy of the project to run Snakemake in; fails if any process of the run is left."""

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import SCRIPTS, make_tasks, pids_mentioning, write_json
+from conftest import SCRIPTS, make_tasks, pids_mentioning, pids_of_run, write_json
 from real_parts import require_apptainer
 from workflow_helpers import copy_project, snakemake
 
@@ -29,8 +29,7 @@ def image():
 def project(tmp_path, image):
     workdir = copy_project(tmp_path / "project")
     yield workdir
-    leftovers = [pid for needle in (str(workdir), "Apptainer runtime parent", "starter-suid", "squashfuse")
-                 for pid in pids_mentioning(needle)]
+    leftovers = pids_of_run(workdir, "Apptainer runtime parent", "starter-suid", "squashfuse")
     for pid in leftovers:
         os.kill(pid, signal.SIGKILL)
     assert not leftovers, f"processes left running: {leftovers}"

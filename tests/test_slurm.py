@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from conftest import expected_for, make_tasks, pids_mentioning, write_json
+from conftest import expected_for, make_tasks, pids_of_run, write_json
 from real_parts import require_apptainer, require_slurm
 from workflow_helpers import copy_project, snakemake
 
@@ -26,7 +26,7 @@ def cluster_project(tmp_path):
     image = require_apptainer()
     workdir = copy_project(tmp_path / "project")
     yield workdir, image
-    leftovers = [pid for needle in (str(workdir), "Apptainer runtime parent") for pid in pids_mentioning(needle)]
+    leftovers = pids_of_run(workdir, "Apptainer runtime parent")
     for pid in leftovers:
         os.kill(pid, signal.SIGKILL)
     assert not leftovers, f"processes of the run left on the node: {leftovers}"
@@ -40,6 +40,11 @@ def steps(job: str) -> dict[str, str]:
     listing = subprocess.run(["sacct", "-j", job, "--noheader", "--parsable2", "--format=JobID,JobName,State"],
                              capture_output=True, text=True, timeout=30, check=False).stdout
     return {name: state for _, name, state in (line.split("|") for line in listing.splitlines() if line)}
+
+
+def job_state(job: str) -> str:
+    return subprocess.run(["sacct", "-j", job, "-X", "--noheader", "--format=State"],
+                          capture_output=True, text=True, timeout=30).stdout.strip()
 
 
 def test_baseline_is_one_sbatch_job_with_a_step_per_component(cluster_project):
@@ -88,7 +93,8 @@ def test_time_limit_is_reported_nothing_is_left_and_a_rerun_succeeds(cluster_pro
         "simulate: {task_seconds: 2}\ncoordinator: {lease_seconds: 10, stop_claims_before_end: false}\n")
     (project / "config/long-rerun.yaml").write_text("workers: 4\nsimulate: {task_seconds: 0}\n")
     started = time.monotonic()
-    done = snakemake(project, "--profile", "profiles/slurm", *TEST_RESOURCES, "runtime=1",
+    # --retries 0: this test is about Slurm's limit ending the job and a rerun by hand.
+    done = snakemake(project, "--profile", "profiles/slurm", *TEST_RESOURCES, "runtime=1", "--retries", "0",
                      "--configfile", "config/long.yaml", "--config", f"image={image}", timeout=400)
     elapsed = time.monotonic() - started
     output = done.stdout + done.stderr
@@ -96,8 +102,7 @@ def test_time_limit_is_reported_nothing_is_left_and_a_rerun_succeeds(cluster_pro
     assert elapsed < 300, f"Snakemake took {elapsed:.0f} s to report the time limit"
     assert not (project / "results/long/result.json").exists()
     [job] = submitted_jobs(output)
-    state = subprocess.run(["sacct", "-j", job, "-X", "--noheader", "--format=State"],
-                           capture_output=True, text=True, timeout=30, check=False).stdout.strip()
+    state = job_state(job)
     assert state == "TIMEOUT", state
     slurm_logs = "".join(p.read_text() for p in (project / "logs/slurm").rglob("*.log"))
     assert "DUE TO TIME LIMIT" in slurm_logs
@@ -118,6 +123,49 @@ def test_time_limit_is_reported_nothing_is_left_and_a_rerun_succeeds(cluster_pro
     print(f"time limit reported after {elapsed:.0f} s; {acknowledged} results kept and resumed")
 
 
+COUNTING_PROGRAM = """import json, os, sys, time
+payload = json.load(sys.stdin)
+time.sleep(1)
+with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "computed.log"), "a") as log:
+    log.write(os.environ["ALLOCSTACK_TASK_ID"] + "\\n")
+sys.stdout.write(payload["message"] * payload["repeat"])
+"""
+
+
+def test_work_longer_than_one_allocation_finishes_in_one_command(cluster_project):
+    """runtime 1 minute, 2.75 minutes of work (165 one-second tasks, 3 workers): one snakemake command.
+
+    One lease before each allocation ends the coordinator stops handing out work; the workers
+    finish what they hold; the job fails as incomplete and the profile's retries submit the stack
+    again, which resumes from the journal. The worker program logs every task it computes.
+    """
+    project, image = cluster_project
+    tasks = make_tasks(165)  # at most ~150 fit in the first allocation
+    write_json(project / "inputs/multi.json", tasks)
+    write_json(project / "expected/multi.json", expected_for(tasks))
+    program_dir = project / "program"
+    program_dir.mkdir()
+    (program_dir / "count.py").write_text(COUNTING_PROGRAM)
+    (project / "config/multi.yaml").write_text(
+        "tasks: inputs/multi.json\nexpected: expected/multi.json\nrun: multi\nworkers: 3\n"
+        f"worker: {{command: [python3, {program_dir / 'count.py'}]}}\n"
+        f"apptainer: {{binds: [{program_dir}]}}\ncoordinator: {{lease_seconds: 10}}\n")
+    done = snakemake(project, "--profile", "profiles/slurm", *TEST_RESOURCES, "runtime=1",
+                     "--configfile", "config/multi.yaml", "--config", f"image={image}", timeout=900)
+    output = done.stdout + done.stderr
+    assert done.returncode == 0, output[-4000:]
+    assert json.loads((project / "results/multi/result.json").read_text())["status"] == "success"
+    jobs = submitted_jobs(output)
+    assert len(jobs) >= 2, jobs
+    end = json.loads((project / "results/multi/coordinator.json").read_text())
+    computed = sum(json.loads(p.read_text())["tasksCompleted"] for p in (project / "results/multi/workers").glob("*.json"))
+    assert end["restored"] > 0 and end["restored"] + computed == 165, (end["restored"], computed)
+    log = (program_dir / "computed.log").read_text().split()
+    assert sorted(log) == sorted(task["id"] for task in tasks["tasks"])  # each task computed exactly once
+    states = {job: job_state(job) for job in jobs}
+    print(f"{len(jobs)} allocations: {states}; restored {end['restored']}, computed last {computed}")
+
+
 def test_more_workers_than_the_node_has_cpus_is_refused_up_front(cluster_project):
     project, image = cluster_project
     done = snakemake(project, "--profile", "profiles/slurm", *TEST_RESOURCES, "--config", "workers=40",
@@ -126,6 +174,25 @@ def test_more_workers_than_the_node_has_cpus_is_refused_up_front(cluster_project
     assert done.returncode != 0
     assert "allocstack: error [config]: workers=40 needs 41 CPUs" in output
     assert not submitted_jobs(output)
+
+
+@pytest.mark.parametrize("settings, words", [
+    (["slurm_account=allocstack-no-such"], "slurm_account=allocstack-no-such: there is no such account"),
+    (["slurm_account=allocstack-other"], "slurm_account=allocstack-other: the account exists but user"),
+    (["slurm_partition=allocstack-no-such"], "slurm_partition=allocstack-no-such: there is no such partition"),
+    (["slurm_partition=short", "runtime=10"], "runtime=10: above the 5-minute MaxTime of partition short"),
+    (["mem_mb=3000"], "mem_mb=3000 x 4 components running at once = 12000 MB in one allocation, above the"),
+])
+def test_wrong_cluster_settings_are_refused_before_anything_is_submitted(cluster_project, settings, words):
+    """The test cluster has account allocstack-other (root has no association) and partition short (5 minutes)."""
+    project, image = cluster_project
+    done = snakemake(project, "--profile", "profiles/slurm", *TEST_RESOURCES, "runtime=5", *settings,
+                     "--config", f"image={image}", timeout=120)
+    output = done.stdout + done.stderr
+    assert done.returncode != 0
+    lines = [line for line in output.splitlines() if "allocstack: error" in line]
+    assert len(lines) == 1 and f"allocstack: error [config]: default-resources {words}" in lines[0], output[-3000:]
+    assert not submitted_jobs(output) and not (project / "results").exists()
 
 
 @pytest.mark.parametrize("configfile, run", [

@@ -21,7 +21,8 @@ def test_worker_claims_until_done_in_batches(start_coordinator, tmp_path):
                       "--gate-record", gate_record(tmp_path), "--record", record)
     assert done.returncode == 0, done.stderr
     summary = json.loads(record.read_text())
-    assert summary["tasksCompleted"] == 50 and summary["claims"] <= 50 // 8 + 2
+    # One task first (it measures the pace), then batches of 8, then the claim that says done.
+    assert summary["tasksCompleted"] == 50 and summary["claims"] <= 1 + -(-49 // 8) + 1
     assert coordinator.stop() == 0
     assert len(json.loads(coordinator.results.read_text())["results"]) == 50
 
@@ -118,3 +119,28 @@ def test_a_proxy_in_the_environment_never_sees_loopback_traffic(start_coordinato
     assert done.returncode == 0, done.stderr
     assert "worker-01: done: 5 tasks" in done.stdout
     assert coordinator.stop() == 0
+
+
+def test_a_claim_holds_at_most_half_a_lease_of_work():
+    from worker import claim_size
+
+    assert claim_size(64, 60, None) == 1  # the first claim measures the pace
+    assert claim_size(64, 60, 0.001) == 64  # fast tasks: the whole batch
+    assert claim_size(64, 10, 1.0) == 5  # 1-s tasks, 10-s lease: 5 s of work in hand
+    assert claim_size(64, 10, 30.0) == 1  # a task longer than a lease: one at a time (heartbeats keep it)
+    assert claim_size(8, 60, 0.0) == 8
+
+
+def test_a_worker_told_to_stop_ends_cleanly_and_says_why(start_coordinator, tmp_path):
+    """Claims stop one lease before the allocation ends: the worker exits 0 with status 'stopped', so
+    Snakemake does not kill its peers while they finish what they hold; verification fails the run."""
+    coordinator = start_coordinator(make_tasks(3), "--lease-seconds", "30", "--stop-claims-at", str(time.time() + 10))
+    record = tmp_path / "w.json"
+    done = run_script("worker.py", "--worker-id", "worker-01", "--scratch", coordinator.scratch,
+                      "--gate-record", gate_record(tmp_path), "--record", record)
+    assert done.returncode == 0, done.stderr
+    assert "stopping: the coordinator stopped the run (less than one lease remains" in done.stderr
+    summary = json.loads(record.read_text())
+    assert summary["status"].startswith("stopped: less than one lease remains") and summary["tasksCompleted"] == 0
+    assert coordinator.stop() == 75
+    assert json.loads(coordinator.end_record.read_text())["status"] == "incomplete"

@@ -7,6 +7,7 @@ import logging
 import os
 import shlex
 import shutil
+import socket
 import subprocess
 import sys
 import time
@@ -166,6 +167,30 @@ def check_cluster_settings(cpus):
         fail_config("config", f"default-resources {problem[1]}")
 
 
+def check_allocation_host():
+    """Inside an allocation you hold (``salloc``, then snakemake): Snakemake must run on its node.
+
+    The components are job steps that talk over loopback, pinned to the node launch.py runs
+    on; run from a login node they would be placed elsewhere and never meet. Inside a job
+    step (the plugin's job, ``srun --pty``) Slurm names the node: nothing to check.
+    """
+    job = os.environ.get("SLURM_JOB_ID")
+    if not job or os.environ.get("SLURMD_NODENAME") or not config["slurm"]["job_steps"]:
+        return
+    nodes = allocstack_module("slurm").allocation_nodes(
+        os.environ.get("SLURM_JOB_NODELIST", "")
+    )
+    host = socket.gethostname().split(".")[0]
+    if nodes is not None and host not in nodes:
+        fail_config(
+            "prerequisite",
+            f"inside allocation {job} (node(s) {', '.join(nodes)}) but on host {host}: the stack's "
+            "job steps talk over loopback on one node, so run snakemake there: "
+            f"srun --jobid {job} --overlap --pty bash, then the same snakemake command "
+            "(or set slurm.job_steps: false)",
+        )
+
+
 def check_input_files():
     """A missing input file is one allocstack line naming the key, not Snakemake's MissingInputException.
 
@@ -197,6 +222,7 @@ def check_prerequisites():
         )
     if submits_to_slurm():
         check_cluster_settings(needed)
+    check_allocation_host()
     ready = config["service"]["readiness"]
     if (
         config["service"]["command"]

@@ -4,6 +4,10 @@
 # results.json and its end record. A coordinator that crashed writes no end
 # record, so the run fails (Snakemake never checks a service's exit status).
 # Its log is stderr; progress lines also go to stdout, i.e. Snakemake's output.
+# The shell creates the service file before anything else: Snakemake starts the
+# consumers right after and re-checks a missing service file only once a second,
+# while srun + Apptainer + Python take about that long to start the coordinator
+# (which rewrites the file with its pid). The gate does the real wait.
 
 
 rule serve_coordinator:
@@ -42,7 +46,7 @@ rule serve_coordinator:
             else "--stop-claims-at 0"
         ),
     shell:
-        "exec {params.launch} {input.script} --input {input.tasks:q} "
+        ": > {output.service}; exec {params.launch} {input.script} --input {input.tasks:q} "
         "--results {output.results} --end-record {output.end_record} "
         "--service-file {output.service} --journal {params.journal:q} "
         "--workers {params.workers} --max-attempts {params.attempts} --lease-seconds {params.lease} --idle-timeout {params.idle} "

@@ -2,6 +2,7 @@
 # (Compose: another service the workers depend on), run like the coordinator -
 # a service job on loopback with a published endpoint and token - and its own
 # readiness gate. Workers consume it too, so it lives until they are done.
+# Its service file is created first thing, as the coordinator's is (coordinator.smk).
 
 
 if config["service"]["command"]:
@@ -23,7 +24,7 @@ if config["service"]["command"]:
             launch=launch("app"),
             command=command_option(config["service"]["command"]),
         shell:
-            "exec {params.launch} {input.script} --service-file {output.service} "
+            ": > {output.service}; exec {params.launch} {input.script} --service-file {output.service} "
             "{params.command} > {log} 2>&1"
 
     rule await_app_readiness:

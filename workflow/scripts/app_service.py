@@ -23,7 +23,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from allocstack.cli import ArgumentParser, argv_list
+from allocstack.cli import ArgumentParser, argv_list, run
 from allocstack.endpoint import app_environment, write_endpoint, write_service_file
 from allocstack.errors import AllocstackError, report
 from allocstack.events import append_event
@@ -88,4 +88,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run(main))

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from allocstack import SCHEMA_VERSION
-from allocstack.cli import ArgumentParser
+from allocstack.cli import ArgumentParser, run
 from allocstack.errors import EXIT_OK, AllocstackError, report
 from allocstack.events import read_events
 from allocstack.jsonio import atomic_write_json, atomic_write_text, read_json
@@ -116,4 +116,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run(main))

@@ -44,11 +44,14 @@ from urllib.parse import parse_qs
 from allocstack import SCHEMA_VERSION
 from allocstack.cli import (
     ArgumentParser,
+    echo,
     non_negative_float,
     positive_float,
     positive_int,
+    run,
     runtime_facts,
     scratch_defaults,
+    silence_stdout,
 )
 from allocstack.endpoint import TUNNEL_PORT, tunnel_command, write_endpoint, write_service_file
 from allocstack.errors import EXIT_TEMPFAIL, AllocstackError, report
@@ -349,15 +352,18 @@ class Coordinator:
         eta = f"{s['etaSeconds']:.0f} s" if s["etaSeconds"] is not None else "-"
         line = (f"coordinator: progress {s['done']}/{s['total']} done, {s['leased']} leased, "
                 f"{s['ratePerSecond']:.0f} tasks/s, eta {eta}")
-        if not self.live:
-            print(line, flush=True)
+        if not self.live:  # a closed terminal pipe (| head, a killed tee) drops the line, never the coordinator
+            echo(line)
         print(line, file=sys.stderr, flush=True)
 
     def draw_live(self, final: bool = False) -> None:
         """The live one-line progress on a terminal, redrawn in place (the final one ends the line)."""
         width = shutil.get_terminal_size((100, 24)).columns - 1  # a wrapped line could not be redrawn
-        sys.stdout.write("\r\033[K" + live_line(self.summary(), self.args.workers)[:width] + ("\n" if final else ""))
-        sys.stdout.flush()
+        try:
+            sys.stdout.write("\r\033[K" + live_line(self.summary(), self.args.workers)[:width] + ("\n" if final else ""))
+            sys.stdout.flush()
+        except BrokenPipeError:  # the terminal went away: the line is lost, never the coordinator
+            silence_stdout()
 
     def tunnel_hint(self, port: int) -> str:
         """How to reach the status page from a laptop: the coordinator listens on the node's loopback only."""
@@ -421,7 +427,7 @@ class Coordinator:
             self.draw_live(final=True)
         line = (f"coordinator: {end['status']} ({reason}), {end['resultCount']}/{end['taskCount']} results, "
                 f"{self.journal.fsyncs} journal fsyncs")
-        print(line, flush=True)
+        echo(line)
         print(line, file=sys.stderr, flush=True)
         return end
 
@@ -539,4 +545,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run(main))

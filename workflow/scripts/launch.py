@@ -30,13 +30,14 @@ import os
 import shlex
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
 from collections.abc import Mapping
 from pathlib import Path
 
-from allocstack.cli import ArgumentParser, positive_int
+from allocstack.cli import ArgumentParser, positive_int, run
 from allocstack.errors import AllocstackError, report
 from allocstack.jsonio import atomic_write_json
 from allocstack.lifeline import ENV as LIFELINE_ENV
@@ -86,6 +87,16 @@ def job_end_time(environ: Mapping[str, str]) -> str | None:
     return str(int(end))
 
 
+def this_node(environ: Mapping[str, str]) -> str:
+    """The allocation's node this launcher runs on, for pinning the component's step.
+
+    Inside a job step Slurm sets $SLURMD_NODENAME; in an allocation's own shell (``salloc``,
+    then snakemake on the node) it does not, and the host's short name is the node's
+    (the workflow has checked that this host is one of the allocation's nodes).
+    """
+    return environ.get("SLURMD_NODENAME") or socket.gethostname().split(".")[0]
+
+
 def build_argv(args, scratch: Path | None, environ: Mapping[str, str]) -> list[str]:
     script = Path(args.command[0]).absolute()
     python = "python3" if args.image else sys.executable
@@ -105,7 +116,7 @@ def build_argv(args, scratch: Path | None, environ: Mapping[str, str]) -> list[s
             env["ALLOCSTACK_SCRATCH"] = str(scratch)
         argv = container_prefix(args.image, args.apptainer_arg, binds, env) + argv
     if args.job_steps and environ.get("SLURM_JOB_ID"):
-        argv = step_prefix(args.component, args.cpus, args.step_arg, environ.get("SLURMD_NODENAME")) + argv
+        argv = step_prefix(args.component, args.cpus, args.step_arg, this_node(environ)) + argv
     return argv
 
 
@@ -214,4 +225,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run(main))

@@ -28,7 +28,7 @@ from urllib.parse import urlsplit
 import requests
 
 from allocstack import SCHEMA_VERSION
-from allocstack.cli import ArgumentParser, argv_list, positive_float, runtime_facts
+from allocstack.cli import ArgumentParser, argv_list, positive_float, run, runtime_facts
 from allocstack.client import loopback_session
 from allocstack.endpoint import read_endpoint, require_loopback
 from allocstack.errors import EXIT_OK, AllocstackError, report
@@ -233,4 +233,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run(main))

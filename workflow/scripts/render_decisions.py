@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from allocstack.cli import ArgumentParser
+from allocstack.cli import ArgumentParser, run
 from allocstack.errors import EXIT_OK
 from allocstack.jsonio import atomic_write_text
 
@@ -59,4 +59,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run(main))

@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from allocstack.cli import ArgumentParser
+from allocstack.cli import ArgumentParser, run
 from allocstack.endpoint import TUNNEL_PORT, read_endpoint, read_view_token, tunnel_command
 from allocstack.errors import EXIT_OK, AllocstackError, report
 from allocstack.scratch import resolve_root, run_scratch
@@ -164,4 +164,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run(main))

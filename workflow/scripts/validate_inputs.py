@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 from allocstack import SCHEMA_VERSION
-from allocstack.cli import ArgumentParser, positive_int
+from allocstack.cli import ArgumentParser, positive_int, run
 from allocstack.errors import EXIT_OK, AllocstackError, report
 from allocstack.handlers import check_baseline_payload
 from allocstack.jsonio import atomic_write_json, check_sidecar, sha256_file
@@ -68,4 +68,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run(main))

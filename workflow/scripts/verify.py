@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from allocstack import SCHEMA_VERSION
-from allocstack.cli import ArgumentParser, argv_list
+from allocstack.cli import ArgumentParser, argv_list, run
 from allocstack.errors import EXIT_OK, AllocstackError, report
 from allocstack.events import gate_precedes_workers, read_events
 from allocstack.jsonio import atomic_write_json, read_json, sha256_file, sha256_text
@@ -159,4 +159,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run(main))

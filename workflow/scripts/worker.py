@@ -10,14 +10,19 @@ A task whose handler fails (the built-in one, or ``--command-json``, the user's
 program run once per task) is reported to the coordinator, which hands it out
 again until it has failed ``max_attempts`` times; the worker goes on.
 
-Exit codes: 0 all tasks done (or failed for good); 64 bad arguments; 69 the
-coordinator could not be reached; 75 the coordinator stopped the run (draining)
-or the wait bound was hit; 77 the token was refused.
+Each claim asks for at most ``--batch`` tasks, and no more than half a lease of work
+at the pace measured so far: work in hand always fits in a lease.
+
+Exit codes: 0 all tasks done (or failed for good), or the coordinator stopped the run
+(the allocation ends, or it is draining: the record says "stopped: REASON"); 64 bad
+arguments; 69 the coordinator could not be reached; 75 the wait bound was hit;
+77 the token was refused; 130 Ctrl-C.
 """
 
 from __future__ import annotations
 
 import os
+import signal
 import sys
 import threading
 import time
@@ -30,11 +35,13 @@ import requests
 
 from allocstack import SCHEMA_VERSION
 from allocstack.cli import (
+    EXIT_INTERRUPTED,
     ArgumentParser,
     argv_list,
     non_negative_float,
     positive_float,
     positive_int,
+    run,
     runtime_facts,
     scratch_defaults,
 )
@@ -155,14 +162,35 @@ def report_failure(client: CoordinatorClient, worker: str, task_id: str, reason:
     log(f"task {task_id}: {outcome}")
 
 
+def claim_size(batch: int, lease: float, seconds_per_task: float | None) -> int:
+    """How many tasks to claim: ``batch``, but no more than half a lease of work at the pace so far.
+
+    Work in hand then always fits in a lease; and when the coordinator stops claims because
+    less than one lease remains in the allocation, every worker finishes what it holds before
+    the allocation ends, so no result is computed and then lost with it. The first claim asks
+    for one task, which measures the pace.
+    """
+    if seconds_per_task is None:
+        return 1
+    if seconds_per_task <= 0:
+        return batch
+    return max(1, min(batch, int(lease / 2 / seconds_per_task)))
+
+
 def work(client: CoordinatorClient, worker: str, handler: Handler, batch: int, wait_timeout: float,
-         connect_timeout: float, tally: Tally, log: Callable[[str], None]) -> str:
-    """Claim and run tasks until the coordinator says done (returns "done") or stop (raises)."""
+         connect_timeout: float, tally: Tally, log: Callable[[str], None], lease: float = 60.0) -> str:
+    """Claim and run tasks until the coordinator says done ("done") or stop ("stopped: REASON").
+
+    :raises AllocstackError: ``worker-exit`` when no work comes within ``wait_timeout`` or the
+        coordinator answers something unexpected.
+    """
     results: list[dict[str, Any]] = []
     waited_since: float | None = None
+    busy, ran = 0.0, 0  # seconds spent in the handler, and tasks run: the pace
     while True:
         results = post_large(client, worker, results, tally, log)
-        reply = claim_with_retry(client, worker, batch, results, connect_timeout)
+        wanted = claim_size(batch, lease, busy / ran if ran else None)
+        reply = claim_with_retry(client, worker, wanted, results, connect_timeout)
         tally.claims += 1
         count(reply, tally, log)
         results = []
@@ -174,12 +202,15 @@ def work(client: CoordinatorClient, worker: str, handler: Handler, batch: int, w
             tally.current, tally.batch_started = ids, time.monotonic()
             flushed = time.monotonic()
             for position, task in enumerate(tasks, start=1):
+                began = time.monotonic()
                 try:
                     output = handler(task["id"], task["payload"])
                 except Exception as exc:  # noqa: BLE001  (a handler may raise anything: that task's failure, not ours)
                     reason = str(exc) if isinstance(exc, TaskFailure) else f"{type(exc).__name__}: {exc}"
                     report_failure(client, worker, task["id"], reason, tally, log)
                     continue
+                finally:
+                    busy, ran = busy + time.monotonic() - began, ran + 1
                 results.append(make_result(task, output))
                 if position < len(tasks) and time.monotonic() - flushed > FLUSH_SECONDS:
                     try:  # a slow batch: acknowledge what is done now (the last result rides on the next claim)
@@ -199,7 +230,12 @@ def work(client: CoordinatorClient, worker: str, handler: Handler, batch: int, w
         elif status == "done":
             return "done"
         elif status == "stop":
-            raise AllocstackError("worker-exit", f"the coordinator stopped the run: {reply.get('reason', 'draining')}")
+            # Not a failure of this worker: it did all it was given. Exiting 0 lets the other
+            # workers finish what they hold (Snakemake kills a group when one member fails); the
+            # coordinator's end record says the run is incomplete, and verification fails it.
+            reason = reply.get("reason", "the coordinator is draining")
+            log(f"stopping: the coordinator stopped the run ({reason})")
+            return f"stopped: {reason}"
         else:
             raise AllocstackError("worker-exit", f"unexpected claim answer {str(reply)[:200]}")
 
@@ -288,12 +324,17 @@ def main(argv: list[str] | None = None) -> int:
             else:
                 handler = lambda _task_id, payload: baseline(payload)  # noqa: E731
             handler = simulated(handler, args.simulate_seconds)
-            work(client, worker, handler, args.batch, args.wait_timeout, args.connect_timeout, tally, log)
+            status = work(client, worker, handler, args.batch, args.wait_timeout, args.connect_timeout, tally, log,
+                          args.lease_seconds)
         finally:
             heartbeat.stopped.set()
             client.close()
     except AllocstackError as error:
         status, code = error.diag, report(error)
+    except KeyboardInterrupt:  # Ctrl-C: one line, no traceback; what is acknowledged is in the journal
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        log("interrupted (SIGINT)")
+        status, code = "interrupted", EXIT_INTERRUPTED
     ended = time.time()
     append_event(args.events, "worker-end", worker=worker, status=status, completed=tally.completed, exitCode=code)
     if args.record and code == EXIT_OK:
@@ -308,4 +349,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run(main))

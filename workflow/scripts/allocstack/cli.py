@@ -6,8 +6,10 @@ import argparse
 import json
 import os
 import platform
+import signal
 import socket
 import sys
+from collections.abc import Callable
 from typing import Any, NoReturn
 
 from .errors import EXIT_USAGE
@@ -82,3 +84,57 @@ def runtime_facts() -> dict[str, Any]:
         "slurmJobId": os.environ.get("SLURM_JOB_ID"),
         "slurmStepId": os.environ.get("SLURM_STEP_ID"),
     }
+
+
+#: Exit code of a component ended by Ctrl-C (SIGINT), as a shell reports it: 128 + 2.
+EXIT_INTERRUPTED = 130
+
+
+def silence_stdout() -> None:
+    """Point stdout at /dev/null: its reader is gone (``| head`` exited, ``tee`` was killed)."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):
+        pass
+    finally:
+        os.close(devnull)
+
+
+def echo(line: str) -> None:
+    """Print ``line`` on stdout; if nobody reads stdout any more, drop it and carry on.
+
+    A long-running component (the coordinator's progress lines) must not die because the
+    terminal's pipe closed: the line is lost, the run is not.
+    """
+    try:
+        print(line, flush=True)
+    except BrokenPipeError:
+        silence_stdout()
+
+
+def run(main: Callable[[], int]) -> int:
+    """A component's entry point: ``main()``, ending quietly on Ctrl-C and on a closed stdout.
+
+    Ctrl-C reaches every process in the terminal's process group: a component ends with one
+    line and exit code 130 instead of a traceback (a second Ctrl-C during that is ignored).
+    A stdout whose reader is gone is pointed at /dev/null, also for the final flush at exit.
+    """
+    name = os.path.basename(sys.argv[0]) or "allocstack"
+    try:
+        code = main()
+    except KeyboardInterrupt:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        try:
+            print(f"allocstack: {name}: interrupted (SIGINT)", file=sys.stderr, flush=True)
+        except OSError:
+            pass
+        code = EXIT_INTERRUPTED
+    except BrokenPipeError:
+        silence_stdout()
+        code = 0
+    try:
+        sys.stdout.flush()
+    except BrokenPipeError:
+        silence_stdout()
+    return code

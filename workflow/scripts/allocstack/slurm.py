@@ -305,3 +305,16 @@ def submission_from_resources(resources: Mapping[str, object], components: int, 
                       partition=as_text(resources.get("slurm_partition")),
                       runtime=runtime, memory=memory, memory_detail=detail, user=user,
                       runtime_text=as_text(resources.get("runtime")) or "")
+
+
+# -- an allocation you already hold (salloc) --------------------------------------------
+
+def allocation_nodes(nodelist: str, ask: Query = query) -> list[str] | None:
+    """The node names of an allocation's ``$SLURM_JOB_NODELIST`` (``node[01-03]``), via scontrol.
+
+    None when there is no nodelist or scontrol cannot expand it.
+    """
+    if not nodelist:
+        return None
+    expanded = ask(["scontrol", "show", "hostnames", nodelist])
+    return expanded.split() if expanded is not None else None
