@@ -9,6 +9,8 @@ import subprocess
 import time
 from pathlib import Path
 
+import pytest
+
 from conftest import expected_for, make_tasks, pids_mentioning, write_json
 from workflow_helpers import SNAKEMAKE, snakemake
 
@@ -108,3 +110,50 @@ def test_coordinator_kill_9_then_rerun_resumes_from_the_journal(project):
     assert computed == 16 - done_before  # acknowledged results were not computed again
     assert json.loads((project / "results/resume/result.json").read_text())["status"] == "success"
     assert not (project / "state/resume/journal.jsonl").exists()
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
+def test_an_interrupted_run_resumes_with_the_same_command(project, signum):
+    """Ctrl-C (SIGINT to the terminal's whole process group) or SIGTERM to it (a session or batch system
+    ending) mid-run, then exactly the same command: Snakemake reruns what it left incomplete
+    (rerun-incomplete in the default profile) and the coordinator restores what the journal holds.
+    No component prints a traceback."""
+    config = slow_run(project, "stopped", tasks=24, seconds=0.3)
+    command = [SNAKEMAKE, "--cores", "4", "--configfile", str(config)]
+    env = {**os.environ, "TMPDIR": str(project / "tmp")}
+    proc = subprocess.Popen(command, cwd=project, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env=env, start_new_session=True)  # its own process group, as in a terminal
+    try:
+        wait_for(lambda: journaled(project, "stopped") >= 4)
+        os.killpg(proc.pid, signum)
+        output, _ = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode != 0
+    assert not (project / "results/stopped/result.json").exists()
+    logs = {path: path.read_text() for path in (project / "logs").rglob("*.log")}
+    assert not [path for path, text in logs.items() if "Traceback" in text], output[-3000:]
+    assert f"stopping (signal:{signum.name})" in logs[project / "logs/serve_coordinator/stopped.log"]
+    done_before = journaled(project, "stopped")
+
+    rerun = subprocess.run(command, cwd=project, capture_output=True, text=True, env=env, timeout=300)
+    assert rerun.returncode == 0, (rerun.stdout + rerun.stderr)[-3000:]
+    end = json.loads((project / "results/stopped/coordinator.json").read_text())
+    assert 4 <= end["restored"] == done_before < 24
+    assert json.loads((project / "results/stopped/result.json").read_text())["status"] == "success"
+
+
+def test_a_closed_stdout_never_crashes_the_coordinator(project):
+    """`snakemake ... | head`: the coordinator's progress lines go to Snakemake's stdout, whose reader is gone.
+    The lines are dropped; the coordinator keeps serving, expiring leases and printing to its log."""
+    config = slow_run(project, "piped", tasks=12, seconds=0.5)
+    reader_gone = subprocess.Popen([SNAKEMAKE, "--cores", "4", "--configfile", str(config)], cwd=project,
+                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                   env={**os.environ, "TMPDIR": str(project / "tmp")})
+    reader_gone.stdout.close()  # like `| head` after its lines: nobody reads stdout any more
+    _, errors = reader_gone.communicate(timeout=300)
+    assert reader_gone.returncode == 0, errors[-3000:]
+    log = (project / "logs/serve_coordinator/piped.log").read_text()
+    assert "Traceback" not in log and "coordinator: progress" in log
+    assert "coordinator: completed (all tasks done), 12/12 results" in log
