@@ -13,7 +13,7 @@ import pytest
 
 from conftest import expected_for, make_tasks, pids_of_run, write_json
 from real_parts import require_apptainer, require_slurm
-from workflow_helpers import copy_project, snakemake
+from workflow_helpers import SNAKEMAKE, copy_project, snakemake
 
 pytestmark = [pytest.mark.slurm, pytest.mark.apptainer]
 # The test cluster's account and partition, layered over the real profile's values.
@@ -222,3 +222,41 @@ def test_gpus_requested_reach_the_sbatch_line(cluster_project):
     call = next(line for line in output.splitlines() if line.startswith("sbatch call:"))
     assert "--gpus=2" in call, call  # 2 workers x 1 GPU; the coordinator, gate and verifier get none
     assert not submitted_jobs(output)
+
+
+def test_inside_an_allocation_you_hold_the_stack_runs_as_job_steps(cluster_project):
+    """`salloc`, then `snakemake --cores N --sdm apptainer`: no sbatch, no status polling; each
+    component is a job step of the allocation, as under the profile."""
+    project, image = cluster_project
+    command = ["timeout", "-k", "10", "300", "salloc", "--account=allocstack", "--partition=debug", "--nodes=1",
+               "--cpus-per-task=4", "--mem=2000", "--time=5", SNAKEMAKE, "--cores", "4", "--sdm", "apptainer",
+               "--config", f"image={image}"]
+    done = subprocess.run(command, cwd=project, capture_output=True, text=True,
+                          env={**os.environ, "TMPDIR": str(project / "tmp")})
+    output = done.stdout + done.stderr
+    assert done.returncode == 0, output[-4000:]
+    [job] = re.findall(r"Granted job allocation (\d+)", output)
+    assert not submitted_jobs(output) and "SLURM run ID" not in output  # the Slurm executor plugin is not used
+    assert json.loads((project / "results/baseline/result.json").read_text())["status"] == "success"
+    for _ in range(20):  # accounting records a step when it ends
+        job_steps = steps(job)
+        if {"coordinator", "readiness", "worker-01", "worker-02", "verify"} <= set(job_steps):
+            break
+        time.sleep(0.5)
+    for name in ("coordinator", "readiness", "worker-01", "worker-02", "verify"):
+        assert job_steps.get(name) == "COMPLETED", job_steps
+    provenance = json.loads((project / "results/baseline/provenance.json").read_text())
+    assert provenance["slurm"]["jobId"] == job
+    assert all(component["slurmJobId"] == job for component in provenance["components"].values())
+
+
+def test_inside_an_allocation_snakemake_must_run_on_its_node(cluster_project):
+    """An allocation held from another host (say salloc on a login node): refused in one line."""
+    project, image = cluster_project
+    done = snakemake(project, "--cores", "4", "--dry-run", "--sdm", "apptainer", "--config", f"image={image}",
+                     env={"SLURM_JOB_ID": "424242", "SLURM_JOB_NODELIST": "elsewhere[01-02]"}, timeout=120)
+    output = done.stdout + done.stderr
+    assert done.returncode != 0
+    assert ("allocstack: error [prerequisite]: inside allocation 424242 (node(s) elsewhere01, elsewhere02) but on "
+            "host") in output, output[-2000:]
+    assert "srun --jobid 424242 --overlap --pty bash" in output
