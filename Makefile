@@ -24,7 +24,7 @@ lint: $(STAMP)
 # Benchmarks (prints a table, writes benchmarks/output/benchmarks.png); needs Dask and matplotlib.
 bench: $(STAMP)
 	$(VENV)/bin/pip install --quiet --disable-pip-version-check -r benchmarks/requirements.txt
-	$(VENV)/bin/python benchmarks/run.py
+	. tests/cluster/env.sh && $(VENV)/bin/python benchmarks/run.py
 
 venv: $(STAMP)
 

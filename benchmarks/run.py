@@ -13,8 +13,14 @@
 2. Coordinator peak memory (VmHWM) and wall time from 1,000 to 1,000,000 tasks.
 3. ``snakemake --cores 4`` on the baseline against Snakemake's own floor (a
    one-rule workflow), and the gate latency from the run's events.jsonl.
+4. ``cluster``, when the Slurm test cluster and the test image are there
+   (tests/cluster/prepare.sh): the baseline through ``--profile profiles/slurm``
+   against a one-rule workflow through the same profile, and where the seconds go:
+   the queue, the Snakemake plugin's batch step, the Snakemake it starts inside the
+   job, the stack, collection and verification, the job's end, the plugin's polling.
 
 Numbers are measurements, not assertions: targets are printed beside them.
+``--parts cluster`` runs only part 4 (about 2 minutes).
 """
 
 from __future__ import annotations
@@ -206,6 +212,126 @@ def snakemake_overhead(runs: int) -> dict:
     return {key: statistics.median(values) for key, values in results.items()}
 
 
+CLUSTER_RUNS = 3
+IMAGE = os.environ.get("ALLOCSTACK_TEST_IMAGE", "/opt/allocstack-apptainer/images/allocstack-test.sif")
+
+
+def cluster_missing() -> str | None:
+    """Why the cluster part cannot run here, or None."""
+    if shutil.which("sbatch") is None or shutil.which("apptainer") is None:
+        return "no Slurm client or apptainer on PATH (as root: tests/cluster/prepare.sh; . tests/cluster/env.sh)"
+    if subprocess.run(["sinfo"], capture_output=True, timeout=20).returncode != 0:
+        return "no Slurm controller answers (tests/cluster/slurm.sh start)"
+    if not os.path.exists(IMAGE + ".sha256"):
+        return f"no test image at {IMAGE} (tests/cluster/prepare.sh builds it)"
+    return None
+
+
+def slurm_epoch(text: str) -> float | None:
+    """Epoch seconds of a sacct time (local time, whole seconds), None for Unknown/None."""
+    try:
+        return time.mktime(time.strptime(text, "%Y-%m-%dT%H:%M:%S"))
+    except ValueError:
+        return None
+
+
+def sacct_times(job: str, steps: set[str]) -> dict[str, dict[str, float | None]]:
+    """The job's and its steps' Submit/Start/End by step name ("job", "batch", "python3", "coordinator", ...),
+    once accounting has the job's end and ``steps``."""
+    for _ in range(40):  # slurmdbd records a step when it ends
+        listing = subprocess.run(["sacct", "-j", job, "--noheader", "--parsable2",
+                                  "--format=JobID,JobName,Submit,Start,End,State"],
+                                 capture_output=True, text=True, timeout=30).stdout
+        rows = [line.split("|") for line in listing.splitlines() if line]
+        found = {("job" if jobid == job else name): {"submit": slurm_epoch(submit), "start": slurm_epoch(start),
+                                                    "end": slurm_epoch(end)}
+                 for jobid, name, submit, start, end, state in rows}
+        if found.get("job", {}).get("end") and steps <= set(found):
+            return found
+        time.sleep(0.5)
+    return found
+
+
+def profile_run(workdir: Path, *extra: str) -> dict[str, float | str]:
+    """``snakemake --profile profiles/slurm`` in ``workdir``: wall time, submission time, the Slurm job id."""
+    command = [SNAKEMAKE, "--profile", "profiles/slurm", "--config", f"image={IMAGE}", *extra]
+    started = time.time()
+    proc = subprocess.Popen(["timeout", "-k", "10", "300", *command], cwd=workdir, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, env={**os.environ, "TMPDIR": str(workdir)})
+    submitted, job = None, ""
+    for line in proc.stdout:
+        if "submitted with SLURM jobid" in line and submitted is None:
+            submitted, job = time.time(), line.split("SLURM jobid")[1].split()[0]
+    if proc.wait() != 0 or not job:
+        raise RuntimeError(f"snakemake --profile profiles/slurm failed in {workdir}")
+    return {"started": started, "submitted": submitted, "ended": time.time(), "job": job}
+
+
+def median_table(rows: dict[str, list[float]]) -> dict[str, float]:
+    return {key: statistics.median(values) for key, values in rows.items() if values}
+
+
+def cluster_overhead(runs: int) -> tuple[dict[str, float], dict[str, float]]:
+    """The baseline and the one-rule floor through the Slurm profile: medians of each phase."""
+    baseline: dict[str, list[float]] = {}
+    floor: dict[str, list[float]] = {}
+    for _ in range(runs):
+        work = Path(tempfile.mkdtemp(prefix="allocstack-bench-slurm-"))
+        for part in ("Snakefile", "workflow", "config", "inputs", "expected", "profiles"):
+            source = ROOT / part
+            (shutil.copytree if source.is_dir() else shutil.copy2)(source, work / part)
+        run = profile_run(work)
+        times = sacct_times(run["job"], {"python3", "verify"})
+        job, inner = times["job"], times["python3"]
+        events = [json.loads(line) for line in (work / "results/baseline/events.jsonl").read_text().splitlines()]
+        first = {e["event"]: e["t"] for e in reversed(events)}
+        last_worker = max(e["t"] for e in events if e["event"] == "worker-end")
+        verified = times["verify"]["end"]  # result.json's mtime is the outer Snakemake's touch
+        phases = {
+            "command -> exit": run["ended"] - run["started"],
+            "submission -> exit": run["ended"] - run["submitted"],
+            "in the job (sacct Elapsed)": job["end"] - job["start"],
+            "command -> submission": run["submitted"] - run["started"],
+            "queue (sacct Submit -> Start)": job["start"] - job["submit"],
+            "job start -> Snakemake step in the job starts": inner["start"] - job["start"],
+            "that step starts -> coordinator listening": first["coordinator-listening"] - inner["start"],
+            "coordinator listening -> gate passed": first["gate-passed"] - first["coordinator-listening"],
+            "gate passed -> last worker done": last_worker - first["gate-passed"],
+            "last worker done -> verified (group end, collect, verify)": verified - last_worker,
+            "verified -> Snakemake step in the job ends": inner["end"] - verified,
+            "that step ends -> job ends": job["end"] - inner["end"],
+            "job ends -> Snakemake exits (status polling)": run["ended"] - job["end"],
+        }
+        for key, value in phases.items():
+            baseline.setdefault(key, []).append(value)
+        one_rule = work / "floor"
+        one_rule.mkdir()
+        (one_rule / "Snakefile").write_text('rule all:\n    output: "done.txt"\n    shell: "touch {output}"\n')
+        shutil.copytree(ROOT / "profiles", one_rule / "profiles")
+        run = profile_run(one_rule)
+        times = sacct_times(run["job"], {"python3"})
+        floor.setdefault("command -> exit", []).append(run["ended"] - run["started"])
+        floor.setdefault("submission -> exit", []).append(run["ended"] - run["submitted"])
+        floor.setdefault("in the job (sacct Elapsed)", []).append(times["job"]["end"] - times["job"]["start"])
+        floor.setdefault("job ends -> Snakemake exits (status polling)", []).append(run["ended"] - times["job"]["end"])
+        shutil.rmtree(work, ignore_errors=True)
+    return median_table(baseline), median_table(floor)
+
+
+def print_cluster(runs: int) -> None:
+    missing = cluster_missing()
+    if missing:
+        print(f"\ncluster part skipped: {missing}")
+        return
+    baseline, floor = cluster_overhead(runs)
+    print(f"\n| Slurm profile, test cluster (median of {runs}; sacct times are whole seconds) | baseline | "
+          "one-rule floor | target |\n|---|---|---|---|")
+    targets = {"submission -> exit": "<= 13", "in the job (sacct Elapsed)": "<= 5"}
+    for key, value in baseline.items():
+        other = f"{floor[key]:.2f}" if key in floor else ""
+        print(f"| {key} | {value:.2f} | {other} | {targets.get(key, '')} |")
+
+
 def machine() -> str:
     cpuinfo = Path("/proc/cpuinfo").read_text().splitlines()
     cpu = next((line.split(":", 1)[1].strip() for line in cpuinfo if line.startswith("model name")), "unknown CPU")
@@ -247,8 +373,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="smaller sizes (a smoke run, ~1 minute)")
     parser.add_argument("--batch", type=int, default=256, help="the batch size k compared with batch 1")
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "output")
+    parser.add_argument("--parts", nargs="+", choices=("local", "cluster"), default=["local", "cluster"],
+                        help="local: throughput, memory, Snakemake overhead; cluster: the Slurm profile")
     args = parser.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
+    if "local" not in args.parts:
+        print(f"machine: {machine()}", flush=True)
+        print_cluster(1 if args.quick else CLUSTER_RUNS)
+        return 0
     sizes = (2_000, 10_000) if args.quick else (10_000, 100_000)
     scale = (1_000, 10_000, 50_000) if args.quick else (1_000, 10_000, 100_000, 1_000_000)
     throughput: list[tuple[str, float]] = []
@@ -292,6 +424,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"| difference | {overhead['baseline'] - overhead['floor']:.2f} | <= 2 |")
     print(f"| coordinator listening -> gate passed | {overhead['listening_to_gate']:.3f} | |")
     print(f"| gate passed -> first claim | {overhead['gate_to_claim']:.3f} | < 0.5 |")
+    if "cluster" in args.parts:
+        print_cluster(1 if args.quick else CLUSTER_RUNS)
     if plot(args.out / "benchmarks.png", throughput, memory):
         print(f"\nplot: {args.out / 'benchmarks.png'}")
     return 0

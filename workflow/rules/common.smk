@@ -140,7 +140,9 @@ def largest_node_cpus():
 
 def allocstack_module(name):
     """workflow/scripts/allocstack/NAME.py, loaded by its path (a standard-library-only module)."""
-    path = os.path.join(workflow.basedir, "workflow", "scripts", "allocstack", f"{name}.py")
+    path = os.path.join(
+        workflow.basedir, "workflow", "scripts", "allocstack", f"{name}.py"
+    )
     spec = importlib.util.spec_from_file_location(f"allocstack_{name}", path)
     loaded = sys.modules[spec.name] = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(loaded)

@@ -16,6 +16,7 @@ import shutil
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -91,6 +92,11 @@ def main(argv: list[str] | None = None) -> int:
             raise AllocstackError("prerequisite", f"no events in {args.scratch / 'events.jsonl'}: did the stack run?")
         atomic_write_text(args.events_out, "".join(json.dumps(e, sort_keys=True) + "\n" for e in events), 0o644)
         summary = read_json(args.inputs_summary, "inputs summary", diag="prerequisite")
+        job = os.environ.get("SLURM_JOB_ID")
+        with ThreadPoolExecutor(max_workers=3) as pool:  # three client programs at once: this runs in the job
+            slurm_version = pool.submit(tool_version, ["sinfo", "--version"]) if job else None
+            steps = pool.submit(slurm_steps, job)
+            apptainer = pool.submit(tool_version, ["apptainer", "--version"]) if summary.get("image") else None
         atomic_write_json(args.provenance_out, {
             "schemaVersion": SCHEMA_VERSION,
             "collectedAt": time.time(),
@@ -99,12 +105,12 @@ def main(argv: list[str] | None = None) -> int:
             "image": summary.get("image"),
             "imageSha256": summary.get("imageSha256"),
             "slurm": {
-                "version": tool_version(["sinfo", "--version"]) if os.environ.get("SLURM_JOB_ID") else None,
-                "jobId": os.environ.get("SLURM_JOB_ID"),
+                "version": slurm_version.result() if slurm_version else None,
+                "jobId": job,
                 "node": os.environ.get("SLURMD_NODENAME"),
-                "steps": slurm_steps(os.environ.get("SLURM_JOB_ID")),
+                "steps": steps.result(),
             },
-            "apptainer": tool_version(["apptainer", "--version"]) if summary.get("image") else None,
+            "apptainer": apptainer.result() if apptainer else None,
             "components": components(events),
         }, 0o644)
         if not args.keep_scratch:
