@@ -173,3 +173,16 @@ def test_the_stack_jobs_request_from_default_resources(resources, expected):
 @pytest.mark.parametrize("text, minutes", [("90", 90), ("90m", 90), ("1.5h", 90), ("2d", 2880), ("30s", 0)])
 def test_snakemake_runtimes_in_minutes(text, minutes):
     assert slurm.parse_runtime(text) == minutes
+
+
+def test_an_allocations_nodes_come_from_scontrol():
+    asked = []
+
+    def fake(argv):
+        asked.append(argv)
+        return "node01\nnode02\n"
+
+    assert slurm.allocation_nodes("node[01-02]", fake) == ["node01", "node02"]
+    assert asked == [["scontrol", "show", "hostnames", "node[01-02]"]]
+    assert slurm.allocation_nodes("", fake) is None and len(asked) == 1
+    assert slurm.allocation_nodes("node01", lambda argv: None) is None

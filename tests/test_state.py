@@ -148,3 +148,17 @@ def test_launch_passes_gpu_and_slurm_context_into_the_image(tmp_path):
     assert "CUDA_VISIBLE_DEVICES=0,1" in inner and "SLURM_JOB_ID=7" in inner and "SECRET=no" not in inner
     assert f"{tmp_path}:{tmp_path}" in inner and "/data:/data" in inner
     assert inner[inner.index("/img.sif") + 1:] [:1] == ["python3"]
+
+
+def test_launch_pins_the_step_to_the_node_it_runs_on(tmp_path):
+    """Inside a job step Slurm names the node; in an allocation's own shell (salloc) it is this host."""
+    import socket
+
+    import launch
+
+    args = launch.parse_args(["--component=coordinator", "--run=r", "--job-steps", "--", "coordinator.py"])
+    in_step = launch.build_argv(args, tmp_path, {"SLURM_JOB_ID": "7", "SLURMD_NODENAME": "node042"})
+    assert "--nodelist=node042" in in_step[:in_step.index("--cpus-per-task=1")]
+    in_salloc = launch.build_argv(args, tmp_path, {"SLURM_JOB_ID": "7"})
+    assert f"--nodelist={socket.gethostname().split('.')[0]}" in in_salloc
+    assert launch.build_argv(args, tmp_path, {})[0] != "srun"  # outside Slurm: a plain process
