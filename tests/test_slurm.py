@@ -42,6 +42,19 @@ def steps(job: str) -> dict[str, str]:
     return {name: state for _, name, state in (line.split("|") for line in listing.splitlines() if line)}
 
 
+COMPONENTS = ("coordinator", "readiness", "worker-01", "worker-02", "verify")
+
+
+def assert_a_completed_step_per_component(job: str) -> None:
+    for _ in range(20):  # accounting records a step when it ends; give slurmdbd a moment
+        job_steps = steps(job)
+        if set(COMPONENTS) <= set(job_steps):
+            break
+        time.sleep(0.5)
+    for name in COMPONENTS:
+        assert job_steps.get(name) == "COMPLETED", job_steps
+
+
 def job_state(job: str) -> str:
     return subprocess.run(["sacct", "-j", job, "-X", "--noheader", "--format=State"],
                           capture_output=True, text=True, timeout=30).stdout.strip()
@@ -58,13 +71,7 @@ def test_baseline_is_one_sbatch_job_with_a_step_per_component(cluster_project):
     marker = json.loads((project / "results/baseline/result.json").read_text())
     assert marker["status"] == "success" and marker["taskCount"] == 4
     [job] = submitted_jobs(output)  # exactly one sbatch job for the whole stack
-    for _ in range(20):  # accounting records a step when it ends; give slurmdbd a moment
-        job_steps = steps(job)
-        if {"coordinator", "readiness", "worker-01", "worker-02", "verify"} <= set(job_steps):
-            break
-        time.sleep(0.5)
-    for name in ("coordinator", "readiness", "worker-01", "worker-02", "verify"):
-        assert job_steps.get(name) == "COMPLETED", job_steps
+    assert_a_completed_step_per_component(job)
     provenance = json.loads((project / "results/baseline/provenance.json").read_text())
     assert provenance["slurm"]["jobId"] == job and provenance["slurm"]["node"]
     assert provenance["slurm"]["version"].startswith("slurm")
@@ -238,13 +245,7 @@ def test_inside_an_allocation_you_hold_the_stack_runs_as_job_steps(cluster_proje
     [job] = re.findall(r"Granted job allocation (\d+)", output)
     assert not submitted_jobs(output) and "SLURM run ID" not in output  # the Slurm executor plugin is not used
     assert json.loads((project / "results/baseline/result.json").read_text())["status"] == "success"
-    for _ in range(20):  # accounting records a step when it ends
-        job_steps = steps(job)
-        if {"coordinator", "readiness", "worker-01", "worker-02", "verify"} <= set(job_steps):
-            break
-        time.sleep(0.5)
-    for name in ("coordinator", "readiness", "worker-01", "worker-02", "verify"):
-        assert job_steps.get(name) == "COMPLETED", job_steps
+    assert_a_completed_step_per_component(job)
     provenance = json.loads((project / "results/baseline/provenance.json").read_text())
     assert provenance["slurm"]["jobId"] == job
     assert all(component["slurmJobId"] == job for component in provenance["components"].values())

@@ -120,36 +120,28 @@ class Node:
     partitions: tuple[str, ...]
 
 
+def parse_records(text: str, key: str) -> dict[str, dict[str, str]]:
+    """Every ``scontrol show ... -o`` record of ``text`` that has ``key``, by its value."""
+    records = (parse_record(line) for line in text.splitlines())
+    return {record[key]: record for record in records if key in record}
+
+
 def parse_partitions(text: str) -> dict[str, Partition]:
     """``scontrol show partition -o``: every partition by name."""
-    found: dict[str, Partition] = {}
-    for line in text.splitlines():
-        record = parse_record(line)
-        if "PartitionName" not in record:
-            continue
-        found[record["PartitionName"]] = Partition(
-            name=record["PartitionName"],
-            max_time=parse_minutes(record.get("MaxTime", "UNLIMITED")),
-            max_mem_per_node=parse_megabytes(record.get("MaxMemPerNode", "UNLIMITED")),
-            default=record.get("Default") == "YES",
-        )
-    return found
+    return {name: Partition(name=name,
+                            max_time=parse_minutes(record.get("MaxTime", "UNLIMITED")),
+                            max_mem_per_node=parse_megabytes(record.get("MaxMemPerNode", "UNLIMITED")),
+                            default=record.get("Default") == "YES")
+            for name, record in parse_records(text, "PartitionName").items()}
 
 
 def parse_nodes(text: str) -> dict[str, Node]:
     """``scontrol show node -o``: every node by name, with its memory, CPUs and partitions."""
-    found: dict[str, Node] = {}
-    for line in text.splitlines():
-        record = parse_record(line)
-        if "NodeName" not in record:
-            continue
-        found[record["NodeName"]] = Node(
-            name=record["NodeName"],
-            real_memory=parse_megabytes(record.get("RealMemory", "0")) or 0,
-            cpus=int(record.get("CPUTot", "0") or 0),
-            partitions=tuple(p for p in record.get("Partitions", "").split(",") if p),
-        )
-    return found
+    return {name: Node(name=name,
+                       real_memory=parse_megabytes(record.get("RealMemory", "0")) or 0,
+                       cpus=int(record.get("CPUTot", "0") or 0),
+                       partitions=tuple(p for p in record.get("Partitions", "").split(",") if p))
+            for name, record in parse_records(text, "NodeName").items()}
 
 
 # -- what a submission asks for, and what Slurm has -------------------------------------
