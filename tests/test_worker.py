@@ -143,4 +143,5 @@ def test_a_worker_told_to_stop_ends_cleanly_and_says_why(start_coordinator, tmp_
     summary = json.loads(record.read_text())
     assert summary["status"].startswith("stopped: less than one lease remains") and summary["tasksCompleted"] == 0
     assert coordinator.stop() == 75
-    assert json.loads(coordinator.end_record.read_text())["status"] == "incomplete"
+    end = json.loads(coordinator.end_record.read_text())  # says why, not just "signal:SIGTERM"
+    assert end["status"] == "incomplete" and end["reason"] == "less than one lease remains before the allocation ends"

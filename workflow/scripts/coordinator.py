@@ -66,6 +66,7 @@ from allocstack.taskboard import WORKER_ID_PATTERN, TaskBoard, fair_share
 from allocstack.taskset import load_tasks
 
 WAIT_HINT_SECONDS = 0.1
+ALLOCATION_ENDING = "less than one lease remains before the allocation ends"
 MAX_CLAIM_BATCH = 10_000
 LIVE_INTERVAL = 0.5
 
@@ -104,6 +105,7 @@ class Coordinator:
         self.first_claims: set[str] = set()
         self.reservation: tuple[int, float] | None = None  # (tasks held back per waiting worker, until)
         self.outcome_written = False
+        self.allocation_ending = False
         self.progress: deque[tuple[float, int]] = deque()
         self.history: deque[tuple[float, int]] = deque(maxlen=1800)
         # A person watches a terminal: a live line instead of a line every 5 s (the log keeps those).
@@ -193,7 +195,8 @@ class Coordinator:
         if self.draining:
             return "the coordinator is draining"
         if self.args.stop_claims_at and time.time() + self.args.lease_seconds > self.args.stop_claims_at:
-            return "less than one lease remains before the allocation ends"
+            self.allocation_ending = True
+            return ALLOCATION_ENDING
         return ""
 
     async def claim(self, request: Request) -> Response:
@@ -453,8 +456,8 @@ class Coordinator:
             os.unlink(self.args.endpoint_file)
         except FileNotFoundError:
             pass
-        if not self.outcome_written:
-            self.write_outcome(self.stop_reason)
+        if not self.outcome_written:  # why the run is incomplete: the allocation's end, if claims stopped for it
+            self.write_outcome(ALLOCATION_ENDING if self.allocation_ending else self.stop_reason)
         print(f"coordinator: stopped ({self.stop_reason})", file=sys.stderr, flush=True)
         return 0 if self.board.complete else EXIT_TEMPFAIL
 
