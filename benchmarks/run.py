@@ -220,7 +220,7 @@ def cluster_missing() -> str | None:
     """Why the cluster part cannot run here, or None."""
     if shutil.which("sbatch") is None or shutil.which("apptainer") is None:
         return "no Slurm client or apptainer on PATH (as root: tests/cluster/prepare.sh; . tests/cluster/env.sh)"
-    if subprocess.run(["sinfo"], capture_output=True, timeout=20).returncode != 0:
+    if subprocess.run(["sinfo"], capture_output=True, timeout=20, check=False).returncode != 0:
         return "no Slurm controller answers (tests/cluster/slurm.sh start)"
     if not os.path.exists(IMAGE + ".sha256"):
         return f"no test image at {IMAGE} (tests/cluster/prepare.sh builds it)"
@@ -241,7 +241,7 @@ def sacct_times(job: str, steps: set[str]) -> dict[str, dict[str, float | None]]
     for _ in range(40):  # slurmdbd records a step when it ends
         listing = subprocess.run(["sacct", "-j", job, "--noheader", "--parsable2",
                                   "--format=JobID,JobName,Submit,Start,End,State"],
-                                 capture_output=True, text=True, timeout=30).stdout
+                                 capture_output=True, text=True, timeout=30, check=False).stdout
         rows = [line.split("|") for line in listing.splitlines() if line]
         found = {("job" if jobid == job else name): {"submit": slurm_epoch(submit), "start": slurm_epoch(start),
                                                     "end": slurm_epoch(end)}

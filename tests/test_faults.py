@@ -137,7 +137,7 @@ def test_an_interrupted_run_resumes_with_the_same_command(project, signum):
     assert f"stopping (signal:{signum.name})" in logs[project / "logs/serve_coordinator/stopped.log"]
     done_before = journaled(project, "stopped")
 
-    rerun = subprocess.run(command, cwd=project, capture_output=True, text=True, env=env, timeout=300)
+    rerun = subprocess.run(command, cwd=project, capture_output=True, text=True, env=env, timeout=300, check=False)
     assert rerun.returncode == 0, (rerun.stdout + rerun.stderr)[-3000:]
     end = json.loads((project / "results/stopped/coordinator.json").read_text())
     assert 4 <= end["restored"] == done_before < 24

@@ -45,17 +45,18 @@ def scripts_dir():
 SCRIPTS = scripts_dir()
 
 
-def load_errors_module():
-    """workflow/scripts/allocstack/errors.py: the diagnostic ids and exit codes, one place for all."""
+def allocstack_module(name):
+    """workflow/scripts/allocstack/NAME.py, loaded by its path (a module that needs only the
+    standard library): errors.py (the diagnostic ids and exit codes), slurm.py (Slurm's answers)."""
     spec = importlib.util.spec_from_file_location(
-        "allocstack_errors", os.path.join(SCRIPTS, "allocstack", "errors.py")
+        f"allocstack_{name}", os.path.join(SCRIPTS, "allocstack", f"{name}.py")
     )
     loaded = sys.modules[spec.name] = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(loaded)
     return loaded
 
 
-ERRORS = load_errors_module()
+ERRORS = allocstack_module("errors")
 
 
 def fail_config(diag, message):
@@ -136,17 +137,6 @@ def largest_node_cpus():
         return max(int(cpus.rstrip("+")) for cpus in listing.split())
     except (OSError, subprocess.TimeoutExpired, ValueError):
         return None
-
-
-def allocstack_module(name):
-    """workflow/scripts/allocstack/NAME.py, loaded by its path (a standard-library-only module)."""
-    path = os.path.join(
-        workflow.basedir, "workflow", "scripts", "allocstack", f"{name}.py"
-    )
-    spec = importlib.util.spec_from_file_location(f"allocstack_{name}", path)
-    loaded = sys.modules[spec.name] = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(loaded)
-    return loaded
 
 
 def check_cluster_settings(cpus):
