@@ -47,7 +47,8 @@ SCRIPTS = scripts_dir()
 
 def allocstack_module(name):
     """workflow/scripts/allocstack/NAME.py, loaded by its path (a module that needs only the
-    standard library): errors.py (the diagnostic ids and exit codes), slurm.py (Slurm's answers)."""
+    standard library): errors.py (the diagnostic ids and exit codes), slurm.py (Slurm's answers).
+    """
     spec = importlib.util.spec_from_file_location(
         f"allocstack_{name}", os.path.join(SCRIPTS, "allocstack", f"{name}.py")
     )
