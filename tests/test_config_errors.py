@@ -22,6 +22,14 @@ BAD = {
     "apptainer.binds not a list": ("apptainer: {binds: /data}", "apptainer.binds"),
     "expected and verify.command both null": ("expected: null", "nothing would say whether"),
     "unknown nested key": ("worker: {comand: [x]}", "comand"),
+    "services.depends_on unknown": ("services: {api: {command: [x], depends_on: [db]}}",
+                                    "services.api.depends_on: 'db' is not one of services (api)"),
+    "services.depends_on a cycle": ("services: {a: {command: [x], depends_on: [b]}, b: {command: [x], depends_on: [a]}}",
+                                    "services: depends_on has a cycle: a -> b -> a"),
+    "a service named like a worker": ("services: {worker-01: {command: [x]}}",
+                                      "services.worker-01: the name is allocstack's own"),
+    "tasks null with per-task workers": ("tasks: null\nexpected: null\nverify: {command: [x]}",
+                                         "tasks is null (no built-in coordinator) but worker.mode is per-task"),
 }
 
 

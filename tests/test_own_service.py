@@ -62,17 +62,19 @@ def test_workers_use_your_own_service_after_its_own_gate(project):
         worker: {{command: [{python}, apps/client.py]}}
     """))
     dry = snakemake(project, "--dry-run", "--configfile", "config/own.yaml")
-    assert "serve_app" in dry.stdout and "await_app_readiness" in dry.stdout
+    assert "serve_service" in dry.stdout and "await_service" in dry.stdout  # the `service:` block is services.app
     done = snakemake(project, "--cores", "4", "--configfile", "config/own.yaml")
     assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
     assert json.loads((project / "results/own/result.json").read_text())["status"] == "success"
-    gate = json.loads((project / "results/own/app-readiness.json").read_text())
+    gate = json.loads((project / "results/own/services/app-readiness.json").read_text())
     events = [json.loads(line) for line in (project / "results/own/events.jsonl").read_text().splitlines()]
-    started = next(e for e in events if e["event"] == "app-started")
+    started = next(e for e in events if e["event"] == "service-started")
     assert gate["status"] == "ready" and gate["endpoint"] == started["endpoint"]
     assert gate["passedAt"] >= started["t"] + 0.45  # the gate waited for the service's slow start
     assert all(gate["passedAt"] <= e["t"] for e in events if e["event"] == "worker-start")
-    assert any(e["event"] == "app-end" for e in events)  # stopped when the workers were done
+    assert any(e["event"] == "service-end" for e in events)  # stopped when the workers were done
+    ends = json.loads((project / "results/own/services.json").read_text())["services"]
+    assert ends["app"]["status"] == "stopped", ends  # by allocstack, cleanly
 
 
 def test_gate_modes_tcp_http_and_command(start_coordinator, tmp_path):

@@ -1,19 +1,21 @@
 # Stage 4: collection. After the stack ended: merge the event log from scratch,
-# record where every component ran, and remove the job-scoped scratch.
+# record where every component ran and how each of your services ended (their
+# supervisors' end records: Snakemake never checks a service's exit status),
+# and remove the job-scoped scratch.
 
 
 rule collect_results:
     input:
+        unpack(coordinator_outputs),
         validated="results/{run}/inputs.json",
-        results="results/{run}/results.json",
-        end_record="results/{run}/coordinator.json",
-        gate="results/{run}/readiness.json",
-        app_gate=app_gate_record,
-        workers=expand("results/{{run}}/workers/{worker}.json", worker=WORKER_IDS),
+        service_gates=expand(service_gate("{service}"), service=SERVICES),
+        workers=worker_records,
+        check=check_record,
         script=script("collect.py"),
     output:
         events="results/{run}/events.jsonl",
         provenance="results/{run}/provenance.json",
+        services="results/{run}/services.json",
     log:
         "logs/collect_results/{run}.log",
     group:
@@ -28,7 +30,8 @@ rule collect_results:
     params:
         python=PYTHON,
         scratch=config["scratch"] or "",
+        options=collect_options,
     shell:
         "{params.python} {input.script} --scratch-root={params.scratch:q} --run {wildcards.run} "
         "--inputs-summary {input.validated} --events-out {output.events} "
-        "--provenance-out {output.provenance} > {log} 2>&1"
+        "--provenance-out {output.provenance} --services-out {output.services} {params.options} > {log} 2>&1"

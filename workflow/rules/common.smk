@@ -5,6 +5,7 @@ import importlib.util
 import json
 import logging
 import os
+import re
 import shlex
 import shutil
 import socket
@@ -47,7 +48,8 @@ SCRIPTS = scripts_dir()
 
 def allocstack_module(name):
     """workflow/scripts/allocstack/NAME.py, loaded by its path (a module that needs only the
-    standard library): errors.py (the diagnostic ids and exit codes), slurm.py (Slurm's answers).
+    standard library): errors.py (the diagnostic ids and exit codes), slurm.py (Slurm's answers),
+    names.py (the variables of a service).
     """
     spec = importlib.util.spec_from_file_location(
         f"allocstack_{name}", os.path.join(SCRIPTS, "allocstack", f"{name}.py")
@@ -58,6 +60,9 @@ def allocstack_module(name):
 
 
 ERRORS = allocstack_module("errors")
+NAMES = allocstack_module(
+    "names"
+)  # the variables of a service, as the scripts spell them
 
 
 def fail_config(diag, message):
@@ -97,6 +102,40 @@ def validate_config():
 
 validate_config()
 
+
+def adopt_service_block():
+    """The single `service:` block keeps working: it is the service `app` of `services`
+    (so its variables stay ALLOCSTACK_APP_*)."""
+    block = config["service"]
+    if not block["command"]:
+        return
+    if "app" in config["services"]:
+        fail_config(
+            "config",
+            "service.command and services.app are both set: `service:` is the older "
+            "spelling of services.app; keep one",
+        )
+    config["services"] = {
+        **config["services"],
+        "app": {
+            "command": block["command"],
+            "readiness": {
+                **block["readiness"],
+                "timeout": None,
+                "interval": None,
+                "probe_timeout": 1,
+            },
+            "port": None,
+            "depends_on": [],
+            "cpus": 1,
+            "environment": {},
+            "stop_grace_period": 10,
+        },
+    }
+
+
+adopt_service_block()
+
 RUN = config["run"]
 WORKER_IDS = [f"worker-{i:02d}" for i in range(1, config["workers"] + 1)]
 # Under --sdm conda the rule's environment provides python; otherwise the
@@ -113,9 +152,23 @@ USE_IMAGE = (
 )
 
 
+# Your own stack: services (config `services`), long-running workers, and with no
+# task document (tasks: null) no built-in coordinator; then verify.command runs
+# while the services are up (rule run_check), as Compose runs a check that waits
+# for the workers to complete.
+TASKS = bool(config["tasks"])
+LONG_RUNNING = config["worker"]["mode"] == "long-running"
+SERVICES = config["services"]
+CHECK_IN_STACK = not TASKS
+#: Seconds a service may take to publish its endpoint once its dependencies are ready
+#: (srun + Apptainer + the supervisor's start).
+SERVICE_START_SECONDS = 30
+
+
 wildcard_constraints:
     run=r"[A-Za-z0-9][A-Za-z0-9._-]*",
     worker=r"worker-[0-9]+",
+    service="|".join(re.escape(name) for name in SERVICES) or "(?!)",
 
 
 def submits_to_slurm():
@@ -197,10 +250,110 @@ def check_input_files():
             )
 
 
+#: Names allocstack's own job steps and files use: a service may not take them.
+RESERVED_NAMES = {"readiness", "check", "verify", "collect", "worker"}
+
+
+def service_order():
+    """Service names, each after every service it depends on.
+
+    A name in depends_on that is not a service, or a cycle, stops the run (one line).
+    """
+    order, visiting = [], []
+
+    def visit(name):
+        if name in order:
+            return
+        if name in visiting:
+            cycle = " -> ".join(visiting[visiting.index(name) :] + [name])
+            fail_config("config", f"services: depends_on has a cycle: {cycle}")
+        visiting.append(name)
+        for dependency in SERVICES[name]["depends_on"]:
+            if dependency not in SERVICES:
+                fail_config(
+                    "config",
+                    f"services.{name}.depends_on: {dependency!r} is not one of services "
+                    f"({', '.join(sorted(SERVICES))})",
+                )
+            visit(dependency)
+        visiting.pop()
+        order.append(name)
+
+    for name in SERVICES:
+        visit(name)
+    return order
+
+
+def service_key(name):
+    """How the config names a service: `service` for the single block, else services.<name>."""
+    return (
+        "service"
+        if name == "app" and config["service"]["command"]
+        else f"services.{name}"
+    )
+
+
+def check_stack():
+    """What the schema cannot say about your own stack (services, workers, the check)."""
+    prefixes = {}
+    for name, spec in SERVICES.items():
+        key = service_key(name)
+        taken = name in RESERVED_NAMES or re.fullmatch(
+            r"worker-[0-9]+|.*-readiness", name
+        )
+        if taken or (TASKS and name == "coordinator"):
+            why = (
+                "the built-in coordinator's (tasks is set)"
+                if name == "coordinator"
+                else "allocstack's own"
+            )
+            fail_config(
+                "config", f"services.{name}: the name is {why}; rename the service"
+            )
+        other = prefixes.setdefault(NAMES.variable_prefix(name), name)
+        if other != name:
+            fail_config(
+                "config",
+                f"services.{other} and services.{name} would both be {NAMES.variable_prefix(name)}*; rename one",
+            )
+        if not spec["command"]:
+            fail_config(
+                "config",
+                f"services.{name}.command is not set: the service's program as an argv list",
+            )
+        if spec["readiness"]["mode"] == "command" and not spec["readiness"]["command"]:
+            fail_config(
+                "config",
+                f"{key}.readiness.mode is command but {key}.readiness.command is null",
+            )
+    if LONG_RUNNING and not config["worker"]["command"]:
+        fail_config(
+            "config",
+            "worker.mode is long-running but worker.command is not set: the workers' program, as an argv list",
+        )
+    if not TASKS:
+        if not LONG_RUNNING:
+            fail_config(
+                "config",
+                "tasks is null (no built-in coordinator) but worker.mode is per-task: "
+                "set worker.mode: long-running and worker.command, or give a task document",
+            )
+        if config["expected"]:
+            fail_config(
+                "config",
+                "expected is set but tasks is null: there are no task results to compare; set expected: null",
+            )
+
+
 def check_prerequisites():
     check_input_files()
+    check_stack()
     needed = sum(
-        [config["workers"] * config["worker"]["cpus"], config["coordinator"]["cpus"]]
+        [
+            config["workers"] * config["worker"]["cpus"],
+            config["coordinator"]["cpus"] if TASKS else 0,
+            *(spec["cpus"] for spec in SERVICES.values()),
+        ]
     )
     max_cpus = config["slurm"]["max_cpus"]
     source = "slurm.max_cpus"
@@ -210,22 +363,12 @@ def check_prerequisites():
         fail_config(
             "config",
             f"workers={config['workers']} needs {needed} CPUs in one allocation (workers x "
-            f"worker.cpus, plus coordinator.cpus) but {source} has {max_cpus}: the job "
+            f"worker.cpus, plus coordinator.cpus and each service's cpus) but {source} has {max_cpus}: the job "
             "would pend forever; lower workers (or set slurm.max_cpus)",
         )
     if submits_to_slurm():
         check_cluster_settings(needed)
     check_allocation_host()
-    ready = config["service"]["readiness"]
-    if (
-        config["service"]["command"]
-        and ready["mode"] == "command"
-        and not ready["command"]
-    ):
-        fail_config(
-            "config",
-            "service.readiness.mode is command but service.readiness.command is null",
-        )
     if not config["expected"] and not config["verify"]["command"]:
         fail_config(
             "config",
@@ -240,6 +383,7 @@ def check_prerequisites():
         )
 
 
+SERVICE_ORDER = service_order()
 check_prerequisites()
 
 
@@ -272,14 +416,13 @@ def bind_paths(wildcards):
     )
 
 
-def command_option(command):
-    """``--command-json '[...]'`` for a user's program (worker or verify), or nothing."""
-    return f"--command-json {shlex.quote(json.dumps(command))}" if command else ""
-
-
 def expected_input(wildcards):
     """The expected document, when verification compares against one."""
     return [config["expected"]] if config["expected"] else []
+
+
+def tasks_option(wildcards, input):
+    return f"--tasks {shlex.quote(input.tasks[0])}" if input.tasks else ""
 
 
 def expected_option(wildcards, input):
@@ -287,7 +430,10 @@ def expected_option(wildcards, input):
 
 
 def launch(component, cpus=1, scratch=True, tolerate_kill=None, job_end_time=False):
-    """Input function: the command that starts ``component`` (see workflow/scripts/launch.py)."""
+    """Input function: the command that starts ``component`` (see workflow/scripts/launch.py).
+
+    ``cpus`` is a number or a function of the wildcards (a service's own cpus).
+    """
 
     def command(wildcards, resources):
         argv = [
@@ -296,10 +442,12 @@ def launch(component, cpus=1, scratch=True, tolerate_kill=None, job_end_time=Fal
             f"--component={component.format(wildcards=wildcards)}",
             f"--run={wildcards.run}",
             f"--scratch-root={config['scratch'] or ''}",
-            f"--cpus={cpus}",
+            f"--cpus={cpus(wildcards) if callable(cpus) else cpus}",
         ]
         if not scratch:
             argv.append("--no-scratch")
+        else:
+            argv += [f"--volume={volume}" for volume in config["volumes"]]
         if job_end_time:
             argv.append("--job-end-time")
         if tolerate_kill:
@@ -326,11 +474,14 @@ def decision_facts(wildcards):
     """The run's settings that the decision record lists under its table (JSON)."""
     return json.dumps(
         {
-            "workers": config["workers"],
             "image": config["image"],
             "scratch": config["scratch"] or "$SLURM_TMPDIR, else $TMPDIR",
             "state_dir": config["state_dir"],
             "job steps": config["slurm"]["job_steps"],
+            "built-in coordinator": TASKS,
+            "workers": f"{config['workers']} ({config['worker']['mode']})",
+            "services": ", ".join(SERVICE_ORDER) or "none",
+            "volumes": ", ".join(config["volumes"]) or "none",
         }
     )
 
@@ -349,39 +500,227 @@ def decision_summary():
     )
 
 
-def app_readiness_options():
-    """readiness.py options for config service.readiness."""
-    ready = config["service"]["readiness"]
-    options = [f"--mode={ready['mode']}"]
+def tasks_input(wildcards):
+    """The task document, when the built-in coordinator runs (config tasks)."""
+    return [config["tasks"]] if TASKS else []
+
+
+def service_file(name):
+    return f"results/{RUN}/services/{name}.service"
+
+
+def service_gate(name):
+    return f"results/{RUN}/services/{name}-readiness.json"
+
+
+def gate_timeout(name):
+    """Seconds from a service's start to ready: its own readiness.timeout, else the stack's."""
+    return SERVICES[name]["readiness"]["timeout"] or config["readiness"]["timeout"]
+
+
+def start_bound(name):
+    """Seconds until ``name`` has published its endpoint at the latest: its dependencies' gates, then its start."""
+    dependencies = SERVICES[name]["depends_on"]
+    return SERVICE_START_SECONDS + max(
+        (start_bound(d) + gate_timeout(d) for d in dependencies), default=0
+    )
+
+
+def gates_timeout():
+    """Bound on waiting for every gate (workers): the slowest gate, plus a margin."""
+    bounds = [start_bound(name) + gate_timeout(name) for name in SERVICES]
+    if TASKS:
+        bounds.append(config["readiness"]["timeout"])
+    return max(bounds, default=0) + 30
+
+
+def options(pairs, flags=()):
+    """A shell-quoted option string from (option, value) pairs and bare flags."""
+    argv = [f"{option}={value}" for option, value in pairs] + list(flags)
+    return shlex.join(argv)
+
+
+def uses(names):
+    return [("--uses", name) for name in names]
+
+
+def service_options(wildcards):
+    """app_service.py options for services.<name>."""
+    spec = SERVICES[wildcards.service]
+    return options(
+        [
+            ("--name", wildcards.service),
+            ("--command-json", json.dumps(spec["command"])),
+            ("--environment-json", json.dumps(spec["environment"])),
+            ("--port", spec["port"] or 0),
+            ("--gate-timeout", start_bound(wildcards.service)),
+            ("--stop-grace", spec["stop_grace_period"]),
+            *uses(spec["depends_on"]),
+            *[("--gate-record", service_gate(d)) for d in spec["depends_on"]],
+        ]
+    )
+
+
+def service_dependencies(wildcards):
+    """The service files of what it depends on: kept alive together, and visible in the DAG."""
+    return [service_file(d) for d in SERVICES[wildcards.service]["depends_on"]]
+
+
+def service_cpus(wildcards):
+    return SERVICES[wildcards.service]["cpus"]
+
+
+def service_gate_options(wildcards):
+    """readiness.py options for services.<name>.readiness."""
+    name = wildcards.service
+    ready = SERVICES[name]["readiness"]
+    pairs = [
+        ("--service", name),
+        ("--mode", ready["mode"]),
+        ("--timeout", gate_timeout(name)),
+        ("--interval", ready["interval"] or config["readiness"]["interval"]),
+        ("--probe-timeout", ready["probe_timeout"]),
+        ("--start-timeout", start_bound(name)),
+        *uses(SERVICES[name]["depends_on"]),
+    ]
     if ready["mode"] == "http":
-        options += [
-            f"--path={ready['path']}",
-            f"--expect-json={json.dumps(ready['expect'])}",
+        pairs += [
+            ("--path", ready["path"]),
+            ("--expect-json", json.dumps(ready["expect"])),
         ]
     if ready["mode"] == "command":
-        options.append(f"--ready-command-json={json.dumps(ready['command'])}")
-    return shlex.join(options)
+        pairs.append(("--ready-command-json", json.dumps(ready["command"])))
+    return options(pairs)
 
 
-def app_service_inputs(wildcards):
-    """The own service's service file, so workers keep it alive (nothing without one)."""
-    return (
-        [f"results/{wildcards.run}/app.service"] if config["service"]["command"] else []
-    )
+def all_service_files(wildcards):
+    return [service_file(name) for name in SERVICES]
+
+
+def worker_inputs(wildcards):
+    """What keeps the services alive while a worker runs: the coordinator's and your services' files."""
+    coordinator = [f"results/{wildcards.run}/coordinator.service"] if TASKS else []
+    return coordinator + all_service_files(wildcards)
 
 
 def gate_records(wildcards):
-    """The gate record(s) a worker waits for: the coordinator's, and the own service's."""
-    records = [f"results/{wildcards.run}/readiness.json", *app_gate_record(wildcards)]
-    return " ".join(f"--gate-record {record}" for record in records)
+    """The gate records a worker waits for: the coordinator's, and every service's."""
+    records = [f"results/{wildcards.run}/readiness.json"] if TASKS else []
+    records += [service_gate(name) for name in SERVICES]
+    return options([("--gate-record", record) for record in records])
 
 
-def app_gate_record(wildcards):
-    return (
-        [f"results/{wildcards.run}/app-readiness.json"]
-        if config["service"]["command"]
-        else []
+def worker_options(wildcards):
+    """worker.py (per-task) or replica.py (long-running) options, besides the gates and the record."""
+    worker = config["worker"]
+    program = [
+        ("--environment-json", json.dumps(worker["environment"])),
+        *uses(SERVICES),
+    ]
+    if worker["command"]:
+        program.append(("--command-json", json.dumps(worker["command"])))
+    if LONG_RUNNING:
+        return options(
+            [
+                ("--index", WORKER_IDS.index(wildcards.worker)),
+                ("--workers", config["workers"]),
+                *program,
+            ],
+            ["--uses-coordinator"] if TASKS else [],
+        )
+    return options(
+        [
+            ("--batch", worker["batch"]),
+            ("--wait-timeout", worker["wait_timeout"]),
+            ("--connect-timeout", worker["connect_timeout"]),
+            ("--lease-seconds", config["coordinator"]["lease_seconds"]),
+            ("--simulate-seconds", config["simulate"]["task_seconds"]),
+            ("--task-timeout", worker["task_timeout"]),
+            *program,
+        ]
     )
+
+
+def worker_records(wildcards):
+    return expand(f"results/{wildcards.run}/workers/{{worker}}.json", worker=WORKER_IDS)
+
+
+def check_inputs(wildcards):
+    """run_check consumes your services' files (they stay up while it runs) and waits for the
+    workers itself; with no services, the workers' records are its plain inputs."""
+    return all_service_files(wildcards) or worker_records(wildcards)
+
+
+def check_options(wildcards):
+    check = config["verify"]
+    return options(
+        [
+            ("--command-json", json.dumps(check["command"])),
+            ("--environment-json", json.dumps(check["environment"])),
+            *uses(SERVICES),
+            *[("--wait-for", record) for record in worker_records(wildcards)],
+        ]
+    )
+
+
+def check_record(wildcards):
+    return [f"results/{wildcards.run}/check.json"] if CHECK_IN_STACK else []
+
+
+def coordinator_outputs(wildcards):
+    """The built-in coordinator's results and end record (with config tasks)."""
+    if not TASKS:
+        return {}
+    return {
+        "results": f"results/{wildcards.run}/results.json",
+        "end_record": f"results/{wildcards.run}/coordinator.json",
+        "gate": f"results/{wildcards.run}/readiness.json",
+    }
+
+
+#: verify.command runs after collect_results with the built-in coordinator: then
+#: the named volumes must outlive collection, and verification removes the scratch.
+VOLUMES_AFTER_COLLECT = (
+    TASKS and bool(config["volumes"]) and bool(config["verify"]["command"])
+)
+
+
+def collect_options(wildcards):
+    components = list(SERVICES)
+    if LONG_RUNNING:
+        components += WORKER_IDS
+    if CHECK_IN_STACK:
+        components.append("check")
+    grace = max((spec["stop_grace_period"] for spec in SERVICES.values()), default=0)
+    return options(
+        [("--service", name) for name in SERVICES]
+        + [("--component", name) for name in components]
+        + [("--stop-timeout", grace + 15)],
+        ["--keep-scratch"] if VOLUMES_AFTER_COLLECT else [],
+    )
+
+
+def verify_options(wildcards, input):
+    """verify.py options: the coordinator's results (with tasks), or your check's record; the gate order
+    in the event log when there is a gate (a stack of workers and a check alone has none).
+    """
+    pairs = [("--services-record", input.services)]
+    if TASKS or SERVICES:
+        pairs.append(("--events", input.events))
+    if TASKS:
+        pairs += [
+            ("--input", input.tasks[0]),
+            ("--results", input.results),
+            ("--end-record", input.end_record),
+            ("--environment-json", json.dumps(config["verify"]["environment"])),
+        ]
+        if input.expected:
+            pairs.append(("--expected", input.expected[0]))
+        if config["verify"]["command"]:
+            pairs.append(("--command-json", json.dumps(config["verify"]["command"])))
+    else:
+        pairs.append(("--check-record", input.check[0]))
+    return options(pairs)
 
 
 # The terminal during and after a run.

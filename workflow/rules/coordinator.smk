@@ -8,11 +8,12 @@
 # consumers right after and re-checks a missing service file only once a second,
 # while srun + Apptainer + Python take about that long to start the coordinator
 # (which rewrites the file with its pid). The gate does the real wait.
+# Only with a task document (config tasks): without one, nothing asks for it.
 
 
 rule serve_coordinator:
     input:
-        tasks=config["tasks"],
+        tasks=tasks_input,
         validated="results/{run}/inputs.json",
         script=script("coordinator.py"),
     output:

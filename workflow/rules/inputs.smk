@@ -4,7 +4,7 @@
 
 rule validate_inputs:
     input:
-        tasks=config["tasks"],
+        tasks=tasks_input,
         expected=expected_input,
         script=script("validate_inputs.py"),
     output:
@@ -19,8 +19,13 @@ rule validate_inputs:
         python=PYTHON,
         image=f"--image {shlex.quote(config['image'])}" if USE_IMAGE else "",
         workers=config["workers"],
-        handler="command" if config["worker"]["command"] else "baseline",
+        handler=(
+            "long-running"
+            if LONG_RUNNING
+            else ("command" if config["worker"]["command"] else "baseline")
+        ),
+        tasks=tasks_option,
     shell:
-        "{params.python} {input.script} --tasks {input.tasks:q} {params.expected} "
+        "{params.python} {input.script} {params.tasks} {params.expected} "
         "--workers {params.workers} --handler {params.handler} {params.image} "
         "--output {output} > {log} 2>&1"

@@ -1,51 +1,53 @@
-# Stage 1b (only with config service.command): your own long-running service
-# (Compose: another service the workers depend on), run like the coordinator -
-# a service job on loopback with a published endpoint and token - and its own
-# readiness gate. Workers consume it too, so it lives until they are done.
+# Stage 1b (config `services`, or the single `service:` block as `app`): your own
+# long-running services (Compose: each service the workers use), run like the
+# coordinator - a service job on loopback with a published endpoint and token -
+# each with its own readiness gate. A service starts after the gates of its
+# depends_on passed (their gate records are its sentinels) and consumes their
+# service files; the workers (and your check) consume every service file, so
+# all of them live until those are done. Snakemake never checks a service's
+# exit status: its supervisor records how it ended, and verification checks it.
 # Its service file is created first thing, as the coordinator's is (coordinator.smk).
 
 
-if config["service"]["command"]:
+rule serve_service:
+    input:
+        validated="results/{run}/inputs.json",
+        dependencies=service_dependencies,
+        script=script("app_service.py"),
+    output:
+        service=service("results/{run}/services/{service}.service"),
+    log:
+        "logs/serve_service/{run}/{service}.log",
+    group:
+        "stack"
+    conda:
+        STACK_ENV
+    threads: 0
+    resources:
+        cpus_per_task=service_cpus,
+    params:
+        launch=launch("{wildcards.service}", service_cpus),
+        options=service_options,
+    shell:
+        ": > {output.service}; exec {params.launch} {input.script} --service-file {output.service} "
+        "{params.options} > {log} 2>&1"
 
-    rule serve_app:
-        input:
-            validated="results/{run}/inputs.json",
-            script=script("app_service.py"),
-        output:
-            service=service("results/{run}/app.service"),
-        log:
-            "logs/serve_app/{run}.log",
-        group:
-            "stack"
-        conda:
-            STACK_ENV
-        threads: 0
-        params:
-            launch=launch("app"),
-            command=command_option(config["service"]["command"]),
-        shell:
-            ": > {output.service}; exec {params.launch} {input.script} --service-file {output.service} "
-            "{params.command} > {log} 2>&1"
 
-    rule await_app_readiness:
-        input:
-            service="results/{run}/app.service",
-            script=script("readiness.py"),
-        output:
-            "results/{run}/app-readiness.json",
-        log:
-            "logs/await_app_readiness/{run}.log",
-        group:
-            "stack"
-        conda:
-            STACK_ENV
-        threads: 0
-        params:
-            launch=launch("app-readiness"),
-            timeout=config["readiness"]["timeout"],
-            interval=config["readiness"]["interval"],
-            mode=app_readiness_options(),
-        shell:
-            "exec {params.launch} {input.script} --endpoint-name app.json "
-            "{params.mode} --timeout {params.timeout} --interval {params.interval} "
-            "--record {output} > {log} 2>&1"
+rule await_service:
+    input:
+        service="results/{run}/services/{service}.service",
+        script=script("readiness.py"),
+    output:
+        "results/{run}/services/{service}-readiness.json",
+    log:
+        "logs/await_service/{run}/{service}.log",
+    group:
+        "stack"
+    conda:
+        STACK_ENV
+    threads: 0
+    params:
+        launch=launch("{wildcards.service}-readiness"),
+        options=service_gate_options,
+    shell:
+        "exec {params.launch} {input.script} {params.options} --record {output} > {log} 2>&1"

@@ -1,14 +1,17 @@
 # Stage 5: verification (Compose: the one-shot `verify` service). The only
 # artifact that says a run succeeded is result.json with status "success",
-# written atomically after every check passed.
+# written atomically after every check passed: the coordinator's results (with
+# config tasks) or your check's record (run_check), and how each of your
+# services ended.
 
 
 rule verify_results:
     input:
-        tasks=config["tasks"],
+        unpack(coordinator_outputs),
+        tasks=tasks_input,
         expected=expected_input,
-        results="results/{run}/results.json",
-        end_record="results/{run}/coordinator.json",
+        check=check_record,
+        services="results/{run}/services.json",
         events="results/{run}/events.jsonl",
         script=script("verify.py"),
     output:
@@ -25,11 +28,10 @@ rule verify_results:
         # (Snakemake sums runtime over a group's sequential stages).
         runtime=0,
     params:
-        launch=launch("verify", scratch=False),
-        expected=expected_option,
-        command=command_option(config["verify"]["command"]),
+        launch=launch("verify", scratch=VOLUMES_AFTER_COLLECT),
+        options=verify_options,
         journal=journal_path,
+        scratch="--remove-scratch" if VOLUMES_AFTER_COLLECT else "",
     shell:
-        "{params.launch} {input.script} --input {input.tasks:q} {params.expected} {params.command} "
-        "--results {input.results} --end-record {input.end_record} --events {input.events} "
-        "--output {output} --retire-journal {params.journal:q} > {log} 2>&1"
+        "{params.launch} {input.script} {params.options} "
+        "--output {output} --retire-journal {params.journal:q} {params.scratch} > {log} 2>&1"

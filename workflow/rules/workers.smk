@@ -1,6 +1,8 @@
 # Stage 3: the workers (Compose: `worker` with deploy.replicas). One job, and
 # inside Slurm one job step, per worker. Each consumes the coordinator's service
-# output, which keeps the coordinator alive until the last worker is done.
+# output (and your services'), which keeps them alive until the last worker is done.
+# worker.mode per-task (the default): worker.py claims tasks from the coordinator;
+# long-running: replica.py runs your worker.command once for the stack's life.
 #
 # The gate record is the sentinel between the gate and the workers. It is not a
 # Snakemake input on purpose: Snakemake polls for missing inputs once a second,
@@ -11,9 +13,8 @@
 
 rule run_worker:
     input:
-        service="results/{run}/coordinator.service",
-        app=app_service_inputs,
-        script=script("worker.py"),
+        services=worker_inputs,
+        script=script("replica.py" if LONG_RUNNING else "worker.py"),
     output:
         "results/{run}/workers/{worker}.json",
     log:
@@ -27,24 +28,21 @@ rule run_worker:
         cpus_per_task=config["worker"]["cpus"],
         gpu=config["worker"]["gpus"],
     params:
+        # A per-task worker killed from outside is tolerated (its tasks go back to the
+        # queue); a long-running one is not: the run fails.
         launch=launch(
             "{wildcards.worker}",
             config["worker"]["cpus"],
-            tolerate_kill="results/{wildcards.run}/workers/{wildcards.worker}.json",
+            tolerate_kill=(
+                None
+                if LONG_RUNNING
+                else "results/{wildcards.run}/workers/{wildcards.worker}.json"
+            ),
         ),
         gates=gate_records,
-        gate_timeout=config["readiness"]["timeout"] + 30,
-        batch=config["worker"]["batch"],
-        wait=config["worker"]["wait_timeout"],
-        connect=config["worker"]["connect_timeout"],
-        lease=config["coordinator"]["lease_seconds"],
-        simulate=config["simulate"]["task_seconds"],
-        command=command_option(config["worker"]["command"]),
-        task_timeout=config["worker"]["task_timeout"],
+        gate_timeout=gates_timeout(),
+        options=worker_options,
     shell:
         "exec {params.launch} {input.script} --worker-id {wildcards.worker} "
-        "{params.gates} --gate-timeout {params.gate_timeout} --record {output} --batch {params.batch} "
-        "--wait-timeout {params.wait} --connect-timeout {params.connect} "
-        "--lease-seconds {params.lease} --simulate-seconds {params.simulate} "
-        "--task-timeout {params.task_timeout} {params.command} "
+        "{params.gates} --gate-timeout {params.gate_timeout} --record {output} {params.options} "
         "> {log} 2>&1"

@@ -1,90 +1,149 @@
 #!/usr/bin/env python3
-"""Your own long-running service (config ``service.command``), run like the coordinator.
+"""Your own long-running service (config ``services``), run like the coordinator.
 
-A database or a model server your workers use: it gets the same treatment as the
-built-in coordinator. This wrapper picks a free port on 127.0.0.1, publishes
-``SCRATCH/app.json`` (``{"schemaVersion": 1, "endpoint", "token"}``, mode 0600),
-writes the Snakemake service file, then runs your command with
-``$ALLOCSTACK_APP_PORT``, ``$ALLOCSTACK_APP_ENDPOINT`` and ``$ALLOCSTACK_APP_TOKEN``.
-Your service must listen on 127.0.0.1 at that port (and may require the token).
-SIGTERM/SIGINT/SIGHUP are forwarded; when the workers are done Snakemake stops
-it, and it stops by itself if its launcher is gone.
+A key-value store, a database, a model server, an API: each gets the same
+treatment as the built-in coordinator. This supervisor writes the Snakemake
+service file first thing, waits for the gates of the services it depends on
+(their gate records), takes its port (``--port``, or a free one on 127.0.0.1),
+then runs your command with the variables of its dependencies and its own
+(``ALLOCSTACK_<NAME>_HOST``, ``_PORT``, ``_ENDPOINT``, ``_TOKEN``, see
+allocstack/program.py), and publishes ``SCRATCH/services/<name>.json``
+(``{"schemaVersion": 1, "endpoint", "token"}``, mode 0600) for its gate and its users.
+Your service must listen on ``$ALLOCSTACK_<NAME>_HOST`` at that port (and may require the token).
 
-Exit code: your command's (0 when it ended on our forwarded signal).
+SIGTERM/SIGINT/SIGHUP are passed on; when the stack is done Snakemake stops it,
+and it stops by itself if its launcher is gone. A service still running
+``--stop-grace`` seconds after that signal is killed. How it ended goes to
+``SCRATCH/services/<name>.end.json``: ``stopped`` (by allocstack, cleanly),
+``unclean`` (stopped by allocstack, but not with exit 0 or that signal),
+``killed`` (after the grace period) or ``exited`` (by itself, before the stack
+was done). Snakemake never checks a service's exit status: verification does, from this record.
+
+Exit code: 0 when stopped cleanly, else your command's.
 """
 
 from __future__ import annotations
 
 import os
 import secrets
-import signal
 import socket
-import subprocess
 import sys
+import time
 from pathlib import Path
 
-from allocstack.cli import ArgumentParser, argv_list, run
-from allocstack.endpoint import app_environment, write_endpoint, write_service_file
-from allocstack.errors import AllocstackError, report
+from allocstack import SCHEMA_VERSION
+from allocstack.cli import (
+    ArgumentParser,
+    add_gate_arguments,
+    add_program_arguments,
+    non_negative_float,
+    run,
+    runtime_facts,
+)
+from allocstack.endpoint import (
+    LOOPBACK,
+    service_end_path,
+    service_endpoint_path,
+    service_variables,
+    services_environment,
+    write_endpoint,
+    write_service_file,
+)
+from allocstack.errors import DIAGNOSTICS, AllocstackError, report
 from allocstack.events import append_event
-from allocstack.lifeline import forward_signals, watch_launcher
+from allocstack.jsonio import atomic_write_json
+from allocstack.program import Outcome, Supervised, await_gates, expand_argv, program_environment, service_problem
 from allocstack.scratch import ensure_private_dir
 
 
-def free_loopback_port() -> int:
+def take_port(port: int) -> int:
+    """``port`` when it is free on the loopback address, or (``port`` 0) a free one.
+
+    A fixed port (your program's, e.g. from Compose) is checked first: on a shared node
+    another program may hold it, and a gate answered by someone else's server must never pass.
+
+    :raises AllocstackError: ``prerequisite`` when the port is taken.
+    """
     with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
+        # As servers bind: connections of an earlier run in TIME_WAIT do not count, a listener does.
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((LOOPBACK, port))
+        except OSError as exc:
+            raise AllocstackError("prerequisite", f"port {port} on {LOOPBACK} is already in use on this node "
+                                                  f"({exc.strerror}): another program holds it; choose another "
+                                                  "port, or port: null and $ALLOCSTACK_<NAME>_PORT") from exc
         return probe.getsockname()[1]
+
+
+def end_status(outcome: Outcome) -> str:
+    if outcome.stopped_by is None:
+        return "exited"
+    if outcome.killed:
+        return "killed"
+    return "stopped" if outcome.clean_stop else "unclean"
 
 
 def parse_args(argv: list[str] | None):
     parser = ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--command-json", type=argv_list, required=True, help="your service as a JSON argv list")
-    parser.add_argument("--scratch", type=Path, default=os.environ.get("ALLOCSTACK_SCRATCH") or None,
-                        help="job-scoped scratch (default $ALLOCSTACK_SCRATCH): app.json goes there")
+    parser.add_argument("--name", default="app", help="the service's name (config services.<name>)")
+    add_program_arguments(parser, "your service")
+    parser.add_argument("--port", type=int, default=0, help="the port it listens on (0 = a free one)")
+    add_gate_arguments(parser)
+    parser.add_argument("--stop-grace", type=non_negative_float, default=10.0,
+                        help="seconds it may take to stop after SIGTERM before it is killed")
     parser.add_argument("--service-file", type=Path, help="the Snakemake service output, written first thing")
     args = parser.parse_args(argv)
     if args.scratch is None:
         parser.error("--scratch (or $ALLOCSTACK_SCRATCH) is required")
+    if not 0 <= args.port <= 65535:
+        parser.error("--port must be in 0..65535")
     return args
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    name = args.name
     if args.service_file:
         write_service_file(args.service_file)
+    log = lambda message: print(f"{name}: {message}", file=sys.stderr, flush=True)  # noqa: E731
+    program = Supervised(f"service {name}")
     try:
-        ensure_private_dir(args.scratch)
-    except AllocstackError as error:
+        ensure_private_dir(args.scratch / "services")
+        ensure_private_dir(args.scratch / "events")
+        published, ended = service_endpoint_path(args.scratch, name), service_end_path(args.scratch, name)
+        events = args.scratch / "events" / f"{name}.jsonl"
+        for stale in (published, ended, events):  # what a crashed earlier run left
+            stale.unlink(missing_ok=True)
+        await_gates(args.gate_record, args.gate_timeout, log)
+        port, token = take_port(args.port), secrets.token_urlsafe(32)
+        endpoint = f"http://{LOOPBACK}:{port}"
+        stack = {**services_environment(args.scratch, args.uses), **service_variables(name, endpoint, token)}
+        env = program_environment(os.environ, stack, args.environment_json, f"services.{name}")
+        started = time.time()
+        pid = program.start(expand_argv(args.command_json, env, f"services.{name}"), env, args.stop_grace)
+    except AllocstackError as error:  # its gate reads this and fails at once, with the reason
+        atomic_write_json(service_end_path(args.scratch, name), {
+            "schemaVersion": SCHEMA_VERSION, "service": name, "status": "failed", "how": error.line(),
+            "endedAt": time.time()})
         return report(error)
-    port, token = free_loopback_port(), secrets.token_urlsafe(32)
-    endpoint, published = f"http://127.0.0.1:{port}", args.scratch / "app.json"
-    env = {**os.environ, **app_environment(endpoint, token)}
-    try:
-        child = subprocess.Popen(args.command_json, env=env)
-    except OSError as exc:
-        return report(AllocstackError("prerequisite", f"cannot start service.command {args.command_json[0]}: {exc.strerror}"))
     write_endpoint(published, endpoint, token, "")
-    # Its own event file: the coordinator clears events.jsonl of earlier runs when it starts.
-    events = args.scratch / "app-events.jsonl"
-    events.unlink(missing_ok=True)
-    append_event(events, "app-started", endpoint=endpoint, command=args.command_json[0])
-    print(f"app_service: {args.command_json[0]} started on {endpoint} (pid {child.pid})", file=sys.stderr, flush=True)
-    forwarded: set[int] = set()
-
-    def forward(signum: int, _frame: object) -> None:
-        forwarded.add(signum)
-        child.send_signal(signum)
-
-    forward_signals(forward)
-    watch_launcher(lambda: forward(signal.SIGTERM, None))
-    code = child.wait()
+    append_event(events, "service-started", service=name, endpoint=endpoint, command=args.command_json[0],
+                 **runtime_facts())
+    log(f"{args.command_json[0]} started on {endpoint} (pid {pid})")
+    outcome = program.wait()
     published.unlink(missing_ok=True)
-    append_event(events, "app-end", exitCode=code)
-    print(f"app_service: {args.command_json[0]} ended with {code}", file=sys.stderr, flush=True)
-    if code < 0 and -code in forwarded:
+    status = end_status(outcome)
+    record = {"schemaVersion": SCHEMA_VERSION, "service": name, "status": status, "exitCode": outcome.code,
+              "how": outcome.how(), "startedAt": started, "endedAt": time.time()}
+    atomic_write_json(ended, record)
+    append_event(events, "service-end", service=name, status=status, exitCode=outcome.code)
+    problem = service_problem(name, record)
+    if problem is None:
+        log(f"{args.command_json[0]} stopped cleanly")
         return 0
-    return code if code >= 0 else 128 - code
+    report(AllocstackError("service-exit", problem))
+    return outcome.code if outcome.code > 0 else DIAGNOSTICS["service-exit"][0]
 
 
 if __name__ == "__main__":

@@ -21,7 +21,8 @@ from pathlib import Path
 from typing import Any
 
 from allocstack import SCHEMA_VERSION
-from allocstack.cli import ArgumentParser, run
+from allocstack.cli import ArgumentParser, positive_float, run
+from allocstack.endpoint import service_end_path
 from allocstack.errors import EXIT_OK, AllocstackError, report
 from allocstack.events import read_events
 from allocstack.jsonio import atomic_write_json, atomic_write_text, read_json
@@ -64,11 +65,32 @@ def components(events: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     """Where each component ran, from the runtime facts in its first event."""
     found: dict[str, dict[str, Any]] = {}
     for event in events:
-        name = {"gate-passed": "readiness", "worker-start": event.get("worker"),
+        gate = f"{event['service']}-readiness" if event.get("service") else "readiness"
+        name = {"gate-passed": gate, "worker-start": event.get("worker"), "service-started": event.get("service"),
                 "coordinator-listening": "coordinator"}.get(event.get("event"))
         if name and name not in found:
             found[name] = {key: event.get(key) for key in PROVENANCE_FIELDS}
     return found
+
+
+def service_ends(scratch: Path, services: list[str], timeout: float) -> dict[str, dict[str, Any]]:
+    """How each of your services ended, from the records their supervisors write once they stopped.
+
+    Snakemake stops the services and starts this job at once: a service still draining
+    gets up to ``timeout`` seconds in all (longer than its stop_grace_period, after which
+    its supervisor kills it and records that). A record that never comes is ``unknown``.
+    """
+    deadline = time.monotonic() + timeout
+    ends: dict[str, dict[str, Any]] = {}
+    for name in services:
+        path = service_end_path(scratch, name)
+        while not path.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        try:
+            ends[name] = read_json(path, f"end record of service {name}", diag="service-exit")
+        except AllocstackError as error:
+            ends[name] = {"service": name, "status": "unknown", "reason": error.message}
+    return ends
 
 
 def parse_args(argv: list[str] | None):
@@ -78,7 +100,14 @@ def parse_args(argv: list[str] | None):
     parser.add_argument("--inputs-summary", type=Path, required=True, help="validate_inputs summary (digests)")
     parser.add_argument("--events-out", type=Path, required=True, help="merged event log to write")
     parser.add_argument("--provenance-out", type=Path, required=True, help="provenance record to write")
-    parser.add_argument("--keep-scratch", action="store_true", help="do not remove the scratch directory")
+    parser.add_argument("--service", action="append", default=[], help="one of your services (repeatable)")
+    parser.add_argument("--services-out", type=Path, help="how each of your services ended (services.json)")
+    parser.add_argument("--stop-timeout", type=positive_float, default=30.0,
+                        help="bound on waiting for your services' end records")
+    parser.add_argument("--component", action="append", default=[],
+                        help="a component with its own event file, SCRATCH/events/NAME.jsonl (repeatable)")
+    parser.add_argument("--keep-scratch", action="store_true",
+                        help="do not remove the scratch directory (verification still needs the volumes)")
     return parser.parse_args(argv)
 
 
@@ -86,7 +115,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     try:
         args.scratch = run_scratch(resolve_root(args.scratch_root, os.environ), args.run)
-        logs = [args.scratch / "events.jsonl", args.scratch / "app-events.jsonl"]
+        ends = service_ends(args.scratch, args.service, args.stop_timeout)
+        if args.services_out:
+            atomic_write_json(args.services_out, {"schemaVersion": SCHEMA_VERSION, "services": ends}, 0o644)
+        logs = [args.scratch / "events.jsonl", *(args.scratch / "events" / f"{name}.jsonl" for name in args.component)]
         events = sorted((e for log in logs for e in read_events(log)), key=lambda e: e.get("t", 0))
         if not events:
             raise AllocstackError("prerequisite", f"no events in {args.scratch / 'events.jsonl'}: did the stack run?")

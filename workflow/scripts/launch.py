@@ -13,6 +13,8 @@ scratch (creating it 0700), then runs and supervises::
 * ``apptainer exec`` is used when ``--image`` is given; paths are bound at the
   same location inside the container (scripts read-only, plus scratch and the
   paths in ``--bind``), so the command line needs no rewriting.
+* ``--volume NAME`` (a Compose named volume) is the directory ``SCRATCH/volumes/NAME``,
+  named to the component in ``$ALLOCSTACK_VOLUME_NAME``.
 
 Supervision: SIGTERM, SIGINT and SIGHUP are forwarded to the component (so a
 drain reaches it through srun and Apptainer); if launch.py itself is killed, the
@@ -42,6 +44,8 @@ from allocstack.errors import AllocstackError, report
 from allocstack.jsonio import atomic_write_json
 from allocstack.lifeline import ENV as LIFELINE_ENV
 from allocstack.lifeline import forward_signals
+from allocstack.names import VOLUME_PREFIX
+from allocstack.program import volume_environment
 from allocstack.scratch import ensure_private_dir, resolve_root, run_scratch
 
 
@@ -114,6 +118,7 @@ def build_argv(args, scratch: Path | None, environ: Mapping[str, str]) -> list[s
         if scratch is not None:
             binds.insert(0, str(scratch))
             env["ALLOCSTACK_SCRATCH"] = str(scratch)
+        env.update((name, value) for name, value in environ.items() if name.startswith(VOLUME_PREFIX))
         argv = container_prefix(args.image, args.apptainer_arg, binds, env) + argv
     if args.job_steps and environ.get("SLURM_JOB_ID"):
         argv = step_prefix(args.component, args.cpus, args.step_arg, this_node(environ)) + argv
@@ -197,6 +202,8 @@ def parse_args(argv: list[str] | None):
     parser.add_argument("--job-steps", action="store_true", help="run as an srun job step inside a Slurm allocation")
     parser.add_argument("--step-arg", action="append", default=[], help="argument for srun (repeatable)")
     parser.add_argument("--cpus", type=positive_int, default=1, help="CPUs of the job step")
+    parser.add_argument("--volume", action="append", default=[],
+                        help="a named volume: SCRATCH/volumes/NAME, given to the component as $ALLOCSTACK_VOLUME_NAME")
     parser.add_argument("--job-end-time", action="store_true",
                         help="export $SLURM_JOB_END_TIME (from squeue if Slurm does not set it) to the component")
     parser.add_argument("--tolerate-kill", type=Path, metavar="RECORD",
@@ -213,6 +220,7 @@ def main(argv: list[str] | None = None) -> int:
         if scratch is not None:
             ensure_private_dir(scratch)
             env["ALLOCSTACK_SCRATCH"] = str(scratch)
+            env.update(volume_environment(scratch, args.volume))
         end_time = job_end_time(env) if args.job_end_time else None
         if end_time:
             env["SLURM_JOB_END_TIME"] = end_time

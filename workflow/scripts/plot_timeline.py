@@ -38,8 +38,9 @@ def lanes(events: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
         if event.get("event") == "worker-start":
             found.setdefault(worker, {})["start"] = event["t"]
         elif event.get("event") == "worker-end":
-            found.setdefault(worker, {}).update(end=event["t"], completed=event.get("completed", 0),
-                                               status=event.get("status", "?"))
+            # a long-running worker (your program) completes no tasks of the coordinator's: its status is its label
+            label = f"{event['completed']} tasks" if "completed" in event else event.get("status", "?")
+            found.setdefault(worker, {}).update(end=event["t"], label=label, status=event.get("status", "?"))
     return found
 
 
@@ -68,7 +69,7 @@ def render(events: list[dict[str, Any]]) -> str:
     times = [e["t"] for e in events if "t" in e] or [0.0]
     t0, t1 = min(times), max(max(times), min(times) + 1e-3)
     workers = lanes(events)
-    counts = {worker: f"{lane.get('completed', 0)} tasks" for worker, lane in workers.items()}
+    counts = {worker: html.escape(lane.get("label", "0 tasks")) for worker, lane in workers.items()}
     right = WIDTH - 10 - max((text_width(label) + 4 for label in counts.values()), default=0)  # room for counts
     x = lambda t: LEFT + (t - t0) / (t1 - t0) * (right - LEFT)  # noqa: E731
     marks = place_labels([(x(e["t"]), MARKS[e["event"]][0]) for e in events if e.get("event") in MARKS], WIDTH - 5)

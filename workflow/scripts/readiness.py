@@ -30,30 +30,51 @@ import requests
 from allocstack import SCHEMA_VERSION
 from allocstack.cli import ArgumentParser, argv_list, positive_float, run, runtime_facts
 from allocstack.client import loopback_session
-from allocstack.endpoint import read_endpoint, require_loopback
+from allocstack.endpoint import (
+    read_endpoint,
+    require_loopback,
+    service_end_path,
+    service_endpoint_path,
+    services_environment,
+)
 from allocstack.errors import EXIT_OK, AllocstackError, report
 from allocstack.events import append_event
 from allocstack.jsonio import atomic_write_json, read_json
+from allocstack.program import describe, expand_argv, program_environment
 
 
 def expected_health(task_count: int) -> dict[str, Any]:
     return {"status": "ready", "schemaVersion": SCHEMA_VERSION, "taskCount": task_count}
 
 
-def check_coordinator_alive(record: Path | None) -> None:
-    """Fail fast when the coordinator already wrote its end record (it died before serving)."""
+def check_coordinator_alive(record: Path | None, service: str | None = None) -> None:
+    """Fail fast when the coordinator (or your ``service``) already wrote its end record: it died before serving."""
     if record is not None and record.exists():
         try:
-            reason = read_json(record, "coordinator end record", diag="coordinator-exit").get("reason", "?")
+            document = read_json(record, "end record", diag="coordinator-exit")
+            reason = document.get("reason") or document.get("how") or "?"
         except (AllocstackError, AttributeError):
             reason = "unreadable end record"
+        if service:
+            raise AllocstackError("service-exit", f"service {service} ended before it was ready: {reason}")
         raise AllocstackError("coordinator-exit", f"the coordinator ended before it was ready: {reason}")
 
 
-def wait_for_endpoint(path: Path, deadline: float, interval: float, record: Path | None = None) -> str | None:
+def while_alive(check: Check, record: Path | None, service: str | None) -> Check:
+    """``check``, failing at once when the service it probes has ended (a crash after it published its endpoint)."""
+
+    def alive(timeout: float) -> tuple[bool, str]:
+        check_coordinator_alive(record, service)
+        return check(timeout)
+
+    return alive
+
+
+def wait_for_endpoint(path: Path, deadline: float, interval: float, record: Path | None = None,
+                      service: str | None = None) -> str | None:
     """Wait for the endpoint file; return its URL, or None at the deadline."""
     while True:
-        check_coordinator_alive(record)
+        check_coordinator_alive(record, service)
         if path.exists():
             try:
                 return read_endpoint(path)[0]
@@ -103,19 +124,18 @@ def tcp_check(url: str) -> Check:
     return check
 
 
-def command_check(argv: list[str], url: str) -> Check:
-    """``argv`` exits 0 (it gets the endpoint as $ALLOCSTACK_APP_ENDPOINT)."""
-    env = {**os.environ, "ALLOCSTACK_APP_ENDPOINT": url}
+def command_check(argv: list[str], env: dict[str, str], probe_timeout: float) -> Check:
+    """``argv`` exits 0 within ``probe_timeout`` (with ``env``: the service's variables, see allocstack/program.py)."""
 
     def check(timeout: float) -> tuple[bool, str]:
         done = subprocess.run(argv, capture_output=True, encoding="utf-8", errors="replace", env=env,
-                              timeout=max(timeout, 1.0), check=False)
+                              timeout=max(timeout, probe_timeout), check=False)
         return done.returncode == 0, f"exit {done.returncode} {(done.stderr or done.stdout).strip()[-120:]}"
 
     return check
 
 
-def probe(check: Check, deadline: float, interval: float) -> tuple[bool, int, str]:
+def probe(check: Check, deadline: float, interval: float, probe_timeout: float = 1.0) -> tuple[bool, int, str]:
     """Run ``check`` until it passes or the deadline passes.
 
     :returns: (ready, attempts, last observation).
@@ -127,12 +147,24 @@ def probe(check: Check, deadline: float, interval: float) -> tuple[bool, int, st
             return False, attempts, last
         attempts += 1
         try:
-            ready, last = check(max(0.05, min(1.0, remaining)))
+            ready, last = check(max(0.05, min(probe_timeout, remaining)))
             if ready:
                 return True, attempts, "ready"
         except (requests.RequestException, ValueError, OSError, subprocess.TimeoutExpired) as exc:
             last = type(exc).__name__
         time.sleep(max(0.0, min(interval, deadline - time.monotonic())))
+
+
+def command_environment(args, url: str) -> dict[str, str]:
+    """What a command gate is told: the variables of the service it gates (and of those it uses).
+
+    The single ``service:`` block's service is ``app``: ``$ALLOCSTACK_APP_ENDPOINT``, as before.
+    """
+    if args.service and args.scratch:
+        stack = services_environment(args.scratch, [args.service, *args.uses])
+    else:
+        stack = {"ALLOCSTACK_APP_ENDPOINT": url}
+    return program_environment(os.environ, stack, {}, f"services.{args.service or 'app'}.readiness")
 
 
 def make_check(args, session: requests.Session, url: str) -> tuple[Check, str]:
@@ -142,7 +174,9 @@ def make_check(args, session: requests.Session, url: str) -> tuple[Check, str]:
     if args.mode == "tcp":
         return tcp_check(url), f"a TCP connection to {url}"
     if args.mode == "command":
-        return command_check(args.ready_command_json, url), f"{args.ready_command_json[0]} exiting 0"
+        env = command_environment(args, url)
+        argv = expand_argv(args.ready_command_json, env, f"services.{args.service or 'app'}.readiness")
+        return command_check(argv, env, args.probe_timeout), f"{describe(argv)} exiting 0"
     return health_check(session, url, args.task_count), f"{url}/health reporting taskCount {args.task_count}"
 
 
@@ -153,8 +187,9 @@ def parse_args(argv: list[str] | None):
     where.add_argument("--endpoint-file", type=Path, help="wait for this endpoint file and read the URL from it")
     where.add_argument("--scratch", type=Path, default=os.environ.get("ALLOCSTACK_SCRATCH") or None,
                        help="job-scoped scratch (default $ALLOCSTACK_SCRATCH): use SCRATCH/endpoint.json")
-    parser.add_argument("--endpoint-name", default="endpoint.json",
-                        help="with --scratch: the endpoint file's name there (app.json for your own service)")
+    parser.add_argument("--service", help="with --scratch: gate your own service NAME (its endpoint and event file)")
+    parser.add_argument("--uses", action="append", default=[],
+                        help="command mode: a service whose variables the command also gets (repeatable)")
     parser.add_argument("--mode", choices=["health", "http", "tcp", "command"], default="health",
                         help="what ready means: the seed's /health contract (default), an HTTP path with expected "
                              "JSON fields, a TCP connection, or a command exiting 0")
@@ -166,6 +201,11 @@ def parse_args(argv: list[str] | None):
     count.add_argument("--inputs-summary", type=Path, help="read taskCount from validate_inputs' summary")
     parser.add_argument("--timeout", type=positive_float, required=True, help="total deadline in seconds")
     parser.add_argument("--interval", type=positive_float, default=0.05, help="seconds between probes")
+    parser.add_argument("--probe-timeout", type=positive_float, default=1.0,
+                        help="bound on one probe (command mode: the command's own time limit)")
+    parser.add_argument("--start-timeout", type=positive_float,
+                        help="bound on waiting for the endpoint file; the --timeout deadline then starts when it "
+                             "appears (a service that starts after its dependencies' gates)")
     parser.add_argument("--record", type=Path, help="write the gate record (JSON) here when ready")
     parser.add_argument("--coordinator-record", type=Path,
                         help="the coordinator's end record: if it appears while waiting, fail at once with its reason")
@@ -190,11 +230,15 @@ def parse_args(argv: list[str] | None):
         except AllocstackError as error:
             parser.error(error.message)
     elif args.scratch and not args.endpoint_file:
-        args.endpoint_file = args.scratch / args.endpoint_name
+        args.endpoint_file = (service_endpoint_path(args.scratch, args.service) if args.service
+                              else args.scratch / "endpoint.json")
     elif not args.endpoint_file:
         parser.error("one of --endpoint, --endpoint-file or --scratch (or $ALLOCSTACK_SCRATCH) is required")
+    if args.service and args.scratch and not args.coordinator_record:
+        args.coordinator_record = service_end_path(args.scratch, args.service)
     if args.scratch and not args.events:
-        args.events = args.scratch / "events.jsonl"
+        args.events = args.scratch / "events" / f"{args.service}.jsonl" if args.service else args.scratch / "events.jsonl"
+        args.events.parent.mkdir(mode=0o700, exist_ok=True)
     return args
 
 
@@ -202,31 +246,37 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     started, started_wall = time.monotonic(), time.time()
     deadline = started + args.timeout
+    named = {"service": args.service} if args.service else {}
     try:
-        url = args.endpoint or wait_for_endpoint(args.endpoint_file, deadline, min(args.interval, 0.02),
-                                                 args.coordinator_record)
+        url = args.endpoint or wait_for_endpoint(args.endpoint_file, started + (args.start_timeout or args.timeout),
+                                                 min(args.interval, 0.02), args.coordinator_record, args.service)
         if url is None:
-            raise AllocstackError(
-                "readiness-timeout", f"no endpoint file at {args.endpoint_file} within {args.timeout:g} s"
-            )
+            raise AllocstackError("readiness-timeout", f"no endpoint file at {args.endpoint_file} within "
+                                                       f"{args.start_timeout or args.timeout:g} s")
+        if args.start_timeout:  # the service started only now (after its dependencies' gates)
+            started, started_wall = time.monotonic(), time.time()
+            deadline = started + args.timeout
         with loopback_session() as session:
             check, wanted = make_check(args, session, url)
-            ready, attempts, last = probe(check, deadline, args.interval)
+            if args.service:  # (the coordinator may complete, and write its end record, before its gate passes)
+                check = while_alive(check, args.coordinator_record, args.service)
+            ready, attempts, last = probe(check, deadline, args.interval, args.probe_timeout)
         if not ready:
+            what = f"service {args.service}: " if args.service else ""
             raise AllocstackError(
-                "readiness-timeout", f"no {wanted} within {args.timeout:g} s ({attempts} probes; last: {last})"
+                "readiness-timeout", f"{what}no {wanted} within {args.timeout:g} s ({attempts} probes; last: {last})"
             )
     except AllocstackError as error:
-        append_event(args.events, "gate-failed", reason=error.message)
+        append_event(args.events, "gate-failed", reason=error.message, **named)
         return report(error)
     seconds = time.monotonic() - started
     event = append_event(args.events, "gate-passed", endpoint=url, secondsToReady=round(seconds, 4),
-                         attempts=attempts, **runtime_facts())
+                         attempts=attempts, **named, **runtime_facts())
     if args.record:
         atomic_write_json(args.record, {
             "schemaVersion": SCHEMA_VERSION, "status": "ready", "endpoint": url, "taskCount": args.task_count,
             "secondsToReady": round(seconds, 4), "attempts": attempts, "startedAt": started_wall,
-            "passedAt": event["t"],
+            "passedAt": event["t"], **named,
         }, 0o644)
     print(f"readiness: {url} ready after {seconds:.3f} s ({attempts} probes)", flush=True)
     return EXIT_OK

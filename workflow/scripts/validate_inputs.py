@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import Any
 
 from allocstack import SCHEMA_VERSION
 from allocstack.cli import ArgumentParser, positive_int, run
@@ -29,41 +30,47 @@ def mismatch_hint(tasks: Path, expected: Path) -> str:
 
 def parse_args(argv: list[str] | None):
     parser = ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--tasks", required=True, type=Path, help="task document")
+    parser.add_argument("--tasks", type=Path, help="task document (none: your own stack, no built-in coordinator)")
     parser.add_argument("--expected", type=Path, help="expected results document (optional with verify.command)")
     parser.add_argument("--workers", required=True, type=positive_int, help="worker count of the run")
-    parser.add_argument("--handler", default="baseline", choices=["baseline", "command"],
-                        help="baseline: check the built-in handler's payloads; command: the user's program does")
+    parser.add_argument("--handler", default="baseline", choices=["baseline", "command", "long-running"],
+                        help="baseline: check the built-in handler's payloads; otherwise the user's program does")
     parser.add_argument("--image", type=Path, help="container image whose .sha256 sidecar must match")
     parser.add_argument("--output", required=True, type=Path, help="where to write the summary")
     return parser.parse_args(argv)
 
 
+def check_tasks(args) -> dict[str, Any]:
+    """The task document (and its expected results): the summary's task facts."""
+    if args.tasks is None:
+        return {"taskCount": None, "inputSha256": None, "expectedSha256": None}
+    tasks = load_tasks(str(args.tasks))
+    if args.handler == "baseline":
+        for index, task in enumerate(tasks.tasks, start=1):
+            check_baseline_payload(task["payload"], f"tasks {args.tasks}: task {index} ({task['id']})")
+    if args.expected:
+        load_expected(str(args.expected), tasks, mismatch_hint=mismatch_hint(args.tasks, args.expected))
+    return {"taskCount": len(tasks), "inputSha256": sha256_file(args.tasks),
+            "expectedSha256": sha256_file(args.expected) if args.expected else None}
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     try:
-        tasks = load_tasks(str(args.tasks))
-        if args.handler == "baseline":
-            for index, task in enumerate(tasks.tasks, start=1):
-                check_baseline_payload(task["payload"], f"tasks {args.tasks}: task {index} ({task['id']})")
-        if args.expected:
-            load_expected(str(args.expected), tasks, mismatch_hint=mismatch_hint(args.tasks, args.expected))
-        summary = {
-            "schemaVersion": SCHEMA_VERSION,
-            "taskCount": len(tasks),
-            "workers": args.workers,
-            "inputSha256": sha256_file(args.tasks),
-            "expectedSha256": sha256_file(args.expected) if args.expected else None,
-            "handler": args.handler,
-        }
+        summary = {"schemaVersion": SCHEMA_VERSION, **check_tasks(args), "workers": args.workers,
+                   "handler": args.handler}
         if args.image:
             summary["image"] = str(args.image)
             summary["imageSha256"] = check_sidecar(args.image, "image")
         atomic_write_json(args.output, summary, 0o644)
     except AllocstackError as error:
         return report(error)
-    print(f"validate_inputs: {len(tasks)} tasks{' and their expected results' if args.expected else ''} are valid",
-          flush=True)
+    if args.tasks is None:
+        print("validate_inputs: no task document (your own stack)" + (", image digest matches" if args.image else ""),
+              flush=True)
+    else:
+        print(f"validate_inputs: {summary['taskCount']} tasks"
+              f"{' and their expected results' if args.expected else ''} are valid", flush=True)
     return EXIT_OK
 
 

@@ -1,31 +1,37 @@
 #!/usr/bin/env python3
 """Verify a run's results and, only then, write the success marker.
 
-Checks, in linear time: the results document's schema; every result belongs to
-a task, appears once, carries the digest of its output and matches the expected
-output and digest; every task has a result; the coordinator's end record says it
-completed with exactly these results; the event log shows the readiness gate
-passed before every worker started; with ``--command-json`` (``verify.command``)
-the application's own check must exit 0. Then writes ``result.json`` atomically
-(mode 0600): ``{"schemaVersion": 1, "status": "success", "taskCount",
-"inputSha256", "resultsSha256", "results"}``. On any failure the marker is
-removed, one line says why, and the exit code is 65.
+With the built-in coordinator (``--input``), checks in linear time: the results
+document's schema; every result belongs to a task, appears once, carries the
+digest of its output and matches the expected output and digest; every task has
+a result; the coordinator's end record says it completed with exactly these
+results; with ``--command-json`` (``verify.command``) the application's own check
+must exit 0. With your own services (``--services-record``): each was stopped by
+allocstack and ended cleanly (Snakemake never checks a service's exit status).
+Without the built-in coordinator, your check ran while the services were up
+(``--check-record``) and must have passed. Always: the event log shows every
+readiness gate passed before every worker started. Then writes ``result.json``
+atomically (mode 0600): ``{"schemaVersion": 1, "status": "success", "taskCount",
+"inputSha256", "resultsSha256", "results"}`` (your own stack: ``{"schemaVersion",
+"status", "services", "check"}``). On any failure the marker is removed, one line
+says why, and the exit code is non-zero.
 """
 
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
 from allocstack import SCHEMA_VERSION
-from allocstack.cli import ArgumentParser, argv_list, run
+from allocstack.cli import ArgumentParser, argv_list, json_object, run
 from allocstack.errors import EXIT_OK, AllocstackError, report
 from allocstack.events import gate_precedes_workers, read_events
 from allocstack.jsonio import atomic_write_json, read_json, sha256_file, sha256_text
+from allocstack.program import expand_argv, program_environment, run_check, service_problem
+from allocstack.scratch import remove_scratch
 from allocstack.taskset import TaskSet, load_expected, load_tasks
 
 
@@ -63,26 +69,36 @@ def check_results(document: Any, tasks: TaskSet, expected: dict[str, dict[str, A
     return sorted(results, key=lambda r: r["taskId"])
 
 
-def run_user_check(argv: list[str], tasks_path: Path, results_path: Path, expected_path: Path | None) -> None:
-    """``verify.command``: the application's own correctness check ("only your application can say").
-
-    Runs ``argv`` (no shell) with ``$ALLOCSTACK_TASKS``, ``$ALLOCSTACK_RESULTS`` (and
-    ``$ALLOCSTACK_EXPECTED`` when configured) naming the documents; exit 0 means correct.
-
-    :raises AllocstackError: ``verification`` with the tail of its output otherwise.
-    """
+def user_check_environment(tasks_path: Path, results_path: Path, expected_path: Path | None) -> dict[str, str]:
+    """What ``verify.command`` is told here: ``$ALLOCSTACK_TASKS``, ``$ALLOCSTACK_RESULTS`` (and ``$ALLOCSTACK_EXPECTED``)."""
     env = {**os.environ, "ALLOCSTACK_TASKS": str(tasks_path), "ALLOCSTACK_RESULTS": str(results_path)}
     if expected_path is not None:
         env["ALLOCSTACK_EXPECTED"] = str(expected_path)
-    try:
-        done = subprocess.run(argv, capture_output=True, encoding="utf-8", errors="replace", env=env, timeout=3600, check=False)
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        raise fail(f"verify.command {argv[0]} could not run: {exc}") from exc
-    for line in (done.stdout + done.stderr).strip().splitlines()[-20:]:
-        print(f"verify.command: {line}", file=sys.stderr, flush=True)
-    if done.returncode != 0:
-        tail = (done.stderr or done.stdout).strip().splitlines()[-1:] or ["no output"]
-        raise fail(f"verify.command exited {done.returncode}: {tail[0][-300:]}")
+    return env
+
+
+def check_services(document: Any) -> list[str]:
+    """Every service of yours was stopped by allocstack and ended cleanly; return their names.
+
+    Snakemake does not check a service job that exits 0 on its own, nor one that fails
+    while it is being stopped: this does, from the records collect_results gathered
+    (``services.json``).
+
+    :raises AllocstackError: ``service-exit`` naming the first service that ended otherwise.
+    """
+    services = document.get("services") if isinstance(document, dict) else None
+    if not isinstance(services, dict):
+        raise AllocstackError("service-exit", "services record has no 'services' object")
+    for name, record in services.items():
+        problem = service_problem(name, record)
+        if problem:
+            raise AllocstackError("service-exit", problem)
+    return sorted(services)
+
+
+def check_check_record(record: Any) -> None:
+    if not isinstance(record, dict) or record.get("status") != "passed":
+        raise fail("the check (verify.command) did not pass")
 
 
 def check_end_record(record: Any, task_count: int, input_sha256: str, results_sha256: str) -> None:
@@ -107,55 +123,95 @@ def check_end_record(record: Any, task_count: int, input_sha256: str, results_sh
 
 def parse_args(argv: list[str] | None):
     parser = ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--input", required=True, type=Path, help="task document")
-    parser.add_argument("--results", required=True, type=Path, help="results.json written by the coordinator")
+    parser.add_argument("--input", type=Path, help="task document (config tasks; none: your own stack)")
+    parser.add_argument("--results", type=Path, help="results.json written by the coordinator (with --input)")
     parser.add_argument("--expected", type=Path, help="expected results document (compared output by output)")
     parser.add_argument("--command-json", type=argv_list, default=None,
                         help="the application's own check as a JSON argv list (verify.command)")
     parser.add_argument("--output", required=True, type=Path, help="success marker to write (result.json)")
     parser.add_argument("--end-record", type=Path, help="the coordinator's end record to check")
     parser.add_argument("--events", type=Path, help="event log whose gate/worker order to check")
+    parser.add_argument("--services-record", type=Path,
+                        help="how each of your services ended (services.json from collect_results)")
+    parser.add_argument("--check-record", type=Path,
+                        help="the record of verify.command run while the services were up (no --input)")
+    parser.add_argument("--environment-json", type=json_object, default={},
+                        help="more variables for --command-json (config verify.environment)")
+    parser.add_argument("--remove-scratch", action="store_true",
+                        help="remove the job-scoped scratch ($ALLOCSTACK_SCRATCH) at the end: its volumes were needed here")
     parser.add_argument("--retire-journal", type=Path, help="delete this journal once the run is verified")
     args = parser.parse_args(argv)
-    if args.expected is None and args.command_json is None:
+    if (args.input is None) != (args.results is None):
+        parser.error("--input and --results go together")
+    if args.input is not None and args.expected is None and args.command_json is None:
         parser.error("give --expected, --command-json, or both")
+    if args.input is None and args.check_record is None:
+        parser.error("without --input, give --check-record: nothing else says the results are correct")
     return args
+
+
+def verify_tasks(args) -> dict[str, Any]:
+    """With the built-in coordinator: its results, checked task by task; the success marker's content."""
+    tasks = load_tasks(str(args.input))
+    expected = load_expected(str(args.expected), tasks) if args.expected else None
+    document = read_json(args.results, "results", diag="verification")
+    input_sha256, results_sha256 = sha256_file(args.input), sha256_file(args.results)
+    if args.end_record:  # first: "the coordinator did not complete" explains a short results file
+        record = read_json(args.end_record, "coordinator end record", diag="coordinator-exit")
+        check_end_record(record, len(tasks), input_sha256, results_sha256)
+    results = check_results(document, tasks, expected)
+    if args.command_json:
+        env = program_environment(user_check_environment(args.input, args.results, args.expected), {},
+                                  args.environment_json, "verify")
+        run_check(expand_argv(args.command_json, env, "verify"), env)
+    return {"taskCount": len(tasks), "inputSha256": input_sha256, "resultsSha256": results_sha256,
+            "results": results}
+
+
+def verify(args) -> dict[str, Any]:
+    """Every check, in order; the success marker's content.
+
+    :raises AllocstackError: naming the first check that failed.
+    """
+    marker: dict[str, Any] = {"schemaVersion": SCHEMA_VERSION, "status": "success"}
+    if args.input is not None:
+        marker.update(verify_tasks(args))
+    if args.services_record:
+        services = check_services(read_json(args.services_record, "services record", diag="service-exit"))
+        if args.input is None:
+            marker["services"] = services
+    if args.check_record:
+        check_check_record(read_json(args.check_record, "check record", diag="verification"))
+        marker["check"] = "passed"
+    if args.events:
+        ok, reason = gate_precedes_workers(read_events(args.events))
+        if not ok:
+            raise fail(f"event log {args.events}: {reason}")
+    return marker
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     started = time.monotonic()
+    args.output.unlink(missing_ok=True)
     try:
-        args.output.unlink(missing_ok=True)
-        tasks = load_tasks(str(args.input))
-        expected = load_expected(str(args.expected), tasks) if args.expected else None
-        document = read_json(args.results, "results", diag="verification")
-        input_sha256, results_sha256 = sha256_file(args.input), sha256_file(args.results)
-        if args.end_record:  # first: "the coordinator did not complete" explains a short results file
-            record = read_json(args.end_record, "coordinator end record", diag="coordinator-exit")
-            check_end_record(record, len(tasks), input_sha256, results_sha256)
-        results = check_results(document, tasks, expected)
-        if args.command_json:
-            run_user_check(args.command_json, args.input, args.results, args.expected)
-        if args.events:
-            ok, reason = gate_precedes_workers(read_events(args.events))
-            if not ok:
-                raise fail(f"event log {args.events}: {reason}")
-        atomic_write_json(args.output, {
-            "schemaVersion": SCHEMA_VERSION,
-            "status": "success",
-            "taskCount": len(tasks),
-            "inputSha256": input_sha256,
-            "resultsSha256": results_sha256,
-            "results": results,
-        })
+        marker = verify(args)
+        atomic_write_json(args.output, marker)
     except AllocstackError as error:
         args.output.unlink(missing_ok=True)
-        return report(error)
-    if args.retire_journal:
-        args.retire_journal.unlink(missing_ok=True)
-    print(f"verify: {len(tasks)} results verified in {time.monotonic() - started:.3f} s; wrote {args.output}", flush=True)
-    return EXIT_OK
+        code = report(error)
+    else:
+        code = EXIT_OK
+        if args.retire_journal:
+            args.retire_journal.unlink(missing_ok=True)
+        what = f"{marker['taskCount']} results" if "taskCount" in marker else "the check and every service's end"
+        print(f"verify: {what} verified in {time.monotonic() - started:.3f} s; wrote {args.output}", flush=True)
+    if args.remove_scratch and os.environ.get("ALLOCSTACK_SCRATCH"):
+        try:
+            remove_scratch(Path(os.environ["ALLOCSTACK_SCRATCH"]))
+        except AllocstackError as error:
+            return report(error)
+    return code
 
 
 if __name__ == "__main__":

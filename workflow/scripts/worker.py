@@ -37,7 +37,9 @@ from allocstack import SCHEMA_VERSION
 from allocstack.cli import (
     EXIT_INTERRUPTED,
     ArgumentParser,
+    add_gate_arguments,
     argv_list,
+    json_object,
     non_negative_float,
     positive_float,
     positive_int,
@@ -46,12 +48,13 @@ from allocstack.cli import (
     scratch_defaults,
 )
 from allocstack.client import CoordinatorClient
-from allocstack.endpoint import app_environment, read_endpoint
+from allocstack.endpoint import read_endpoint, require_loopback, services_environment
 from allocstack.errors import EXIT_OK, EXIT_TEMPFAIL, AllocstackError, report
 from allocstack.events import append_event
 from allocstack.handlers import TaskFailure, baseline, command_handler
-from allocstack.jsonio import atomic_write_json, read_json, sha256_text
+from allocstack.jsonio import atomic_write_json, sha256_text
 from allocstack.lifeline import watch_launcher
+from allocstack.program import await_gates, expand_argv, program_environment
 
 Handler = Callable[[str, dict[str, Any]], str]
 
@@ -242,18 +245,21 @@ def work(client: CoordinatorClient, worker: str, handler: Handler, batch: int, w
 
 def parse_args(argv: list[str] | None):
     parser = ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--worker-id", required=True, help="e.g. worker-01")
+    parser.add_argument("--worker-id", default=os.environ.get("ALLOCSTACK_WORKER_ID"),
+                        help="e.g. worker-01 (default $ALLOCSTACK_WORKER_ID, set for long-running workers)")
     parser.add_argument("--scratch", type=Path, default=os.environ.get("ALLOCSTACK_SCRATCH") or None,
                         help="job-scoped scratch (default $ALLOCSTACK_SCRATCH): endpoint.json and events.jsonl")
     parser.add_argument("--endpoint-file", help="endpoint file (default SCRATCH/endpoint.json)")
     parser.add_argument("--events", type=Path, help="event log (default SCRATCH/events.jsonl)")
-    parser.add_argument("--gate-record", type=Path, action="append", default=[],
-                        help="wait for this gate record to say ready before claiming (repeatable)")
-    parser.add_argument("--gate-timeout", type=positive_float, default=60.0, help="bound on waiting for the gate record")
+    add_gate_arguments(parser)
     parser.add_argument("--record", type=Path, help="write this worker's record (JSON) here at the end")
     parser.add_argument("--batch", type=positive_int, default=1, help="tasks claimed per round trip")
     parser.add_argument("--command-json", type=argv_list, default=None,
                         help='the user\'s program as a JSON argv list, run once per task, e.g. \'["python3", "x.py"]\'')
+    parser.add_argument("--environment-json", type=json_object, default={},
+                        help="with --command-json: more variables for the program (config worker.environment)")
+    parser.add_argument("--uses", action="append", default=[],
+                        help="your own service whose ALLOCSTACK_<NAME>_* variables the program gets (repeatable)")
     parser.add_argument("--task-timeout", type=non_negative_float, default=0.0, help="seconds per task (0 = none)")
     parser.add_argument("--simulate-seconds", type=non_negative_float, default=0.0, help="extra seconds per task")
     parser.add_argument("--wait-timeout", type=positive_float, default=300.0, help="bound on waiting for work")
@@ -261,39 +267,20 @@ def parse_args(argv: list[str] | None):
     parser.add_argument("--lease-seconds", type=positive_float, default=60.0, help="the coordinator's lease (heartbeat period /3)")
     args = parser.parse_args(argv)
     scratch_defaults(args)
-    if not args.endpoint_file:
-        parser.error("--endpoint-file is required when no --scratch (or $ALLOCSTACK_SCRATCH) is given")
+    if not args.worker_id:
+        parser.error("--worker-id (or $ALLOCSTACK_WORKER_ID) is required")
+    if not args.endpoint_file and not os.environ.get("ALLOCSTACK_COORDINATOR_ENDPOINT"):
+        parser.error("--endpoint-file is required when no --scratch (or $ALLOCSTACK_SCRATCH) is given "
+                     "(or $ALLOCSTACK_COORDINATOR_ENDPOINT, as a long-running worker gets it)")
     return args
 
 
-def export_app_endpoint(scratch: Path | None) -> None:
-    """With an own service (config service.command), give the worker's program its endpoint and token."""
-    published = scratch / "app.json" if scratch else None
-    if published is not None and published.exists():
-        os.environ.update(app_environment(*read_endpoint(published)))
-
-
-def await_gate(path: Path | None, timeout: float, log: Callable[[str], None]) -> None:
-    """Wait (polling every 20 ms, at most ``timeout`` s) for the gate record to say ready.
-
-    The gate record is the sentinel between the readiness gate and the workers:
-    no worker claims a task before the gate has passed. A worker that has to wait says so
-    once in its log, so a stuck run shows where it stands.
-
-    :raises AllocstackError: ``prerequisite`` when the record does not appear or does not say ready.
-    """
-    if path is None:
-        return
-    deadline = time.monotonic() + timeout
-    if not path.exists():
-        log(f"waiting for the readiness gate ({path}, at most {timeout:g} s)")
-    while not path.exists():
-        if time.monotonic() > deadline:
-            raise AllocstackError("prerequisite", f"the readiness gate did not pass within {timeout:g} s (no {path})")
-        time.sleep(0.02)
-    record = read_json(path, "gate record", diag="prerequisite")
-    if not isinstance(record, dict) or record.get("status") != "ready":
-        raise AllocstackError("prerequisite", f"gate record {path} does not say ready: refusing to start")
+def coordinator(endpoint_file: str | None) -> tuple[str, str]:
+    """The coordinator's URL and token: from its endpoint file, else (run as a long-running worker of yours)
+    from ``$ALLOCSTACK_COORDINATOR_ENDPOINT`` and ``_TOKEN``."""
+    if endpoint_file:
+        return read_endpoint(endpoint_file)
+    return require_loopback(os.environ["ALLOCSTACK_COORDINATOR_ENDPOINT"]), os.environ["ALLOCSTACK_COORDINATOR_TOKEN"]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -309,17 +296,19 @@ def main(argv: list[str] | None = None) -> int:
 
     watch_launcher(orphaned)
     try:
-        for record in args.gate_record:
-            await_gate(record, args.gate_timeout, log)
-        export_app_endpoint(args.scratch)
-        url, token = read_endpoint(args.endpoint_file)
+        await_gates(args.gate_record, args.gate_timeout, log)
+        if args.scratch:  # your own services' variables (config services), for your program
+            os.environ.update(services_environment(args.scratch, args.uses))
+        url, token = coordinator(args.endpoint_file)
         append_event(args.events, "worker-start", worker=worker, **runtime_facts())
         client = CoordinatorClient(url, token)
         heartbeat = Heartbeat(url, token, worker, tally, args.lease_seconds)
         heartbeat.start()
         try:
             if args.command_json:
-                handler = command_handler(args.command_json, args.task_timeout or None,
+                env = program_environment(os.environ, {}, args.environment_json, "worker")
+                os.environ.update(env)
+                handler = command_handler(expand_argv(args.command_json, env, "worker"), args.task_timeout or None,
                                           str(args.scratch) if args.scratch else None)
             else:
                 handler = lambda _task_id, payload: baseline(payload)  # noqa: E731

@@ -10,6 +10,7 @@ import signal
 import socket
 import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, NoReturn
 
 from .errors import EXIT_USAGE
@@ -52,6 +53,36 @@ def argv_list(text: str) -> list[str]:
     if not isinstance(value, list) or not value or not all(isinstance(arg, str) and arg for arg in value):
         raise argparse.ArgumentTypeError("must be a non-empty JSON list of non-empty strings")
     return value
+
+
+def json_object(text: str) -> dict[str, Any]:
+    """argparse type: a JSON object (e.g. a program's environment values)."""
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise argparse.ArgumentTypeError(f"not JSON: {exc.msg}") from exc
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError("must be a JSON object")
+    return value
+
+
+def add_program_arguments(parser: argparse.ArgumentParser, what: str, required: bool = True) -> None:
+    """The options of a component that runs a program of yours: a service, a worker, the check."""
+    parser.add_argument("--command-json", type=argv_list, required=required, default=None,
+                        help=f"{what} as a JSON argv list (never a shell string)")
+    parser.add_argument("--environment-json", type=json_object, default={},
+                        help="more variables for it, a JSON object (${ALLOCSTACK_...} in a value is expanded)")
+    parser.add_argument("--uses", action="append", default=[],
+                        help="a service of yours whose ALLOCSTACK_<NAME>_* variables it gets (repeatable)")
+    parser.add_argument("--scratch", type=Path, default=os.environ.get("ALLOCSTACK_SCRATCH") or None,
+                        help="job-scoped scratch (default $ALLOCSTACK_SCRATCH): endpoints, events, volumes")
+
+
+def add_gate_arguments(parser: argparse.ArgumentParser) -> None:
+    """The gate records a component waits for before it starts (the sentinels after the readiness gates)."""
+    parser.add_argument("--gate-record", type=Path, action="append", default=[],
+                        help="start only once this gate record says ready (repeatable)")
+    parser.add_argument("--gate-timeout", type=positive_float, default=60.0, help="bound on waiting for the gates")
 
 
 def scratch_defaults(args: argparse.Namespace) -> None:

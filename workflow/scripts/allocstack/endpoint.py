@@ -14,12 +14,14 @@ import pwd
 import socket
 import time
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
 from . import SCHEMA_VERSION
 from .errors import AllocstackError
 from .jsonio import atomic_write_json, read_json
+from .names import variable_prefix
 
 LOOPBACK_NAMES = {"localhost"}
 
@@ -59,9 +61,42 @@ def write_service_file(path: str | os.PathLike) -> None:
     atomic_write_json(path, {"schemaVersion": SCHEMA_VERSION, "pid": os.getpid(), "startedAt": time.time()}, 0o644)
 
 
-def app_environment(url: str, token: str) -> dict[str, str]:
-    """The variables that tell your service, and your workers' program, where your own service listens."""
-    return {"ALLOCSTACK_APP_ENDPOINT": url, "ALLOCSTACK_APP_TOKEN": token, "ALLOCSTACK_APP_PORT": url.rsplit(":", 1)[1]}
+#: Where every service runs on one node. With several nodes it becomes the service's node address:
+#: programs read it from ``$ALLOCSTACK_<NAME>_HOST``, never from a literal.
+LOOPBACK = "127.0.0.1"
+
+
+def service_variables(service: str, url: str, token: str) -> dict[str, str]:
+    """The variables that tell a program where ``service`` listens: ``ALLOCSTACK_<NAME>_HOST``, ``_PORT``,
+    ``_ENDPOINT`` and ``_TOKEN`` (the service ``app``, the older ``service:`` block, gives ``ALLOCSTACK_APP_*``)."""
+    parts = urlsplit(url)
+    prefix = variable_prefix(service)
+    return {f"{prefix}HOST": parts.hostname or "", f"{prefix}PORT": str(parts.port), f"{prefix}ENDPOINT": url,
+            f"{prefix}TOKEN": token}
+
+
+def service_endpoint_path(scratch: Path, service: str) -> Path:
+    """Where your own service ``service`` publishes its endpoint in job-scoped scratch."""
+    return scratch / "services" / f"{service}.json"
+
+
+def service_end_path(scratch: Path, service: str) -> Path:
+    """Where the supervisor of ``service`` records how it ended (read by collect_results)."""
+    return scratch / "services" / f"{service}.end.json"
+
+
+def services_environment(scratch: Path, services: list[str], coordinator: bool = False) -> dict[str, str]:
+    """The variables of every service in ``services`` (and of the built-in coordinator) from their endpoint files.
+
+    :raises AllocstackError: ``prerequisite`` when one has not published its endpoint (it is not up).
+    """
+    env: dict[str, str] = {}
+    published = [(name, service_endpoint_path(scratch, name)) for name in services]
+    if coordinator:
+        published.append(("coordinator", scratch / "endpoint.json"))
+    for name, path in published:
+        env.update(service_variables(name, *read_endpoint(path)))
+    return env
 
 
 #: The laptop-side port of the SSH tunnel the hints suggest.

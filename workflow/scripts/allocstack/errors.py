@@ -34,12 +34,14 @@ DIAGNOSTICS: dict[str, tuple[int, str]] = {
     "prerequisite": (EXIT_UNAVAILABLE, "a program, file or directory the run needs is missing or unsafe"),
     "readiness-timeout": (EXIT_READINESS_TIMEOUT, "the coordinator did not become ready before the deadline"),
     "coordinator-exit": (EXIT_SOFTWARE, "the coordinator ended without completing every task"),
-    "worker-exit": (EXIT_TEMPFAIL, "a worker stopped before the run was done"),
+    "worker-exit": (EXIT_TEMPFAIL, "a worker stopped before the run was done, or a long-running worker failed"),
+    "service-exit": (EXIT_SOFTWARE, "a service of yours ended by itself, or did not stop cleanly"),
     "auth": (EXIT_NOPERM, "the coordinator refused the token"),
     "task-failed": (EXIT_DATA, "a task's handler or command failed"),
     "verification": (EXIT_DATA, "the results are not correct"),
     "cleanup": (EXIT_IO, "job-scoped scratch could not be removed"),
     "io": (EXIT_IO, "an artifact could not be written"),
+    "compose": (EXIT_DATA, "a Compose file uses something allocstack cannot run (import_compose.py)"),
 }
 
 

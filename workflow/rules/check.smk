@@ -1,0 +1,29 @@
+# Stage 3b (your own stack, tasks: null): your check (Compose: the one-shot
+# service that waits for the workers with service_completed_successfully). It
+# consumes your services' files, so they stay up while it runs, and waits for
+# every worker's record itself (a Snakemake input would be polled once a second,
+# and time out after --latency-wait): it runs once the last worker ended.
+
+
+rule run_check:
+    input:
+        services=check_inputs,
+        script=script("check.py"),
+    output:
+        "results/{run}/check.json",
+    log:
+        "logs/run_check/{run}.log",
+    group:
+        "stack"
+    conda:
+        STACK_ENV
+    threads: 0
+    resources:
+        # Seconds of work inside the stack's job: add nothing to its time limit
+        # (Snakemake sums runtime over a group's sequential stages).
+        runtime=0,
+    params:
+        launch=launch("check"),
+        options=check_options,
+    shell:
+        "exec {params.launch} {input.script} {params.options} --record {output} > {log} 2>&1"

@@ -1,0 +1,85 @@
+#!/usr/bin/env python3
+"""Your check (config ``verify.command``) for your own stack: run once every worker has ended, while the services are up.
+
+Compose's one-shot service that waits for the workers with
+``service_completed_successfully``: it may ask your services for the results.
+This waits until every worker's record exists (a failed worker fails the whole
+stack, and this with it), then runs your command (no shell) with every
+service's ``ALLOCSTACK_<NAME>_*`` variables, the volumes' ``ALLOCSTACK_VOLUME_*`` and
+``verify.environment``. Exit 0 = correct: the check record is written.
+Verification (verify.py) then checks the services' ends and writes the success marker.
+
+Exit codes: 0 passed; 65 the check failed (one line with its last line of output).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from pathlib import Path
+
+from allocstack import SCHEMA_VERSION
+from allocstack.cli import ArgumentParser, add_program_arguments, run
+from allocstack.endpoint import services_environment
+from allocstack.errors import EXIT_OK, EXIT_TEMPFAIL, AllocstackError, report
+from allocstack.events import append_event
+from allocstack.jsonio import atomic_write_json
+from allocstack.lifeline import watch_launcher
+from allocstack.program import expand_argv, program_environment, run_check
+from allocstack.scratch import ensure_private_dir
+
+
+def await_files(paths: list[Path], log) -> None:
+    """Wait for every file in ``paths``: the workers' records.
+
+    No deadline of its own: the wait ends when the last worker has ended, and when a
+    worker fails Snakemake stops the whole stack, this included (and this stops when
+    its launcher is gone).
+    """
+    missing = [path for path in paths if not path.exists()]
+    if missing:
+        log(f"waiting for {len(missing)} worker(s) to end")
+    for path in missing:
+        while not path.exists():
+            time.sleep(0.05)
+
+
+def parse_args(argv: list[str] | None):
+    parser = ArgumentParser(description=__doc__.split("\n\n")[0])
+    add_program_arguments(parser, "your check")
+    parser.add_argument("--wait-for", type=Path, action="append", default=[],
+                        help="a worker's record: run only once every one exists (repeatable)")
+    parser.add_argument("--record", type=Path, required=True, help="the check record, written when it passed")
+    args = parser.parse_args(argv)
+    if args.scratch is None:
+        parser.error("--scratch (or $ALLOCSTACK_SCRATCH) is required")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    log = lambda message: print(f"check: {message}", file=sys.stderr, flush=True)  # noqa: E731
+    events = args.scratch / "events" / "check.jsonl"
+    watch_launcher(lambda: os._exit(EXIT_TEMPFAIL))  # the stack was stopped: so is this
+    try:
+        ensure_private_dir(events.parent)
+        events.unlink(missing_ok=True)
+        await_files(args.wait_for, log)
+        env = program_environment(os.environ, services_environment(args.scratch, args.uses),
+                                  args.environment_json, "verify")
+        started = time.time()
+        append_event(events, "check-start")
+        run_check(expand_argv(args.command_json, env, "verify"), env)
+    except AllocstackError as error:
+        append_event(events, "check-end", status="failed")
+        return report(error)
+    append_event(events, "check-end", status="passed")
+    atomic_write_json(args.record, {"schemaVersion": SCHEMA_VERSION, "status": "passed", "startedAt": started,
+                                    "endedAt": time.time()}, 0o644)
+    log(f"passed in {time.time() - started:.3f} s")
+    return EXIT_OK
+
+
+if __name__ == "__main__":
+    sys.exit(run(main))

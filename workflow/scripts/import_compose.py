@@ -1,0 +1,147 @@
+#!/usr/bin/env python3
+"""Import a Compose file: write the allocstack config (and a decision-record draft) that runs the same stack.
+
+    python workflow/scripts/import_compose.py compose.yaml [compose.override.yaml ...] --output config/mystack.yaml
+
+Several files are merged in order, as ``docker compose -f a -f b`` merges them.
+Run it from the directory you run snakemake in: paths in the config are relative
+to it (``--project-dir``). The mapping is allocstack/compose.py's. What cannot map
+is refused, one line per feature naming it and why, and nothing is written; what
+is still missing (a gap: e.g. a worker without a command) is named, and written
+into the config's header, so the run stops with a line naming the key until you
+supply it. Running the import twice gives the same files.
+
+Exit codes: 0 written (gaps, if any, listed); 65 refused (nothing written); 64 bad arguments.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from pathlib import Path
+from typing import Any
+
+import yaml
+from render_decisions import render
+
+from allocstack.cli import ArgumentParser, run
+from allocstack.compose import Imported, combine, draft_decisions, import_stack, unique
+from allocstack.errors import EXIT_OK, AllocstackError, report
+from allocstack.jsonio import atomic_write_text
+
+
+def load(path: Path) -> dict[str, Any]:
+    """One Compose file.
+
+    :raises AllocstackError: ``compose`` when it cannot be read or is not a Compose mapping.
+    """
+    try:
+        document = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise AllocstackError("compose", f"{path}: cannot read it: {exc.strerror}") from exc
+    except (yaml.YAMLError, UnicodeDecodeError) as exc:
+        raise AllocstackError("compose", f"{path}: not YAML: {' '.join(str(exc).split())[:300]}") from exc
+    if not isinstance(document, dict):
+        raise AllocstackError("compose", f"{path}: not a Compose file (the top level must be a mapping)")
+    return document
+
+
+def run_name(document: dict[str, Any], first: Path) -> str:
+    """Compose's project name: ``name:``, else the first file's directory; as a run name."""
+    name = str(document.get("name") or first.resolve().parent.name)
+    return re.sub(r"[^A-Za-z0-9._-]+", "-", name).strip(".-_")[:64] or "compose"
+
+
+def header(sources: list[str], output: Path, imported: Imported) -> str:
+    """The config's leading comment: where it came from, how to run it, what to build, gaps and notes."""
+    lines = [f"Imported from {' + '.join(sources)} by workflow/scripts/import_compose.py.",
+             "Change the Compose file and import again (the import gives the same file every time);",
+             "or override keys in a config file of yours given after this one.",
+             f"Run it: snakemake --cores 4 --configfile {output}",
+             f"  on a cluster: snakemake --profile profiles/slurm --configfile {output}"]
+    report = imported.report
+    sections = [("What to build for Apptainer (config image; the Slurm profile sets it):", report.build),
+                ("GAPS - supply these before running:", report.gaps),
+                ("Notes:", report.notes)]
+    for title, items in sections:
+        if items:
+            lines += ["", title] + [f"- {item}" for item in unique(items)]
+    return "".join(f"# {line}".rstrip() + "\n" for line in lines) + "\n"
+
+
+class ConfigDumper(yaml.SafeDumper):
+    """Block mappings, flow lists (a command on one line), no line wrapping."""
+
+
+def _list(dumper: yaml.SafeDumper, items: list[Any]) -> yaml.Node:
+    flat = all(not isinstance(item, (dict, list)) for item in items)
+    return dumper.represent_sequence("tag:yaml.org,2002:seq", items, flow_style=flat)
+
+
+def _mapping(dumper: yaml.SafeDumper, mapping: dict[str, Any]) -> yaml.Node:
+    return dumper.represent_mapping("tag:yaml.org,2002:map", mapping, flow_style=not mapping)
+
+
+ConfigDumper.add_representer(list, _list)
+ConfigDumper.add_representer(dict, _mapping)
+
+
+def render_config(imported: Imported, sources: list[str], output: Path) -> str:
+    config = dict(imported.config)
+    config["decisions"] = draft_decisions(config, imported.order, " + ".join(sources))
+    ordered = {key: config[key] for key in ("run", "tasks", "expected", "workers", "worker", "services", "volumes",
+                                            "verify", "apptainer", "decisions")}
+    body = yaml.dump(ordered, Dumper=ConfigDumper, sort_keys=False, width=4096, allow_unicode=True)
+    return header(sources, output, imported) + body
+
+
+def parse_args(argv: list[str] | None):
+    parser = ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("compose", nargs="+", type=Path, help="Compose file(s), merged in order")
+    parser.add_argument("--output", type=Path, required=True, help="the allocstack config to write")
+    parser.add_argument("--decisions", type=Path,
+                        help="the decision-record draft to write (default: OUTPUT's name with .decision-record.md)")
+    parser.add_argument("--project-dir", type=Path, default=Path.cwd(),
+                        help="where snakemake runs: paths in the config are relative to it (default: here)")
+    parser.add_argument("--run", help="the run's name (default: the Compose project name)")
+    args = parser.parse_args(argv)
+    args.decisions = args.decisions or args.output.with_name(f"{args.output.stem}.decision-record.md")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    sources = [str(path) for path in args.compose]
+    try:
+        documents = [load(path) for path in args.compose]
+        compose = combine(documents)
+        imported = import_stack(compose, args.compose[0].resolve().parent, args.project_dir.resolve(),
+                                args.run or run_name(compose, args.compose[0]))
+        if imported.report.refusals:
+            for refusal in unique(imported.report.refusals):
+                report(AllocstackError("compose", f"{' + '.join(sources)}: {refusal}"))
+            return AllocstackError("compose", "").exit_code
+        text = render_config(imported, sources, args.output)
+        config = yaml.safe_load(text)
+        for path in (args.output, args.decisions):
+            path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(args.output, text, 0o644)
+        atomic_write_text(args.decisions, render(config["run"], config["decisions"], {
+            "imported from": " + ".join(sources), "services": ", ".join(imported.order) or "none",
+            "workers": config["workers"], "volumes": ", ".join(config["volumes"]) or "none"}), 0o644)
+    except AllocstackError as error:
+        return report(error)
+    gaps = unique(imported.report.gaps)
+    print(f"import_compose: wrote {args.output} and {args.decisions}: services {', '.join(imported.order) or 'none'}; "
+          f"{config['workers']} workers; {len(gaps)} gap(s)", flush=True)
+    for gap in gaps:
+        print(f"gap: {gap}", flush=True)
+    for item in unique(imported.report.build):
+        print(f"to build: {item}", flush=True)
+    for note in unique(imported.report.notes):
+        print(f"note: {note}", flush=True)
+    return EXIT_OK
+
+
+if __name__ == "__main__":
+    sys.exit(run(main))

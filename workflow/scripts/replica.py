@@ -1,0 +1,92 @@
+#!/usr/bin/env python3
+"""A long-running worker (config ``worker.mode: long-running``): your program, once, for the stack's life.
+
+Compose's ``deploy.replicas`` copies of your worker: each waits for every
+readiness gate, then runs ``worker.command`` once (no per-task protocol: your
+program talks to your own services itself) with ``ALLOCSTACK_WORKER_ID``
+(``worker-01``...), ``ALLOCSTACK_REPLICA_INDEX`` (0..N-1), ``ALLOCSTACK_WORKERS`` (N),
+every service's ``ALLOCSTACK_<NAME>_*`` variables, the named volumes'
+``ALLOCSTACK_VOLUME_*`` and ``worker.environment`` (see allocstack/program.py).
+Signals are passed on to it; it is stopped when its launcher is gone.
+
+Exit codes: 0 your program exited 0 (the worker's record is written); 75 it
+exited otherwise or was stopped, with one line naming the replica, how it
+ended and its last line of stderr: the run fails; 69 a gate did not pass.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from pathlib import Path
+
+from allocstack import SCHEMA_VERSION
+from allocstack.cli import ArgumentParser, add_gate_arguments, add_program_arguments, positive_int, run, runtime_facts
+from allocstack.endpoint import services_environment
+from allocstack.errors import EXIT_OK, AllocstackError, report
+from allocstack.events import append_event
+from allocstack.jsonio import atomic_write_json
+from allocstack.program import Supervised, await_gates, describe, expand_argv, program_environment
+from allocstack.scratch import ensure_private_dir
+
+
+def replica_variables(worker: str, index: int, workers: int) -> dict[str, str]:
+    return {"ALLOCSTACK_WORKER_ID": worker, "ALLOCSTACK_REPLICA_INDEX": str(index), "ALLOCSTACK_WORKERS": str(workers)}
+
+
+def parse_args(argv: list[str] | None):
+    parser = ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--worker-id", required=True, help="e.g. worker-01")
+    parser.add_argument("--index", type=int, required=True, help="replica index, 0..workers-1")
+    parser.add_argument("--workers", type=positive_int, required=True, help="how many replicas run")
+    add_program_arguments(parser, "your worker program")
+    parser.add_argument("--uses-coordinator", action="store_true",
+                        help="also the built-in coordinator's variables (ALLOCSTACK_COORDINATOR_*)")
+    add_gate_arguments(parser)
+    parser.add_argument("--record", type=Path, help="this worker's record (JSON), written when it exited 0")
+    args = parser.parse_args(argv)
+    if args.scratch is None:
+        parser.error("--scratch (or $ALLOCSTACK_SCRATCH) is required")
+    if not 0 <= args.index < args.workers:
+        parser.error("--index must be in 0..workers-1")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    worker = args.worker_id
+    log = lambda message: print(f"{worker}: {message}", file=sys.stderr, flush=True)  # noqa: E731
+    events = args.scratch / "events" / f"{worker}.jsonl"
+    program = Supervised(worker)
+    try:
+        ensure_private_dir(events.parent)
+        events.unlink(missing_ok=True)
+        await_gates(args.gate_record, args.gate_timeout, log)
+        stack = {**services_environment(args.scratch, args.uses, args.uses_coordinator),
+                 **replica_variables(worker, args.index, args.workers)}
+        env = program_environment(os.environ, stack, args.environment_json, "worker")
+        argv = expand_argv(args.command_json, env, "worker")
+        started = time.time()
+        append_event(events, "worker-start", worker=worker, **runtime_facts())
+        program.start(argv, env)
+    except AllocstackError as error:
+        append_event(events, "worker-end", worker=worker, status=error.diag)
+        return report(error)
+    outcome = program.wait()
+    ended = time.time()
+    status = "done" if outcome.code == 0 else "failed"
+    append_event(events, "worker-end", worker=worker, status=status, exitCode=outcome.code)
+    if outcome.code != 0:
+        why = " (stopped by allocstack)" if outcome.stopped_by is not None else ""
+        return report(AllocstackError("worker-exit", f"{worker} ({describe(args.command_json)}) {outcome.how()}{why}"))
+    if args.record:
+        atomic_write_json(args.record, {"schemaVersion": SCHEMA_VERSION, "workerId": worker, "status": status,
+                                        "mode": "long-running", "exitCode": 0, "startedAt": started,
+                                        "endedAt": ended}, 0o644)
+    log(f"{describe(args.command_json)} exited 0 after {ended - started:.3f} s")
+    return EXIT_OK
+
+
+if __name__ == "__main__":
+    sys.exit(run(main))
