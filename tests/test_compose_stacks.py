@@ -4,6 +4,7 @@ failing replica or a service that dies is reported."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import shutil
 import socket
@@ -62,7 +63,7 @@ def check_stack_ran(project, name: str) -> None:
     ends = json.loads((project / f"results/{run}/services.json").read_text())["services"]
     assert {service: end["status"] for service, end in ends.items()} == dict.fromkeys(services, "stopped")
     events = events_of(project, run)
-    for before, after in zip(services, services[1:]):  # depends_on: started after the other's gate passed
+    for before, after in itertools.pairwise(services):  # depends_on: started after the other's gate passed
         assert first(events, "gate-passed", service=before) <= first(events, "service-started", service=after)
     last_gate = max(e["t"] for e in events if e["event"] == "gate-passed")
     worker_starts = [e["t"] for e in events if e["event"] == "worker-start"]
@@ -90,6 +91,9 @@ def test_an_imported_stack_runs_locally(project, name):
     done = snakemake(project, "--cores", "4", "--configfile", config)
     assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
     check_stack_ran(project, name)
+    run, _, services, _ = STACK[name]  # the end-of-run summary says what was verified
+    assert f"allocstack: run {run} VERIFIED: your check passed, {len(services)} service(s) stopped cleanly" in \
+        done.stdout + done.stderr
 
 
 @pytest.mark.slurm
@@ -147,8 +151,9 @@ def test_a_failing_replica_fails_the_run_naming_it(project):
     done = run_own_stack(project, "replicas", 3, replica, "echo", listen)
     output = done.stdout + done.stderr
     assert done.returncode != 0
-    assert f"allocstack: error [worker-exit]: worker-02 ({sys.executable} -c) exited 1: replica 1 of 3 (worker-02) " \
-           "fails on purpose" in output, output[-3000:]
+    line = (f"allocstack: error [worker-exit]: worker-02 ({sys.executable} -c) exited 1: replica 1 of 3 (worker-02) "
+            "fails on purpose")
+    assert line in output, output[-3000:]
     assert not (project / "results/replicas/result.json").exists()
 
 
@@ -160,8 +165,9 @@ def test_a_service_that_ends_by_itself_fails_the_run(project, code):
     done = run_own_stack(project, "flaky", 1, "import time; time.sleep(3)", "flaky", dies)
     output = done.stdout + done.stderr
     assert done.returncode != 0
-    assert "allocstack: error [service-exit]: service flaky ended by itself before the stack was done " \
-           f"(exited {code}: flaky: out of memory (on purpose))" in output, output[-3000:]
+    line = ("allocstack: error [service-exit]: service flaky ended by itself before the stack was done "
+            f"(exited {code}: flaky: out of memory (on purpose))")
+    assert line in output, output[-3000:]
     assert not (project / "results/flaky/result.json").exists()
 
 

@@ -82,7 +82,7 @@ IGNORED_KEYS: dict[str, str] = {
     "pull_policy": "images are built once, ahead (see what to build)",
     "mem_limit": "memory is the profile's mem_mb (profiles/slurm/config.yaml)",
     "mem_reservation": "memory is the profile's mem_mb (profiles/slurm/config.yaml)",
-    "shm_size": "/dev/shm is the node's",
+    "shm_size": "shared memory is the node's",
     "read_only": "an Apptainer image is read-only anyway",
     "cap_drop": "no capabilities to drop: programs run as you",
     "stop_signal": "",  # handled: SIGTERM only
@@ -445,7 +445,7 @@ def assign_roles(services: dict[str, dict[str, Any]], counts: dict[str, int], re
                                                                "workers): allocstack replicates only the workers")
     rest = [name for name in services if name not in (workers, check)]
     for name in rest:
-        for dependency, condition in conditions(services[name]).items():
+        for dependency in conditions(services[name]):
             if dependency in (workers, check):
                 report.refuse(f"services.{name}.depends_on", f"a long-running service that waits for the "
                                                              f"{'workers' if dependency == workers else 'check'}")
@@ -622,12 +622,13 @@ def what_to_build(sources: dict[str, list[str]]) -> list[str]:
     return lines
 
 
-SYSTEM_PATHS = ("/bin/", "/usr/", "/etc/", "/dev/", "/proc/", "/sys/", "/tmp/", "/lib", "/sbin/", "/run/")
+#: Where a program's own files are not: paths of the operating system (in the image and on the node alike).
+SYSTEM_PATHS = ("/bin/", "/usr/", "/etc/", "/dev/", "/proc/", "/sys/", "/tmp/", "/lib", "/sbin/", "/run/")  # noqa: S108
 
 
 def image_paths(name: str, before: list[str], after: list[str], report: Report) -> None:
     """Absolute paths no mount maps, in the first words of a command: they exist only in the image."""
-    found = [arg for arg, mapped in zip(before[:3], after[:3])
+    found = [arg for arg, mapped in zip(before[:3], after[:3], strict=True)
              if arg == mapped and arg.startswith("/") and not arg.startswith(SYSTEM_PATHS)]
     if found:
         report.notes.append(f"{name}: {', '.join(found)} is inside the image (no mount maps it): with the image it "
@@ -729,7 +730,7 @@ def aliases(name: str, spec: dict[str, Any], report: Report) -> list[str]:
     if networks:
         report.notes.append(f"{name}: networks: every service shares the node's loopback (networks do not isolate)")
     for link in spec.get("links") or []:
-        target, _, alias = str(link).partition(":")
+        alias = str(link).partition(":")[2]
         names += [alias] if alias else []
     return names
 
@@ -795,11 +796,11 @@ def start_order(services: dict[str, Any], report: Report) -> list[str]:
 
     def visit(name: str, path: list[str]) -> None:
         if name in path:
-            report.refuse("services", f"depends_on has a cycle: {' -> '.join(path[path.index(name):] + [name])}")
+            report.refuse("services", f"depends_on has a cycle: {' -> '.join([*path[path.index(name):], name])}")
             return
         if name not in order:
             for dependency in services[name]["depends_on"]:
-                visit(dependency, path + [name])
+                visit(dependency, [*path, name])
             order.append(name)
 
     for name in services:
@@ -817,9 +818,8 @@ def assemble(active: dict[str, dict[str, Any]], roles: Roles, counts: dict[str, 
         mounts = [m for index, mount in enumerate(spec.get("volumes") or [])
                   if (m := parse_mount(mount, f"services.{name}.volumes[{index}]", declared, name, context))]
         tmpfs = spec.get("tmpfs") or []
-        for target in [tmpfs] if isinstance(tmpfs, str) else tmpfs:
-            mounts.append(parse_mount({"type": "tmpfs", "target": str(target).split(":")[0]},
-                                      f"services.{name}.tmpfs", declared, name, context))
+        mounts.extend(parse_mount({"type": "tmpfs", "target": str(target).split(":")[0]}, f"services.{name}.tmpfs",
+                                  declared, name, context) for target in ([tmpfs] if isinstance(tmpfs, str) else tmpfs))
         mounts = [m for m in mounts if m]
         context.binds.update(m.replacement for m in mounts if m.kind == "bind")
         if any(m.read_only for m in mounts):

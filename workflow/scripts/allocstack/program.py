@@ -32,6 +32,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import IO
 
 from .errors import EXIT_TEMPFAIL, AllocstackError
 from .jsonio import read_json
@@ -106,10 +107,7 @@ class Outcome:
         return sig is not None and not self.killed and self.code in (0, -sig, 128 + sig)
 
     def how(self) -> str:
-        if self.code < 0:
-            ended = f"killed by {signal.Signals(-self.code).name}"
-        else:
-            ended = f"exited {self.code}"
+        ended = f"killed by {signal.Signals(-self.code).name}" if self.code < 0 else f"exited {self.code}"
         last = f": {self.tail[-1][-300:]}" if self.tail else ""
         return ended + last
 
@@ -141,13 +139,12 @@ class Supervised:
             self.child = subprocess.Popen(argv, env=env, stderr=subprocess.PIPE)
         except OSError as exc:
             raise AllocstackError("prerequisite", f"cannot start {self.label} ({argv[0]}): {exc.strerror}") from exc
-        self.reader = threading.Thread(target=self._copy_stderr, name="stderr", daemon=True)
+        self.reader = threading.Thread(target=self._copy_stderr, args=(self.child.stderr,), name="stderr", daemon=True)
         self.reader.start()
         return self.child.pid
 
-    def _copy_stderr(self) -> None:
-        assert self.child is not None and self.child.stderr is not None
-        for raw in self.child.stderr:
+    def _copy_stderr(self, stream: IO[bytes]) -> None:
+        for raw in stream:
             sys.stderr.buffer.write(raw)
             sys.stderr.buffer.flush()
             line = raw.decode("utf-8", errors="replace").strip()
@@ -164,19 +161,20 @@ class Supervised:
         if self.stopped_by is None:
             self.stopped_by = signum
             if self.grace is not None:
-                threading.Thread(target=self._kill_after_grace, name="grace", daemon=True).start()
+                threading.Thread(target=self._kill_after_grace, args=(self.child, self.grace), name="grace",
+                                 daemon=True).start()
         self.child.send_signal(signum)
 
-    def _kill_after_grace(self) -> None:
-        assert self.child is not None and self.grace is not None
+    def _kill_after_grace(self, child: subprocess.Popen[bytes], grace: float) -> None:
         try:
-            self.child.wait(timeout=self.grace)
+            child.wait(timeout=grace)
         except subprocess.TimeoutExpired:
             self.killed = True
-            self.child.kill()
+            child.kill()
 
     def wait(self) -> Outcome:
-        assert self.child is not None
+        if self.child is None:
+            raise RuntimeError("wait() before start()")
         code = self.child.wait()
         self.reader.join(timeout=5)
         return Outcome(code, self.stopped_by, self.killed, list(self.tail))
@@ -233,7 +231,7 @@ def run_check(argv: list[str], env: Mapping[str, str]) -> None:
     """
     try:
         done = subprocess.run(argv, capture_output=True, encoding="utf-8", errors="replace", env=dict(env),
-                              timeout=3600)
+                              timeout=3600, check=False)
     except (OSError, subprocess.TimeoutExpired) as exc:
         raise AllocstackError("verification", f"verify.command {argv[0]} could not run: {exc}") from exc
     for line in (done.stdout + done.stderr).strip().splitlines()[-20:]:

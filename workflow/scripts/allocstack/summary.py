@@ -3,8 +3,9 @@
 Everything here reads files a run leaves (``results/<run>/...`` and the components'
 logs) and renders text; nothing talks to a coordinator. The records:
 ``result.json`` (the success marker), ``coordinator.json`` (how the coordinator
-ended, per-worker counts), ``workers/worker-NN.json``, ``readiness.json`` and
-``events.jsonl``.
+ended, per-worker counts), ``workers/worker-NN.json``, ``readiness.json``,
+``services.json`` (how each of your services ended), ``check.json`` (your own
+stack's check) and ``events.jsonl``.
 """
 
 from __future__ import annotations
@@ -17,7 +18,8 @@ from typing import Any
 from .events import read_events
 
 #: The files of ``results/<run>/`` a summary reads (any may be missing).
-RECORDS = {"marker": "result.json", "end": "coordinator.json", "gate": "readiness.json", "inputs": "inputs.json"}
+RECORDS = {"marker": "result.json", "end": "coordinator.json", "gate": "readiness.json", "inputs": "inputs.json",
+           "services": "services.json"}
 ERROR_PREFIX = "allocstack: error ["
 #: Records and logs at most this many seconds older than the start of the command count as its own
 #: (file systems round modification times; Slurm's clocks may differ by a little).
@@ -129,9 +131,31 @@ def worker_line(records: RunRecords) -> str:
     for name, record in sorted(records.workers.items()):
         if record.get("status") == "killed":
             parts.append(f"{name} killed ({record.get('signal', '?')})")
+        elif record.get("mode") == "long-running":  # your program, once: how it ended
+            parts.append(f"{name} exited {record.get('exitCode', '?')}")
         else:
             parts.append(f"{name} {_n(record.get('tasksCompleted', 0))} tasks")
     return f"{len(records.workers)}: " + ", ".join(parts) if parts else "none recorded"
+
+
+def services_line(records: RunRecords) -> str | None:
+    """``kv stopped, api stopped``: how each of your services ended (None without services)."""
+    document = records.get("services")
+    services = document.get("services") if isinstance(document, dict) else None
+    if not services:
+        return None
+    return ", ".join(f"{name} {record.get('status', '?') if isinstance(record, dict) else '?'}"
+                     for name, record in sorted(services.items()))
+
+
+def verdict(records: RunRecords) -> str:
+    """What a verified run was verified against: the coordinator's tasks, or your own stack's check."""
+    marker = records.get("marker")
+    if isinstance(marker, dict) and "taskCount" not in marker and marker.get("check") == "passed":
+        services = marker.get("services") or []
+        return f"your check passed, {len(services)} service(s) stopped cleanly"
+    count = marker.get("taskCount", "?") if isinstance(marker, dict) else "?"
+    return f"{_n(count)} of {_n(count)} tasks correct"
 
 
 def render_finished(records: RunRecords, *, failed: bool | None = None, wall_seconds: float | None = None,
@@ -147,8 +171,7 @@ def render_finished(records: RunRecords, *, failed: bool | None = None, wall_sec
     failed = not verified if failed is None else failed
     where = records.directory
     if not failed:
-        count = marker.get("taskCount", "?") if isinstance(marker, dict) else "?"
-        lines = [f"allocstack: run {records.run} VERIFIED: {_n(count)} of {_n(count)} tasks correct"]
+        lines = [f"allocstack: run {records.run} VERIFIED: {verdict(records)}"]
     else:
         lines = [f"allocstack: run {records.run} FAILED" + ("" if records.exists else f": nothing was written to {where}/")]
         for line, path in (errors or [])[:5]:
@@ -162,13 +185,17 @@ def render_finished(records: RunRecords, *, failed: bool | None = None, wall_sec
         if end.get("status") != "completed":
             lines.append(f"  coordinator ended {end.get('status')} ({end.get('reason')}): acknowledged results stay "
                          "in the journal; run the same command again to resume")
+    services = services_line(records)
+    if services:
+        lines.append(f"  services    {services}")
     if records.workers:
         lines.append(f"  workers     {worker_line(records)}")
     times = [f"{_seconds(wall_seconds)} for this command"] if wall_seconds is not None else []
     stack = stack_seconds(records)
     if stack is not None:
         ready = f"ready after {gate['secondsToReady']:.2f} s, " if isinstance(gate, dict) and "secondsToReady" in gate else ""
-        times.append(f"the stack {_seconds(stack)} ({ready}coordinator start to last event)")
+        first = "coordinator start" if isinstance(records.get("end"), dict) else "first start"
+        times.append(f"the stack {_seconds(stack)} ({ready}{first} to last event)")
     if times:
         lines.append(f"  wall time   {'; '.join(times)}")
     if not failed:

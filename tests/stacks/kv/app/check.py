@@ -12,9 +12,17 @@ parser.add_argument("--jobs", required=True)
 parser.add_argument("--out", required=True)
 parser.add_argument("--replicas", type=int, required=True)
 args = parser.parse_args()
-jobs = json.load(open(args.jobs))
-answers = json.load(urllib.request.urlopen(os.environ["KV_URL"] + "/kv", timeout=5))
-notes = [json.load(open(path)) for path in sorted(glob.glob(os.path.join(args.out, "*.json")))]
+
+
+def read(path):
+    with open(path) as handle:
+        return json.load(handle)
+
+
+jobs = read(args.jobs)
+with urllib.request.urlopen(os.environ["KV_URL"] + "/kv", timeout=5) as response:
+    answers = json.load(response)
+notes = [read(path) for path in sorted(glob.glob(os.path.join(args.out, "*.json")))]
 done = [job_id for note in notes for job_id in note]
 problems = []
 if len(notes) != args.replicas:

@@ -11,7 +11,8 @@ parser.add_argument("--load", help="a JSON list of jobs for the queue 'jobs'")
 args = parser.parse_args()
 lock, queues, values = threading.Lock(), {"jobs": []}, {}
 if args.load:
-    queues["jobs"] = json.load(open(args.load))
+    with open(args.load) as jobs:
+        queues["jobs"] = json.load(jobs)
 
 
 class Handler(BaseHTTPRequestHandler):
