@@ -1,4 +1,4 @@
-"""Finding the real Slurm test cluster and Apptainer; skip (or, in CI, fail) when they are missing."""
+"""Finding the real Slurm test cluster, Apptainer and Charliecloud; skip (or, in CI, fail) when they are missing."""
 
 from __future__ import annotations
 
@@ -18,9 +18,9 @@ def unavailable(reason: str):
     pytest.skip(reason)
 
 
-def _answers(argv: list[str]) -> bool:
+def _answers(argv: list[str], env: dict[str, str] | None = None) -> bool:
     try:
-        return subprocess.run(argv, capture_output=True, timeout=20, check=False).returncode == 0
+        return subprocess.run(argv, capture_output=True, timeout=20, check=False, env=env).returncode == 0
     except (OSError, subprocess.TimeoutExpired):
         return False
 
@@ -43,4 +43,16 @@ def require_apptainer() -> str:
         unavailable(f"no test image at {image!r} (tests/cluster/prepare.sh builds it)")
     if not _answers(["apptainer", "--version"]):
         unavailable("apptainer does not run here (it needs root in this sandbox)")
+    return image
+
+
+def require_charliecloud() -> str:
+    """Return the directory test image for ch-run."""
+    image = os.environ.get("ALLOCSTACK_TEST_CHARLIECLOUD_IMAGE", "")
+    if shutil.which("ch-run") is None:
+        unavailable("ch-run is not on PATH (as root: tests/cluster/prepare.sh installs Debian's charliecloud-runtime)")
+    if not image or not os.path.isdir(image) or not os.path.exists(image + ".sha256"):
+        unavailable(f"no Charliecloud test image at {image!r} (tests/cluster/prepare.sh makes it)")
+    if not _answers(["ch-run", "--version"], env={**os.environ, "USER": os.environ.get("USER") or "root"}):
+        unavailable("ch-run does not run here")
     return image

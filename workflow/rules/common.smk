@@ -65,6 +65,11 @@ NAMES = allocstack_module(
 )  # the variables of a service, as the scripts spell them
 
 
+# The scripts' shared facts: which program each container runtime needs.
+sys.path.insert(0, os.path.abspath(SCRIPTS))
+from allocstack.containers import PROGRAMS
+
+
 def fail_config(diag, message):
     """Stop before anything runs: ONE allocstack line and the diagnostic's exit code (no traceback)."""
     sys.exit(ERRORS.report(ERRORS.AllocstackError(diag, message)))
@@ -146,9 +151,14 @@ PYTHON = (
     else sys.executable
 )
 STACK_ENV = "../envs/stack.yaml"
-USE_IMAGE = (
-    bool(config["image"])
-    and DeploymentMethod.APPTAINER in workflow.deployment_settings.deployment_method
+RUNTIME = config["runtime"]
+# Apptainer images are switched on by Snakemake's --sdm apptainer (the Slurm profile
+# sets it); Charliecloud has no Snakemake deployment method: runtime charliecloud
+# and an image are the switch (allocstack uses no container directive, so --sdm
+# apptainer itself never needs apptainer).
+USE_IMAGE = bool(config["image"]) and (
+    RUNTIME == "charliecloud"
+    or DeploymentMethod.APPTAINER in workflow.deployment_settings.deployment_method
 )
 
 
@@ -375,11 +385,16 @@ def check_prerequisites():
             "expected is null and verify.command is not set: nothing would say "
             "whether the results are correct; set one of them",
         )
-    if USE_IMAGE and shutil.which("apptainer") is None:
+    if USE_IMAGE and shutil.which(PROGRAMS[RUNTIME]) is None:
+        switch = (
+            "--sdm apptainer is on"
+            if RUNTIME == "apptainer"
+            else f"runtime is {RUNTIME}"
+        )
         fail_config(
             "prerequisite",
-            f"image is set and --sdm apptainer is on, but apptainer is not on PATH; "
-            f"{config['apptainer']['hint']}",
+            f"image is set and {switch}, but {PROGRAMS[RUNTIME]} is not on PATH; "
+            f"{config[RUNTIME]['hint']}",
         )
 
 
@@ -403,7 +418,7 @@ def journal_path(wildcards):
 def bind_paths(wildcards):
     """Host paths a containerised component needs (bound at the same place)."""
     return (
-        config["apptainer"]["binds"]
+        config[RUNTIME]["binds"]
         + [
             f"results/{wildcards.run}",
             f"{config['state_dir']}/{wildcards.run}",
@@ -460,10 +475,14 @@ def launch(component, cpus=1, scratch=True, tolerate_kill=None, job_end_time=Fal
                 argv.append(f"--step-arg=--gpus={gpus}")
         if USE_IMAGE:
             argv.append(f"--image={os.path.abspath(config['image'])}")
-            argv += [f"--apptainer-arg={arg}" for arg in config["apptainer"]["args"]]
-            if gpus > 0 and "--nv" not in config["apptainer"]["args"]:
-                argv.append("--apptainer-arg=--nv")  # GPUs requested: expose the driver
-            argv.append(f"--apptainer-hint={config['apptainer']['hint']}")
+            argv.append(f"--runtime={RUNTIME}")
+            runtime_args = config[RUNTIME]["args"]
+            argv += [f"--runtime-arg={arg}" for arg in runtime_args]
+            if gpus > 0 and RUNTIME == "apptainer" and "--nv" not in runtime_args:
+                # GPUs requested: expose the driver (Charliecloud: ch-fromhost --nvidia
+                # put it into the image once, see container/README.md)
+                argv.append("--runtime-arg=--nv")
+            argv.append(f"--runtime-hint={config[RUNTIME]['hint']}")
             argv += [f"--bind={path}" for path in bind_paths(wildcards)]
         return shlex.join(argv) + " --"
 

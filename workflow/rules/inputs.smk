@@ -17,7 +17,11 @@ rule validate_inputs:
     params:
         expected=expected_option,
         python=PYTHON,
-        image=f"--image {shlex.quote(config['image'])}" if USE_IMAGE else "",
+        image=(
+            f"--image {shlex.quote(config['image'])} --runtime {RUNTIME}"
+            if USE_IMAGE
+            else ""
+        ),
         workers=config["workers"],
         handler=(
             "long-running"

@@ -4,8 +4,9 @@
 Runs after the coordinator and every worker ended. Reads the job-scoped event log
 (``SCRATCH/events.jsonl``), writes it sorted by time to the results directory,
 writes ``provenance.json`` (where each component ran: host, Python, OS release
-as seen by the component, Slurm job/step, container; Slurm and Apptainer
-versions; input and image digests), then removes the run's scratch directory.
+as seen by the component, Slurm job/step, container; the Slurm version, the
+container runtime and its version; input and image digests), then removes the
+run's scratch directory.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from typing import Any
 
 from allocstack import SCHEMA_VERSION
 from allocstack.cli import ArgumentParser, positive_float, run
+from allocstack.containers import PROGRAMS, runtime_environ, version_argv
 from allocstack.endpoint import service_end_path
 from allocstack.errors import EXIT_OK, AllocstackError, report
 from allocstack.events import read_events
@@ -36,7 +38,8 @@ def tool_version(argv: list[str]) -> str | None:
     if shutil.which(argv[0]) is None:
         return None
     try:
-        done = subprocess.run(argv, capture_output=True, text=True, timeout=20, check=False)
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=20, check=False,
+                              env=runtime_environ(os.environ))
     except (OSError, subprocess.TimeoutExpired):
         return None
     text = (done.stdout or done.stderr).strip().splitlines()
@@ -59,6 +62,14 @@ def slurm_steps(job_id: str | None) -> list[dict[str, str]] | None:
     if done.returncode != 0:
         return None
     return [dict(zip(STEP_FIELDS, line.split("|"), strict=False)) for line in done.stdout.splitlines() if line]
+
+
+def container_runtime(summary: dict[str, Any]) -> dict[str, Any] | None:
+    """The runtime that ran the image, and its version as this node reports it (None without an image)."""
+    if not summary.get("image"):
+        return None
+    runtime = summary.get("runtime", "apptainer")
+    return {"name": runtime, "program": PROGRAMS[runtime], "version": tool_version(version_argv(runtime))}
 
 
 def components(events: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
@@ -128,7 +139,7 @@ def main(argv: list[str] | None = None) -> int:
         with ThreadPoolExecutor(max_workers=3) as pool:  # three client programs at once: this runs in the job
             slurm_version = pool.submit(tool_version, ["sinfo", "--version"]) if job else None
             steps = pool.submit(slurm_steps, job)
-            apptainer = pool.submit(tool_version, ["apptainer", "--version"]) if summary.get("image") else None
+            runtime = pool.submit(container_runtime, summary)
         atomic_write_json(args.provenance_out, {
             "schemaVersion": SCHEMA_VERSION,
             "collectedAt": time.time(),
@@ -142,7 +153,7 @@ def main(argv: list[str] | None = None) -> int:
                 "node": os.environ.get("SLURMD_NODENAME"),
                 "steps": steps.result(),
             },
-            "apptainer": apptainer.result() if apptainer else None,
+            "containerRuntime": runtime.result(),
             "components": components(events),
         }, 0o644)
         if not args.keep_scratch:

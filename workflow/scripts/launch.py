@@ -5,24 +5,26 @@ This is where a Compose service becomes a program the scheduler launches and
 tracks. ``launch.py [options] -- SCRIPT [ARGS...]`` resolves the run's job-scoped
 scratch (creating it 0700), then runs and supervises::
 
-    [srun STEP_ARGS...] [apptainer exec APPTAINER_ARGS... --bind ... IMAGE] python SCRIPT ARGS...
+    [srun STEP_ARGS...] [apptainer exec ... IMAGE | ch-run ... IMAGE --] python SCRIPT ARGS...
 
 * ``srun`` is used when ``--job-steps`` is on and ``$SLURM_JOB_ID`` is set, so
   ``sacct -j JOB`` lists the component as its own step with its own state and
   CPU time. Outside Slurm the component is a plain process.
-* ``apptainer exec`` is used when ``--image`` is given; paths are bound at the
-  same location inside the container (scripts read-only, plus scratch and the
-  paths in ``--bind``), so the command line needs no rewriting.
+* the container runtime (``--runtime``: Apptainer's ``apptainer exec`` or
+  Charliecloud's ``ch-run``, see allocstack/containers.py) is used when
+  ``--image`` is given; paths are bound at the same location inside the
+  container (the scripts, scratch and the paths in ``--bind``), so the command
+  line needs no rewriting, and the environment holds only what allocstack sets.
 * ``--volume NAME`` (a Compose named volume) is the directory ``SCRATCH/volumes/NAME``,
   named to the component in ``$ALLOCSTACK_VOLUME_NAME``.
 
 Supervision: SIGTERM, SIGINT and SIGHUP are forwarded to the component (so a
-drain reaches it through srun and Apptainer); if launch.py itself is killed, the
-kernel kills the component too (``PR_SET_PDEATHSIG``), so nothing is orphaned.
-With ``--tolerate-kill RECORD`` (workers), a component killed by a signal that
-did not come through launch.py (``kill -9``, the OOM killer) is recorded in
-RECORD and the job succeeds: its leased tasks return to the queue and the other
-workers finish them; verification still decides whether the run succeeded.
+drain reaches it through srun and the container runtime); if launch.py itself is
+killed, the kernel kills the component too (``PR_SET_PDEATHSIG``), so nothing is
+orphaned. With ``--tolerate-kill RECORD`` (workers), a component killed by a
+signal that did not come through launch.py (``kill -9``, the OOM killer) is
+recorded in RECORD and the job succeeds: its leased tasks return to the queue and
+the other workers finish them; verification still decides whether the run succeeded.
 """
 
 from __future__ import annotations
@@ -35,11 +37,14 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Mapping
 from pathlib import Path
 
 from allocstack.cli import ArgumentParser, positive_int, run
+from allocstack.containers import (PROGRAMS, check_mount_points, container_prefix, mount_tops, mount_tree_dirs,
+                                   runtime_environ)
 from allocstack.errors import AllocstackError, report
 from allocstack.jsonio import atomic_write_json
 from allocstack.lifeline import ENV as LIFELINE_ENV
@@ -60,19 +65,6 @@ def step_prefix(component: str, cpus: int, step_args: list[str], node: str | Non
     """
     pin = ["--nodes=1", f"--nodelist={node}"] if node else ["--nodes=1"]
     return ["srun", f"--job-name={component}", "--ntasks=1", *pin, f"--cpus-per-task={cpus}", *step_args]
-
-
-def container_prefix(image: str, apptainer_args: list[str], binds: list[str], env: Mapping[str, str]) -> list[str]:
-    """``apptainer exec`` in the current directory with ``binds`` at the same paths.
-
-    ``--pwd`` keeps relative paths working under ``--contain`` (which would start in $HOME).
-    """
-    argv = ["apptainer", "exec", *apptainer_args, "--pwd", os.getcwd()]
-    for name, value in env.items():
-        argv += ["--env", f"{name}={value}"]
-    for path in dict.fromkeys(binds):  # same path inside as outside; de-duplicated, order kept
-        argv += ["--bind", f"{path}:{path}"]
-    return [*argv, image]
 
 
 def job_end_time(environ: Mapping[str, str]) -> str | None:
@@ -101,35 +93,76 @@ def this_node(environ: Mapping[str, str]) -> str:
     return environ.get("SLURMD_NODENAME") or socket.gethostname().split(".")[0]
 
 
-def build_argv(args, scratch: Path | None, environ: Mapping[str, str]) -> list[str]:
+#: What passes from the launcher's environment into the image (the runtime drops everything else).
+PASSED_ENV = ("SLURM_JOB_ID", "SLURM_JOB_END_TIME", "SLURMD_NODENAME", "SLURM_SUBMIT_HOST", "USER",
+              "CUDA_VISIBLE_DEVICES", LIFELINE_ENV)
+
+
+def component_binds(args, scratch: Path | None) -> list[str]:
+    """Host paths the component sees in the image: scratch, the scripts' directory, ``--bind`` paths."""
+    script = Path(args.command[0]).absolute()
+    binds = [str(scratch)] if scratch is not None else []
+    return binds + [str(script.parent), *(str(Path(b).absolute()) for b in args.bind)]
+
+
+def component_env(args, scratch: Path | None, environ: Mapping[str, str]) -> dict[str, str]:
+    """The component's whole environment inside the image, besides the image's own."""
+    env = {"PYTHONDONTWRITEBYTECODE": "1"}
+    for name in PASSED_ENV:
+        if environ.get(name):
+            env[name] = environ[name]
+    if scratch is not None:
+        env["ALLOCSTACK_SCRATCH"] = str(scratch)
+    env.update((name, value) for name, value in environ.items() if name.startswith(VOLUME_PREFIX))
+    if args.runtime == "charliecloud":  # Apptainer names the image itself ($APPTAINER_CONTAINER)
+        env["ALLOCSTACK_CONTAINER"] = args.image
+    return env
+
+
+def build_argv(args, scratch: Path | None, environ: Mapping[str, str], mount_tree: Path | None = None) -> list[str]:
     script = Path(args.command[0]).absolute()
     python = "python3" if args.image else sys.executable
     argv = [python, str(script), *args.command[1:]]
     if args.image:
-        binds = [str(script.parent), *(str(Path(b).absolute()) for b in args.bind)]
-        for path in args.bind:  # a bind source must exist: results/<run>, state/<run> may not yet
-            Path(path).mkdir(mode=0o700, parents=True, exist_ok=True)
-        env = {"PYTHONDONTWRITEBYTECODE": "1"}
-        passed = ("SLURM_JOB_ID", "SLURM_JOB_END_TIME", "SLURMD_NODENAME", "SLURM_SUBMIT_HOST", "USER",
-                  "CUDA_VISIBLE_DEVICES", LIFELINE_ENV)
-        for name in passed:
-            if environ.get(name):  # --cleanenv drops them; the components need them
-                env[name] = environ[name]
-        if scratch is not None:
-            binds.insert(0, str(scratch))
-            env["ALLOCSTACK_SCRATCH"] = str(scratch)
-        env.update((name, value) for name, value in environ.items() if name.startswith(VOLUME_PREFIX))
-        argv = container_prefix(args.image, args.apptainer_arg, binds, env) + argv
+        argv = container_prefix(args.runtime, args.image, args.runtime_arg, component_binds(args, scratch),
+                                component_env(args, scratch, environ), os.getcwd(), mount_tree) + argv
     if args.job_steps and environ.get("SLURM_JOB_ID"):
         argv = step_prefix(args.component, args.cpus, args.step_arg, this_node(environ)) + argv
     return argv
 
 
-def check_programs(argv: list[str], hint: str) -> None:
-    """Fail early, naming the fix, when srun or apptainer is needed but not on PATH."""
-    for program in ("srun", "apptainer"):
+def prepare_binds(args, scratch: Path | None, environ: Mapping[str, str]) -> Path | None:
+    """With an image: create the ``--bind`` sources and, for Charliecloud, the mount-point tree.
+
+    A bind source must exist (results/<run>, state/<run> may not yet). The Charliecloud
+    mount-point tree (see allocstack/containers.py) lives in scratch (or, without scratch, in
+    the scratch root) and is removed when the component ends; collection removes scratch anyway.
+    Returns the tree, or None.
+
+    :raises AllocstackError: ``prerequisite`` for a path ch-run cannot bind or a mount point
+        the image lacks.
+    """
+    if not args.image:
+        return None
+    for path in args.bind:
+        Path(path).mkdir(mode=0o700, parents=True, exist_ok=True)
+    if args.runtime != "charliecloud":
+        return None
+    binds, cwd = component_binds(args, scratch), os.getcwd()
+    check_mount_points(args.image, mount_tops([*binds, cwd]))
+    base = scratch if scratch is not None else resolve_root(args.scratch_root, environ)
+    base.mkdir(mode=0o700, parents=True, exist_ok=True)
+    tree = Path(tempfile.mkdtemp(prefix=f".mounts-{args.component}-", dir=base))
+    for directory in mount_tree_dirs(binds, cwd, tree):
+        directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+    return tree
+
+
+def check_programs(argv: list[str], runtime: str, hint: str) -> None:
+    """Fail early, naming the fix, when srun or the container runtime is needed but not on PATH."""
+    for program in ("srun", PROGRAMS[runtime]):
         if program in argv and shutil.which(program) is None:
-            fix = f"; {hint}" if program == "apptainer" and hint else ""
+            fix = f"; {hint}" if program == PROGRAMS[runtime] and hint else ""
             raise AllocstackError("prerequisite", f"{program} is not on PATH{fix}")
 
 
@@ -195,9 +228,12 @@ def parse_args(argv: list[str] | None):
     parser.add_argument("--run", required=True, help="run name: scratch is ROOT/allocstack-UID/RUN")
     parser.add_argument("--scratch-root", default="", help="configured scratch root ('' = $SLURM_TMPDIR, $TMPDIR, ...)")
     parser.add_argument("--no-scratch", action="store_true", help="the component needs no scratch (e.g. verification)")
-    parser.add_argument("--image", default="", help="Apptainer image to run the component in ('' = none)")
-    parser.add_argument("--apptainer-arg", action="append", default=[], help="argument for apptainer exec (repeatable)")
-    parser.add_argument("--apptainer-hint", default="", help="how to get apptainer, named when it is missing")
+    parser.add_argument("--image", default="", help="image to run the component in ('' = none)")
+    parser.add_argument("--runtime", choices=sorted(PROGRAMS), default="apptainer",
+                        help="container runtime for --image: apptainer (apptainer exec) or charliecloud (ch-run)")
+    parser.add_argument("--runtime-arg", action="append", default=[],
+                        help="argument for apptainer exec or ch-run (repeatable)")
+    parser.add_argument("--runtime-hint", default="", help="how to get the runtime's program, named when it is missing")
     parser.add_argument("--bind", action="append", default=[], help="host path to bind at the same place (repeatable)")
     parser.add_argument("--job-steps", action="store_true", help="run as an srun job step inside a Slurm allocation")
     parser.add_argument("--step-arg", action="append", default=[], help="argument for srun (repeatable)")
@@ -215,6 +251,9 @@ def parse_args(argv: list[str] | None):
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     env = {**os.environ, LIFELINE_ENV: str(os.getpid())}
+    if args.image and args.runtime == "charliecloud":
+        env = runtime_environ(env)
+    mount_tree = None
     try:
         scratch = None if args.no_scratch else run_scratch(resolve_root(args.scratch_root, env), args.run)
         if scratch is not None:
@@ -224,12 +263,23 @@ def main(argv: list[str] | None = None) -> int:
         end_time = job_end_time(env) if args.job_end_time else None
         if end_time:
             env["SLURM_JOB_END_TIME"] = end_time
-        command = build_argv(args, scratch, env)
-        check_programs(command, args.apptainer_hint)
+        mount_tree = prepare_binds(args, scratch, env)
+        command = build_argv(args, scratch, env, mount_tree)
+        check_programs(command, args.runtime, args.runtime_hint)
     except AllocstackError as error:
+        remove_mount_tree(mount_tree)
         return report(error)
     print(f"launch: {args.component}: {shlex.join(command)}", file=sys.stderr, flush=True)
-    return supervise(command, env, args.component, args.tolerate_kill)
+    try:
+        return supervise(command, env, args.component, args.tolerate_kill)
+    finally:
+        remove_mount_tree(mount_tree)
+
+
+def remove_mount_tree(tree: Path | None) -> None:
+    """Remove a Charliecloud mount-point tree (empty directories) once nothing uses it."""
+    if tree is not None:
+        shutil.rmtree(tree, ignore_errors=True)
 
 
 if __name__ == "__main__":

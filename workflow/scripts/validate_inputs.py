@@ -2,8 +2,9 @@
 """Validate the run's inputs before anything starts; write a summary with their digests.
 
 Checks the task document (schema, ids, payload bounds), the baseline payloads,
-the expected document (coverage, digests), and, when an image is used, the
-image's SHA-256 sidecar. Exit 0 and a summary, or one line and a non-zero exit.
+the expected document (coverage, digests), and, when an image is used, that the
+runtime can run it and the image's SHA-256 sidecar (a file's digest, or a directory
+image's tree digest). Exit 0 and a summary, or one line and a non-zero exit.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from typing import Any
 
 from allocstack import SCHEMA_VERSION
 from allocstack.cli import ArgumentParser, positive_int, run
+from allocstack.containers import PROGRAMS, check_image_format
 from allocstack.errors import EXIT_OK, AllocstackError, report
 from allocstack.handlers import check_baseline_payload
 from allocstack.jsonio import atomic_write_json, check_sidecar, sha256_file
@@ -36,6 +38,7 @@ def parse_args(argv: list[str] | None):
     parser.add_argument("--handler", default="baseline", choices=["baseline", "command", "long-running"],
                         help="baseline: check the built-in handler's payloads; otherwise the user's program does")
     parser.add_argument("--image", type=Path, help="container image whose .sha256 sidecar must match")
+    parser.add_argument("--runtime", choices=sorted(PROGRAMS), default="apptainer", help="container runtime of --image")
     parser.add_argument("--output", required=True, type=Path, help="where to write the summary")
     return parser.parse_args(argv)
 
@@ -60,7 +63,8 @@ def main(argv: list[str] | None = None) -> int:
         summary = {"schemaVersion": SCHEMA_VERSION, **check_tasks(args), "workers": args.workers,
                    "handler": args.handler}
         if args.image:
-            summary["image"] = str(args.image)
+            check_image_format(args.runtime, str(args.image))
+            summary["image"], summary["runtime"] = str(args.image), args.runtime
             summary["imageSha256"] = check_sidecar(args.image, "image")
         atomic_write_json(args.output, summary, 0o644)
     except AllocstackError as error:

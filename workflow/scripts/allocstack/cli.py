@@ -104,6 +104,15 @@ def os_release() -> str:
     return "unknown"
 
 
+def container_image() -> str | None:
+    """The image this process runs in, as its runtime says: Apptainer names it; inside Charliecloud
+    (``$CH_RUNNING`` is set by ch-run itself) launch.py names it in ``$ALLOCSTACK_CONTAINER``."""
+    named = os.environ.get("APPTAINER_CONTAINER") or os.environ.get("SINGULARITY_CONTAINER")
+    if not named and os.environ.get("CH_RUNNING"):
+        named = os.environ.get("ALLOCSTACK_CONTAINER")
+    return named or None
+
+
 def runtime_facts() -> dict[str, Any]:
     """Where this component runs: recorded in its start event for the run's provenance."""
     return {
@@ -111,7 +120,7 @@ def runtime_facts() -> dict[str, Any]:
         "python": sys.executable,
         "pythonVersion": platform.python_version(),
         "osRelease": os_release(),
-        "container": os.environ.get("APPTAINER_CONTAINER") or os.environ.get("SINGULARITY_CONTAINER") or None,
+        "container": container_image(),
         "slurmJobId": os.environ.get("SLURM_JOB_ID"),
         "slurmStepId": os.environ.get("SLURM_STEP_ID"),
     }

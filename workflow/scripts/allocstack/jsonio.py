@@ -6,6 +6,7 @@ import hashlib
 import itertools
 import json
 import os
+import stat
 import tempfile
 from collections.abc import Iterable
 from pathlib import Path
@@ -126,25 +127,92 @@ def sha256_file(path: str | os.PathLike) -> str:
     return digest.hexdigest()
 
 
-def check_sidecar(path: str | os.PathLike, what: str) -> str:
-    """Check ``<path>.sha256`` (``sha256sum`` format) against the file; return the digest.
+def sha256_tree(root: str | os.PathLike, what: str = "directory") -> str:
+    """Hex SHA-256 over a directory tree: every entry's name, type, permission bits, and a file's
+    contents or a symlink's target (never followed); not owners or times, which a copy changes.
 
-    :raises AllocstackError: ``integrity`` when the sidecar is missing, malformed or differs.
+    Entries are taken in byte order of their names, depth first, each encoded with length
+    prefixes, so two trees have the same digest exactly when they hold the same entries.
+
+    :raises AllocstackError: ``prerequisite`` when a file or directory in the tree cannot be read.
     """
-    sidecar = Path(f"{path}.sha256")
+    digest = hashlib.sha256()
+    pending = [b""]
+    base = os.fsencode(root)
+    while pending:
+        relative = pending.pop()
+        try:
+            with os.scandir(os.path.join(base, relative) if relative else base) as listing:
+                entries = sorted(listing, key=lambda entry: entry.name)
+        except OSError as exc:
+            raise _unreadable(root, relative, exc, what) from exc
+        children = []
+        for entry in entries:
+            path = os.path.join(relative, entry.name) if relative else entry.name
+            info = entry.stat(follow_symlinks=False)
+            if entry.is_symlink():
+                kind, payload = b"l", os.readlink(entry.path)
+            elif entry.is_dir(follow_symlinks=False):
+                kind, payload = b"d", b""
+                children.append(path)
+            elif entry.is_file(follow_symlinks=False):
+                try:
+                    with open(entry.path, "rb") as handle:
+                        kind, payload = b"f", hashlib.file_digest(handle, "sha256").digest()
+                except OSError as exc:
+                    raise _unreadable(root, path, exc, what) from exc
+            else:
+                kind, payload = b"o", b""
+            digest.update(b"%s %o %d:%s %d:%s\n" % (kind, stat.S_IMODE(info.st_mode), len(path), path,
+                                                    len(payload), payload))
+        pending.extend(reversed(children))  # depth first, in name order
+    return digest.hexdigest()
+
+
+def _unreadable(root: str | os.PathLike, relative: bytes, exc: OSError, what: str) -> AllocstackError:
+    where = os.path.join(os.fspath(root), os.fsdecode(relative))
+    return AllocstackError("prerequisite", f"{what} {root}: cannot read {where}: {exc.strerror}; a directory "
+                                           "image must be readable as a whole by whoever runs it (chmod -R a+rX)")
+
+
+def sha256_path(path: str | os.PathLike, what: str) -> str:
+    """:func:`sha256_file` of a file, :func:`sha256_tree` of a directory.
+
+    :raises AllocstackError: ``prerequisite`` when ``path`` is neither, or cannot be read.
+    """
+    if Path(path).is_dir():
+        return sha256_tree(path, what)
     if not Path(path).is_file():
+        raise AllocstackError("prerequisite", f"{what} {path} does not exist")
+    return sha256_file(path)
+
+
+def sidecar_line(path: str | os.PathLike, digest: str) -> str:
+    """The ``<path>.sha256`` line: ``sha256sum`` format for a file; a directory's name ends in '/'."""
+    return f"{digest}  {Path(path).name}{'/' if Path(path).is_dir() else ''}\n"
+
+
+def check_sidecar(path: str | os.PathLike, what: str) -> str:
+    """Check ``<path>.sha256`` against the file (``sha256sum`` format) or directory tree; return the digest.
+
+    :raises AllocstackError: ``integrity`` when the sidecar is missing, malformed or differs;
+        ``prerequisite`` when ``path`` does not exist or cannot be read.
+    """
+    sidecar = Path(f"{os.fspath(path).rstrip('/')}.sha256")
+    if not Path(path).exists():
         raise AllocstackError("prerequisite", f"{what} {path} does not exist")
     try:
         fields = sidecar.read_text(encoding="utf-8").split()
     except FileNotFoundError as exc:
+        fix = "python3 workflow/scripts/image_digest.py" if Path(path).is_dir() else "sha256sum"
         raise AllocstackError(
-            "integrity", f"{what} {path} has no SHA-256 sidecar {sidecar} (create it with sha256sum)"
+            "integrity", f"{what} {path} has no SHA-256 sidecar {sidecar} (create it with {fix})"
         ) from exc
     except (OSError, UnicodeDecodeError) as exc:
         raise AllocstackError("integrity", f"cannot read SHA-256 sidecar {sidecar}: {exc}") from exc
     if not fields or len(fields[0]) != 64 or any(c not in "0123456789abcdef" for c in fields[0].lower()):
         raise AllocstackError("integrity", f"SHA-256 sidecar {sidecar} does not start with a 64-digit hex digest")
-    actual = sha256_file(path)
+    actual = sha256_path(path, what)
     if fields[0].lower() != actual:
         raise AllocstackError(
             "integrity", f"{what} {path} does not match its sidecar: expected {fields[0].lower()}, got {actual}"

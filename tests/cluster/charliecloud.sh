@@ -1,0 +1,140 @@
+#!/usr/bin/env bash
+# Install Charliecloud's ch-run and make the directory image allocstack's Charliecloud tests run.
+#
+#   tests/cluster/charliecloud.sh install SIF    (root; SIF = the test image tests/cluster/prepare.sh built)
+#   tests/cluster/charliecloud.sh status
+#
+# ch-run comes from Debian 12's `charliecloud-runtime` (0.31); it runs unprivileged (user
+# namespaces), as any user. The image is the SIF's own root filesystem, unpacked: the same
+# recipe (container/test.def), the same files, so Apptainer and Charliecloud run the same
+# Python. Like a center adding its filesystems' mount points, the image gets an empty
+# directory for the top level of this checkout (/work, /check, ...): ch-run binds a path only
+# onto a directory the image has. Then ch/environment (where ch-image puts a Dockerfile's ENV)
+# from the SIF's %environment, read permission for everyone (the tests also run it as a
+# second user), and the tree digest sidecar that the workflow checks before every run.
+#
+# Cached: rebuilt only when the SIF, the mount point or this recipe changes (~10 s), else ~0 s.
+#
+# Environment:
+#   ALLOCSTACK_CHARLIECLOUD_HOME   where the image goes (default /opt/allocstack-charliecloud)
+#   ALLOCSTACK_TEST_CHARLIECLOUD_IMAGE  the image directory (default $HOME/images/allocstack-test)
+#
+# Exit codes: 0 ok, 1 failure, 2 usage or not root, 3 (status only) not installed.
+set -Eeuo pipefail
+
+readonly PROG="${0##*/}"
+readonly HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+readonly ROOT=$(cd "$HERE/../.." && pwd)
+readonly CH_HOME="${ALLOCSTACK_CHARLIECLOUD_HOME:-/opt/allocstack-charliecloud}"
+readonly IMAGE="${ALLOCSTACK_TEST_CHARLIECLOUD_IMAGE:-$CH_HOME/images/allocstack-test}"
+# ch-run itself; unsquashfs (squashfs-tools) unpacks the SIF's root filesystem.
+readonly PACKAGES=(charliecloud-runtime squashfs-tools)
+# Bump when the steps below change what ends up in the image.
+readonly RECIPE=1
+
+die() {
+  echo "$PROG: $*" >&2
+  exit 1
+}
+
+log() {
+  echo "$PROG: $*" >&2
+}
+
+usage() {
+  echo "usage: $PROG install SIF | status" >&2
+  exit 2
+}
+
+require_root() {
+  if [[ $EUID -ne 0 ]]; then
+    echo "$PROG: must run as root (apt-get install)" >&2
+    exit 2
+  fi
+}
+
+ensure_packages() {
+  command -v ch-run >/dev/null && command -v unsquashfs >/dev/null && return
+  log "installing ${PACKAGES[*]}"
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${PACKAGES[@]}" >/dev/null ||
+    { apt-get update -q >/dev/null &&
+      DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${PACKAGES[@]}" >/dev/null; } ||
+    die "apt-get install ${PACKAGES[*]} failed"
+}
+
+# The mount point this checkout needs in the image: its top-level directory.
+checkout_top() {
+  local top=${ROOT#/}
+  echo "/${top%%/*}"
+}
+
+cache_key() {
+  local sif=$1
+  { cut -d' ' -f1 "$sif.sha256"; checkout_top; echo "$RECIPE"; } | sha256sum | cut -d' ' -f1
+}
+
+# The SIF's %environment as NAME=VALUE lines (the `export NAME=VALUE` lines Apptainer stored).
+sif_environment() {
+  local rootfs=$1 file="$1/.singularity.d/env/90-environment.sh"
+  [[ -f $file ]] || return 0
+  sed -n 's/^[[:space:]]*export[[:space:]]\{1,\}\([A-Za-z_][A-Za-z0-9_]*=.*\)$/\1/p' "$file"
+}
+
+# Unpack SIF into a new directory image, via a temporary directory renamed into place, so an
+# interrupted build never leaves a half-made image that looks complete.
+build_image() {
+  local sif=$1 key=$2 tmp id top
+  tmp="$IMAGE.partial"
+  rm -rf -- "$tmp" "$tmp.sqfs"
+  mkdir -p -- "$(dirname -- "$IMAGE")"
+  # The SIF's root filesystem is its "FS (Squashfs...)" object.
+  id=$(apptainer sif list "$sif" | awk -F'|' '/FS \(Squashfs/ { gsub(/ /, "", $1); print $1; exit }')
+  [[ -n $id ]] || die "no SquashFS partition in $sif"
+  apptainer sif dump "$id" "$sif" >"$tmp.sqfs"
+  unsquashfs -q -n -d "$tmp" "$tmp.sqfs" >/dev/null
+  rm -f -- "$tmp.sqfs"
+  top=$(checkout_top)
+  [[ -d $tmp$top ]] || mkdir -m 0755 -- "$tmp$top"
+  mkdir -p -- "$tmp/ch"
+  sif_environment "$tmp" >"$tmp/ch/environment"
+  chmod -R a+rX -- "$tmp"
+  rm -rf -- "$IMAGE" "$IMAGE.sha256"
+  mv -T -- "$tmp" "$IMAGE"
+  python3 "$ROOT/workflow/scripts/image_digest.py" "$IMAGE" >/dev/null
+  echo "$key" >"$IMAGE.key"
+}
+
+cmd_install() {
+  local sif=$1 key started=$SECONDS
+  require_root
+  [[ -f $sif && -f $sif.sha256 ]] || die "no SIF with a sidecar at '$sif' (tests/cluster/prepare.sh builds it)"
+  command -v apptainer >/dev/null || die "apptainer not on PATH (tests/cluster/apptainer.sh install)"
+  ensure_packages
+  key=$(cache_key "$sif")
+  if [[ -d $IMAGE && -f $IMAGE.sha256 && $(cat "$IMAGE.key" 2>/dev/null) == "$key" ]]; then
+    log "image $IMAGE is current"
+  else
+    log "unpacking $sif into $IMAGE"
+    build_image "$sif" "$key"
+  fi
+  log "ready: ch-run $(USER=${USER:-root} ch-run --version 2>&1), image $IMAGE after $((SECONDS - started)) s"
+}
+
+cmd_status() {
+  if command -v ch-run >/dev/null && [[ -d $IMAGE && -f $IMAGE.sha256 ]]; then
+    echo "installed: ch-run $(USER=${USER:-root} ch-run --version 2>&1), image $IMAGE"
+  else
+    echo "not installed (expected ch-run on PATH and the image $IMAGE with its sidecar)"
+    exit 3
+  fi
+}
+
+main() {
+  case ${1:-} in
+    install) (($# == 2)) || usage; cmd_install "$2" ;;
+    status) (($# == 1)) || usage; cmd_status ;;
+    *) usage ;;
+  esac
+}
+
+main "$@"
