@@ -49,7 +49,8 @@ def test_local_run_inside_the_image(project, image):
         assert component["python"] == "/usr/bin/python3" and component["pythonVersion"] != sys.version.split()[0]
         assert component["osRelease"].startswith("Debian GNU/Linux 12")
     assert provenance["imageSha256"] == Path(image + ".sha256").read_text().split()[0]
-    assert provenance["apptainer"].startswith("apptainer version")
+    assert provenance["containerRuntime"]["name"] == "apptainer"
+    assert provenance["containerRuntime"]["version"].startswith("apptainer version")
     print(f"local run with the image: {elapsed:.1f} s")
 
 
@@ -59,8 +60,8 @@ def launch_probe(tmp_path: Path, image: str, probe: str, *extra: str) -> subproc
     (probe_dir / "probe.py").write_text(probe)
     return subprocess.Popen(
         [sys.executable, str(SCRIPTS / "launch.py"), "--component=probe", "--run=probe",
-         f"--scratch-root={tmp_path / 'scratch'}", f"--image={image}", "--apptainer-arg=--cleanenv",
-         "--apptainer-arg=--contain", f"--bind={tmp_path / 'bound'}", *extra, "--", str(probe_dir / "probe.py")],
+         f"--scratch-root={tmp_path / 'scratch'}", f"--image={image}", "--runtime-arg=--cleanenv",
+         "--runtime-arg=--contain", f"--bind={tmp_path / 'bound'}", *extra, "--", str(probe_dir / "probe.py")],
         cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )
 
@@ -105,8 +106,8 @@ def test_sigkill_of_the_launcher_leaves_no_container_behind(tmp_path, image):
     (tmp_path / "bound").mkdir()
     proc = subprocess.Popen(
         [sys.executable, str(SCRIPTS / "launch.py"), "--component=worker-01", "--run=orphan",
-         f"--scratch-root={tmp_path / 'scratch'}", f"--image={image}", "--apptainer-arg=--cleanenv",
-         "--apptainer-arg=--contain", f"--bind={tmp_path / 'bound'}", "--", str(SCRIPTS / "worker.py"),
+         f"--scratch-root={tmp_path / 'scratch'}", f"--image={image}", "--runtime-arg=--cleanenv",
+         "--runtime-arg=--contain", f"--bind={tmp_path / 'bound'}", "--", str(SCRIPTS / "worker.py"),
          "--worker-id", "worker-01", "--gate-record", str(tmp_path / "bound/never.json"), "--gate-timeout", "60"],
         cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )
@@ -146,8 +147,8 @@ def test_container_start_overhead(tmp_path, image):
     """Measure (not assert) the per-component start overhead of the container; printed for the record."""
     write_json(tmp_path / "t.json", make_tasks(1))
     timings = {}
-    for label, extra in (("host", []), ("apptainer", [f"--image={image}", "--apptainer-arg=--cleanenv",
-                                                       "--apptainer-arg=--contain"])):
+    for label, extra in (("host", []), ("apptainer", [f"--image={image}", "--runtime-arg=--cleanenv",
+                                                       "--runtime-arg=--contain"])):
         samples = []
         for _ in range(5):
             started = time.monotonic()
@@ -171,8 +172,8 @@ def test_a_checkout_outside_the_usual_places_is_bound_into_the_image(tmp_path, i
         pytest.skip(f"cannot write {elsewhere}: {exc.strerror}")
     try:
         done = subprocess.run([sys.executable, str(elsewhere / "scripts/launch.py"), "--component=t", "--run=t",
-                               f"--scratch-root={tmp_path}", f"--image={image}", "--apptainer-arg=--cleanenv",
-                               "--apptainer-arg=--contain", "--", str(elsewhere / "scripts/readiness.py"), "--help"],
+                               f"--scratch-root={tmp_path}", f"--image={image}", "--runtime-arg=--cleanenv",
+                               "--runtime-arg=--contain", "--", str(elsewhere / "scripts/readiness.py"), "--help"],
                               capture_output=True, text=True, cwd=tmp_path, timeout=120, check=False)
         assert done.returncode == 0, done.stderr[-2000:]
         assert "usage: readiness.py" in done.stdout
@@ -186,6 +187,6 @@ def test_gpus_per_worker_add_nv_and_a_gpu_step_to_each_worker(project, image):
                          "--configfile", "config/gpu.yaml")
     without = snakemake(project, "--dry-run", "--printshellcmds", "--sdm", "apptainer", "--config", f"image={image}")
     assert with_gpu.returncode == 0 and without.returncode == 0, with_gpu.stderr
-    assert with_gpu.stdout.count("--apptainer-arg=--nv") == 2  # the two workers, nothing else
+    assert with_gpu.stdout.count("--runtime-arg=--nv") == 2  # the two workers, nothing else
     assert with_gpu.stdout.count("--step-arg=--gpus=1") == 2
-    assert "--apptainer-arg=--nv" not in without.stdout
+    assert "--runtime-arg=--nv" not in without.stdout
