@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import shutil
 import subprocess
 import tempfile
@@ -15,7 +16,7 @@ from allocstack.containers import (charliecloud_prefix, check_image_format, chec
                                    mount_tree_dirs)
 from allocstack.errors import AllocstackError
 from allocstack.jsonio import check_sidecar, sha256_tree
-from conftest import SCRIPTS, run_script
+from conftest import ROOT, SCRIPTS, run_script
 
 
 def make_image(root: Path) -> Path:
@@ -159,3 +160,15 @@ def test_a_directory_image_without_the_mount_point_says_how_to_add_it(tmp_path):
         check_mount_points(str(image), {"work", "scratch"})
     assert caught.value.diag == "prerequisite"
     assert f"image {image} has no directory /scratch" in caught.value.message and "mount points" in caught.value.message
+
+
+def test_the_dockerfile_is_the_same_recipe_as_the_apptainer_definition():
+    """Charliecloud builds container/Dockerfile, Apptainer allocstack.def: same base, same requests, same environment."""
+    definition = (ROOT / "container/allocstack.def").read_text()
+    dockerfile = (ROOT / "container/Dockerfile").read_text()
+    assert re.search(r"^From: (\S+)$", definition, re.M)[1] == re.search(r"^FROM (\S+)$", dockerfile, re.M)[1]
+    pins = [re.findall(r"requests==([\d.]+)", text) for text in (definition, dockerfile)]
+    assert pins[0][:1] == pins[1] and pins[1]
+    exported = dict(re.findall(r"^\s+export (\w+)=(\S+)$", definition, re.M))
+    env_line = re.search(r"^ENV (.+)$", dockerfile, re.M)[1]
+    assert dict(item.split("=", 1) for item in env_line.split()) == exported

@@ -494,6 +494,7 @@ def decision_facts(wildcards):
     return json.dumps(
         {
             "image": config["image"],
+            "container runtime": RUNTIME if USE_IMAGE else None,
             "scratch": config["scratch"] or "$SLURM_TMPDIR, else $TMPDIR",
             "state_dir": config["state_dir"],
             "job steps": config["slurm"]["job_steps"],
