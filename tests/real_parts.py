@@ -34,25 +34,27 @@ def require_slurm() -> None:
         unavailable("Slurm accounting (sacct) does not answer")
 
 
-def require_apptainer() -> str:
-    """Return the test image path."""
-    image = os.environ.get("ALLOCSTACK_TEST_IMAGE", "")
-    if shutil.which("apptainer") is None:
-        unavailable("apptainer is not on PATH (as root: tests/cluster/apptainer.sh install; source tests/cluster/env.sh)")
-    if not image or not os.path.exists(image) or not os.path.exists(image + ".sha256"):
-        unavailable(f"no test image at {image!r} (tests/cluster/prepare.sh builds it)")
-    if not _answers(["apptainer", "--version"]):
-        unavailable("apptainer does not run here (it needs root in this sandbox)")
+def _require_runtime(program: str, install: str, image_var: str, image_ok, version_env: dict | None = None,
+                     why: str = "") -> str:
+    """Return the test image named by ``image_var`` once ``program`` is on PATH and answers."""
+    image = os.environ.get(image_var, "")
+    if shutil.which(program) is None:
+        unavailable(f"{program} is not on PATH ({install})")
+    if not image or not image_ok(image) or not os.path.exists(image + ".sha256"):
+        unavailable(f"no test image at {image!r} (tests/cluster/prepare.sh makes it)")
+    if not _answers([program, "--version"], env=version_env):
+        unavailable(f"{program} does not run here{why}")
     return image
+
+
+def require_apptainer() -> str:
+    """Return the test image path (a SIF); apptainer needs root in this sandbox."""
+    return _require_runtime("apptainer", "as root: tests/cluster/apptainer.sh install; source tests/cluster/env.sh",
+                            "ALLOCSTACK_TEST_IMAGE", os.path.exists, why=" (it needs root in this sandbox)")
 
 
 def require_charliecloud() -> str:
-    """Return the directory test image for ch-run."""
-    image = os.environ.get("ALLOCSTACK_TEST_CHARLIECLOUD_IMAGE", "")
-    if shutil.which("ch-run") is None:
-        unavailable("ch-run is not on PATH (as root: tests/cluster/prepare.sh installs Debian's charliecloud-runtime)")
-    if not image or not os.path.isdir(image) or not os.path.exists(image + ".sha256"):
-        unavailable(f"no Charliecloud test image at {image!r} (tests/cluster/prepare.sh makes it)")
-    if not _answers(["ch-run", "--version"], env={**os.environ, "USER": os.environ.get("USER") or "root"}):
-        unavailable("ch-run does not run here")
-    return image
+    """Return the directory test image for ch-run (which refuses to start without $USER)."""
+    return _require_runtime("ch-run", "as root: tests/cluster/prepare.sh installs Debian's charliecloud-runtime",
+                            "ALLOCSTACK_TEST_CHARLIECLOUD_IMAGE", os.path.isdir,
+                            {**os.environ, "USER": os.environ.get("USER") or "root"})

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from conftest import SCRIPTS, make_tasks, pids_mentioning, pids_of_run, write_json
+from container_helpers import assert_killed_launcher_leaves_nothing, assert_sigterm_drains, drain_probe
 from real_parts import require_apptainer
 from workflow_helpers import copy_project, snakemake
 
@@ -87,18 +88,8 @@ def test_only_the_run_paths_are_visible_inside(tmp_path, image):
 
 def test_sigterm_reaches_the_component_through_apptainer_and_nothing_is_left(tmp_path, image):
     marker = tmp_path / "bound" / "drained"
-    probe = (
-        "import signal, sys, time, pathlib\n"
-        f"def stop(*_):\n    pathlib.Path({str(marker)!r}).write_text('drained')\n    sys.exit(0)\n"
-        "signal.signal(signal.SIGTERM, stop)\nprint('ready', flush=True)\ntime.sleep(60)\n"
-    )
-    proc = launch_probe(tmp_path, image, probe)
-    assert proc.stdout.readline().strip() == "ready"
-    proc.send_signal(signal.SIGTERM)
-    assert proc.wait(timeout=20) == 0
-    assert marker.read_text() == "drained"
-    time.sleep(0.2)
-    assert not pids_mentioning(str(tmp_path / "probe"))
+    proc = launch_probe(tmp_path, image, drain_probe(marker))
+    assert_sigterm_drains(proc, marker, str(tmp_path / "probe"))
 
 
 def test_sigkill_of_the_launcher_leaves_no_container_behind(tmp_path, image):
@@ -111,16 +102,7 @@ def test_sigkill_of_the_launcher_leaves_no_container_behind(tmp_path, image):
          "--worker-id", "worker-01", "--gate-record", str(tmp_path / "bound/never.json"), "--gate-timeout", "60"],
         cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )
-    deadline = time.monotonic() + 30
-    while not [p for p in pids_mentioning("never.json") if p != proc.pid] and time.monotonic() < deadline:
-        time.sleep(0.1)
-    time.sleep(0.5)
-    proc.kill()
-    proc.wait(timeout=10)
-    deadline = time.monotonic() + 10
-    while pids_mentioning("never.json") and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert not pids_mentioning("never.json")
+    assert_killed_launcher_leaves_nothing(proc, "never.json")
 
 
 def test_missing_apptainer_is_a_prerequisite_error_naming_the_fix(project, image):

@@ -23,36 +23,22 @@ from pathlib import Path
 import pytest
 
 from conftest import SCRIPTS, make_tasks, pids_mentioning, run_script, write_json
+from container_helpers import assert_killed_launcher_leaves_nothing, assert_sigterm_drains, drain_probe
 from real_parts import require_charliecloud, require_slurm
 from test_containers import make_image
 from test_faults import component_pids, journaled, slow_run, wait_for
+from test_slurm import TEST_RESOURCES, assert_a_completed_step_per_component, submitted_jobs
 from workflow_helpers import SNAKEMAKE, copy_project, snakemake
 
 pytestmark = pytest.mark.charliecloud
 # Where the venv's snakemake and the system's tools are, without the Apptainer toolbox.
 NO_APPTAINER_PATH = os.pathsep.join(p for p in os.environ["PATH"].split(os.pathsep) if "apptainer" not in p)
-TEST_RESOURCES = ["--default-resources", "slurm_account=allocstack", "slurm_partition=debug", "mem_mb=300"]
 OTHER_USER = "allocstack-ch"
 
 
 @pytest.fixture
 def image():
     return require_charliecloud()
-
-
-def left_running(needle: str) -> list[int]:
-    """Processes of a run still alive: launchers and components (ch-run execs into the component)."""
-    return [pid for pid in pids_mentioning(needle) if pid != os.getpid()]
-
-
-@pytest.fixture
-def project(tmp_path, image):
-    workdir = copy_project(tmp_path / "project")
-    yield workdir
-    leftovers = left_running(str(workdir))
-    for pid in leftovers:
-        os.kill(pid, signal.SIGKILL)
-    assert not leftovers, f"processes left running: {leftovers}"
 
 
 def charliecloud_run(*extra: str, image: str) -> list[str]:
@@ -137,18 +123,8 @@ def test_only_the_run_paths_and_allocstacks_variables_are_inside(tmp_path, image
 
 def test_sigterm_reaches_the_component_through_ch_run_and_nothing_is_left(tmp_path, image):
     marker = tmp_path / "bound" / "drained"
-    probe = write_probe(tmp_path, (
-        "import signal, sys, time, pathlib\n"
-        f"def stop(*_):\n    pathlib.Path({str(marker)!r}).write_text('drained')\n    sys.exit(0)\n"
-        "signal.signal(signal.SIGTERM, stop)\nprint('ready', flush=True)\ntime.sleep(60)\n"
-    ))
-    proc = launch(tmp_path, image, probe)
-    assert proc.stdout.readline().strip() == "ready"
-    proc.send_signal(signal.SIGTERM)
-    assert proc.wait(timeout=20) == 0
-    assert marker.read_text() == "drained"
-    time.sleep(0.2)
-    assert not left_running(str(probe))
+    probe = write_probe(tmp_path, drain_probe(marker))
+    assert_sigterm_drains(launch(tmp_path, image, probe), marker, str(probe))
 
 
 def test_sigkill_of_the_launcher_leaves_no_component_behind(tmp_path, image):
@@ -156,14 +132,7 @@ def test_sigkill_of_the_launcher_leaves_no_component_behind(tmp_path, image):
     (tmp_path / "bound").mkdir()
     proc = launch(tmp_path, image, SCRIPTS / "worker.py", "--worker-id", "worker-01", "--gate-record",
                   str(tmp_path / "bound/never.json"), "--gate-timeout", "60", component="worker-01")
-    wait_for(lambda: [p for p in pids_mentioning("never.json") if p != proc.pid], timeout=30)
-    time.sleep(0.5)
-    proc.kill()
-    proc.wait(timeout=10)
-    deadline = time.monotonic() + 10
-    while pids_mentioning("never.json") and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert not pids_mentioning("never.json")
+    assert_killed_launcher_leaves_nothing(proc, "never.json")
 
 
 def test_sigterm_to_the_stack_drains_and_a_rerun_resumes(project, image):
@@ -187,7 +156,7 @@ def test_sigterm_to_the_stack_drains_and_a_rerun_resumes(project, image):
     [drained] = re.findall(r"incomplete \(signal:SIGTERM\), (\d+)/40 results", log)  # its end record, written
     acknowledged = journaled(project, "term")
     assert 4 <= acknowledged < 40 and int(drained) == acknowledged
-    assert not left_running(str(project))
+    assert not pids_mentioning(str(project))
 
     (project / "config/term-rerun.yaml").write_text("simulate: {task_seconds: 0}\n")
     rerun = snakemake(project, *charliecloud_run("--cores", "4", "--configfile", str(config),
@@ -295,15 +264,9 @@ def test_an_unprivileged_user_runs_the_baseline(image, other_user):
         assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
         assert_ran_in_the_image(project, "baseline", image)
         assert (project / "results/baseline/result.json").stat().st_uid == other_user.pw_uid
-        assert not left_running(str(project))
+        assert not pids_mentioning(str(project))
     finally:
         shutil.rmtree(base, ignore_errors=True)
-
-
-def steps(job: str) -> dict[str, str]:
-    listing = subprocess.run(["sacct", "-j", job, "--noheader", "--parsable2", "--format=JobID,JobName,State"],
-                             capture_output=True, text=True, timeout=30).stdout
-    return {name: state for _, name, state in (line.split("|") for line in listing.splitlines() if line)}
 
 
 @pytest.mark.slurm
@@ -313,18 +276,12 @@ def test_baseline_through_the_slurm_profile_without_apptainer(project, image):
                      *charliecloud_run(image=image), timeout=600, env={"PATH": NO_APPTAINER_PATH})
     output = done.stdout + done.stderr
     assert done.returncode == 0, output[-4000:]
-    [job] = re.findall(r"submitted with SLURM jobid (\d+)", output)  # one sbatch job for the whole stack
+    [job] = submitted_jobs(output)  # one sbatch job for the whole stack
     provenance = assert_ran_in_the_image(project, "baseline", image)
     assert provenance["slurm"]["jobId"] == job
     for name, component in provenance["components"].items():
         assert component["slurmJobId"] == job and component["slurmStepId"], name  # each in its own step
-    for _ in range(20):  # accounting records a step when it ends; give slurmdbd a moment
-        job_steps = steps(job)
-        if {"coordinator", "readiness", "worker-01", "worker-02", "verify"} <= set(job_steps):
-            break
-        time.sleep(0.5)
-    for name in ("coordinator", "readiness", "worker-01", "worker-02", "verify"):
-        assert job_steps.get(name) == "COMPLETED", job_steps
+    assert_a_completed_step_per_component(job)
     coordinator_log = (project / "logs/serve_coordinator/baseline.log").read_text()
     assert "srun --job-name=coordinator" in coordinator_log and " ch-run '--unset-env=*'" in coordinator_log
     # The end of every run: scancel --signal=TERM to the coordinator's step, through srun and ch-run.

@@ -32,26 +32,9 @@ readonly PACKAGES=(charliecloud-runtime squashfs-tools)
 # Bump when the steps below change what ends up in the image.
 readonly RECIPE=1
 
-die() {
-  echo "$PROG: $*" >&2
-  exit 1
-}
-
-log() {
-  echo "$PROG: $*" >&2
-}
-
-usage() {
-  echo "usage: $PROG install SIF | status" >&2
-  exit 2
-}
-
-require_root() {
-  if [[ $EUID -ne 0 ]]; then
-    echo "$PROG: must run as root (apt-get install)" >&2
-    exit 2
-  fi
-}
+log() { echo "$PROG: $*" >&2; }
+die() { log "$*"; exit 1; }
+usage() { echo "usage: $PROG install SIF | status" >&2; exit 2; }
 
 ensure_packages() {
   command -v ch-run >/dev/null && command -v unsquashfs >/dev/null && return
@@ -106,7 +89,7 @@ build_image() {
 
 cmd_install() {
   local sif=$1 key started=$SECONDS
-  require_root
+  [[ $EUID -eq 0 ]] || { echo "$PROG: must run as root (apt-get install)" >&2; exit 2; }
   [[ -f $sif && -f $sif.sha256 ]] || die "no SIF with a sidecar at '$sif' (tests/cluster/prepare.sh builds it)"
   command -v apptainer >/dev/null || die "apptainer not on PATH (tests/cluster/apptainer.sh install)"
   ensure_packages

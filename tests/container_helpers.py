@@ -1,0 +1,43 @@
+"""Checks that every container runtime must pass the same way (Apptainer and Charliecloud tests share them)."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+from conftest import pids_mentioning
+
+
+def drain_probe(marker: Path) -> str:
+    """A component that prints 'ready', and on SIGTERM writes ``marker`` and exits 0."""
+    return (
+        "import signal, sys, time, pathlib\n"
+        f"def stop(*_):\n    pathlib.Path({str(marker)!r}).write_text('drained')\n    sys.exit(0)\n"
+        "signal.signal(signal.SIGTERM, stop)\nprint('ready', flush=True)\ntime.sleep(60)\n"
+    )
+
+
+def assert_sigterm_drains(proc: subprocess.Popen, marker: Path, needle: str) -> None:
+    """SIGTERM to the launcher reaches the component inside the image, which drains; nothing is left."""
+    assert proc.stdout.readline().strip() == "ready"
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=20) == 0
+    assert marker.read_text() == "drained"
+    time.sleep(0.2)
+    assert not pids_mentioning(needle)
+
+
+def assert_killed_launcher_leaves_nothing(proc: subprocess.Popen, needle: str) -> None:
+    """SIGKILL of the launcher (as Snakemake ends a failed group's jobs): the component must not outlive it."""
+    deadline = time.monotonic() + 30
+    while not [p for p in pids_mentioning(needle) if p != proc.pid] and time.monotonic() < deadline:
+        time.sleep(0.1)
+    time.sleep(0.5)
+    proc.kill()
+    proc.wait(timeout=10)
+    deadline = time.monotonic() + 10
+    while pids_mentioning(needle) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not pids_mentioning(needle)
