@@ -1,8 +1,8 @@
 # The two commands of the README's quick start, and their building blocks.
 #   make run   - set up the venv and run the baseline stack locally
 #   make test  - set up the venv, lint the Python code (ruff, settings in
-#                pyproject.toml), then (as root) the Slurm test cluster and the
-#                Apptainer toolbox, and run the whole test suite
+#                pyproject.toml), then (as root) the Slurm test cluster, the
+#                Apptainer toolbox and Charliecloud, and run the whole test suite
 #   make lint  - the lint step alone
 #   make bench - the benchmarks (table + plot), see benchmarks/run.py
 PYTHON ?= python3
