@@ -139,7 +139,7 @@ def test_scratch_owned_by_someone_else_is_refused(tmp_path):
 def test_launch_passes_gpu_and_slurm_context_into_the_image(tmp_path):
     import launch
 
-    args = launch.parse_args(["--component=worker-01", "--run=r", "--image=/img.sif", "--apptainer-arg=--cleanenv",
+    args = launch.parse_args(["--component=worker-01", "--run=r", "--image=/img.sif", "--runtime-arg=--cleanenv",
                               "--bind=/data", "--job-steps", "--step-arg=--gpus=1", "--", "worker.py", "--x"])
     environ = {"SLURM_JOB_ID": "7", "CUDA_VISIBLE_DEVICES": "0,1", "SECRET": "no", "ALLOCSTACK_LAUNCHER_PID": "1"}
     argv = launch.build_argv(args, tmp_path, environ)
