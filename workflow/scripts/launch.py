@@ -94,7 +94,8 @@ def this_node(environ: Mapping[str, str]) -> str:
 
 
 #: What passes from the launcher's environment into the image (the runtime drops everything else).
-PASSED_ENV = ("SLURM_JOB_ID", "SLURM_STEP_ID", "SLURM_JOB_END_TIME", "SLURMD_NODENAME", "SLURM_SUBMIT_HOST", "USER",
+#: Not SLURM_STEP_ID: the launcher's is Snakemake's step, not the component's own.
+PASSED_ENV = ("SLURM_JOB_ID", "SLURM_JOB_END_TIME", "SLURMD_NODENAME", "SLURM_SUBMIT_HOST", "USER",
               "CUDA_VISIBLE_DEVICES", LIFELINE_ENV)
 
 
