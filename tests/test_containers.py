@@ -12,8 +12,14 @@ from pathlib import Path
 
 import pytest
 
-from allocstack.containers import (charliecloud_prefix, check_image_format, check_mount_points, mount_tops,
-                                   mount_tree_dirs)
+from allocstack.containers import (
+    BASE_PATH,
+    charliecloud_prefix,
+    check_image_format,
+    check_mount_points,
+    mount_tops,
+    mount_tree_dirs,
+)
 from allocstack.errors import AllocstackError
 from allocstack.jsonio import check_sidecar, sha256_tree
 from conftest import ROOT, SCRIPTS, run_script
@@ -73,7 +79,8 @@ def test_a_file_sidecar_is_what_sha256sum_writes(tmp_path):
     sif.write_bytes(b"SIF bytes" * 1000)
     assert run_script("image_digest.py", str(sif)).returncode == 0
     assert (tmp_path / "image.sif.sha256").read_text() == f"{hashlib.sha256(sif.read_bytes()).hexdigest()}  image.sif\n"
-    assert subprocess.run(["sha256sum", "--check", "--status", "image.sif.sha256"], cwd=tmp_path).returncode == 0
+    assert subprocess.run(["sha256sum", "--check", "--status", "image.sif.sha256"], cwd=tmp_path,
+                          check=False).returncode == 0
 
 
 def test_a_directory_image_without_a_sidecar_names_the_tool(tmp_path):
@@ -87,7 +94,7 @@ def test_an_unreadable_file_in_a_directory_image_is_a_prerequisite_error():
     """Root reads every file, so as root the check runs as `nobody` (ch-run runs components as their user)."""
     base = Path(tempfile.mkdtemp(prefix="allocstack-digest-", dir="/tmp"))
     try:
-        os.chmod(base, 0o755)
+        os.chmod(base, 0o755)  # noqa: S103  (on purpose: `nobody` must reach the image)
         image = make_image(base / "image")
         (image / "etc/os-release").chmod(0)
         code = ("import sys; from allocstack.errors import AllocstackError; from allocstack.jsonio import sha256_tree\n"
@@ -95,7 +102,7 @@ def test_an_unreadable_file_in_a_directory_image_is_a_prerequisite_error():
                 "except AllocstackError as e: print(e.diag, e.message); sys.exit(0)\nsys.exit(1)")
         as_user = ["runuser", "-u", "nobody", "--"] if os.geteuid() == 0 else []
         done = subprocess.run([*as_user, "/usr/bin/python3", "-c", code], capture_output=True, text=True,
-                              env={"PYTHONPATH": str(SCRIPTS), "PATH": os.environ["PATH"]}, timeout=30)
+                              env={"PYTHONPATH": str(SCRIPTS), "PATH": os.environ["PATH"]}, timeout=30, check=False)
         assert done.returncode == 0, done.stdout + done.stderr
         assert done.stdout.startswith("prerequisite image ") and "chmod -R a+rX" in done.stdout
         assert f"cannot read {image}/etc/os-release" in done.stdout
@@ -122,8 +129,8 @@ def test_ch_run_gets_a_clean_environment_first_and_the_run_paths_on_a_mount_poin
              "/project"]
     argv = charliecloud_prefix(str(image), ["--join"], binds, {"USER": "me", "ALLOCSTACK_SCRATCH": "/a b'c"},
                                "/work/me/project", tree)
-    assert argv[:3] == ["ch-run", "--unset-env=*", "--set-env=PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:"
-                        "/usr/bin:/sbin:/bin"]
+    assert argv[:3] == ["ch-run", "--unset-env=*", f"--set-env=PATH={BASE_PATH}"]
+    assert BASE_PATH == "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
     assert argv[3:8] == [f"--set-env={image}/ch/environment", "--join", "--set-env=USER='me'",
                          "--set-env=ALLOCSTACK_SCRATCH='/a b'c'", "--private-tmp"]  # ch-run strips one '' pair
     assert argv[8] == "--cd=/work/me/project"
@@ -166,9 +173,9 @@ def test_the_dockerfile_is_the_same_recipe_as_the_apptainer_definition():
     """Charliecloud builds container/Dockerfile, Apptainer allocstack.def: same base, same requests, same environment."""
     definition = (ROOT / "container/allocstack.def").read_text()
     dockerfile = (ROOT / "container/Dockerfile").read_text()
-    assert re.search(r"^From: (\S+)$", definition, re.M)[1] == re.search(r"^FROM (\S+)$", dockerfile, re.M)[1]
+    assert re.search(r"^From: (\S+)$", definition, re.MULTILINE)[1] == re.search(r"^FROM (\S+)$", dockerfile, re.MULTILINE)[1]
     pins = [re.findall(r"requests==([\d.]+)", text) for text in (definition, dockerfile)]
     assert pins[0][:1] == pins[1] and pins[1]
-    exported = dict(re.findall(r"^\s+export (\w+)=(\S+)$", definition, re.M))
-    env_line = re.search(r"^ENV (.+)$", dockerfile, re.M)[1]
+    exported = dict(re.findall(r"^\s+export (\w+)=(\S+)$", definition, re.MULTILINE))
+    env_line = re.search(r"^ENV (.+)$", dockerfile, re.MULTILINE)[1]
     assert dict(item.split("=", 1) for item in env_line.split()) == exported

@@ -103,7 +103,7 @@ def component_binds(args, scratch: Path | None) -> list[str]:
     """Host paths the component sees in the image: scratch, the scripts' directory, ``--bind`` paths."""
     script = Path(args.command[0]).absolute()
     binds = [str(scratch)] if scratch is not None else []
-    return binds + [str(script.parent), *(str(Path(b).absolute()) for b in args.bind)]
+    return [*binds, str(script.parent), *(str(Path(b).absolute()) for b in args.bind)]
 
 
 def component_env(args, scratch: Path | None, environ: Mapping[str, str]) -> dict[str, str]:

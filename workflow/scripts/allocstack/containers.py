@@ -76,7 +76,7 @@ def apptainer_prefix(image: str, args: list[str], binds: list[str], env: Mapping
         argv += ["--env", f"{name}={value}"]
     for path in binds:
         argv += ["--bind", f"{path}:{path}"]
-    return argv + [image]
+    return [*argv, image]
 
 
 def charliecloud_prefix(image: str, args: list[str], binds: list[str], env: Mapping[str, str], cwd: str,
@@ -101,7 +101,7 @@ def charliecloud_prefix(image: str, args: list[str], binds: list[str], env: Mapp
         argv.append(f"--bind={mount_tree / top}:/{top}")
     for path in sorted(binds):  # a parent before anything bound inside it
         argv.append(f"--bind={path}:{path}")
-    return argv + [image, "--"]
+    return [*argv, image, "--"]
 
 
 def charliecloud_value(name: str, value: str) -> str:
