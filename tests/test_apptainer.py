@@ -12,9 +12,9 @@ import time
 from pathlib import Path
 
 import pytest
-
-from conftest import SCRIPTS, make_tasks, pids_mentioning, pids_of_run, write_json
 from container_helpers import assert_killed_launcher_leaves_nothing, assert_sigterm_drains, drain_probe
+
+from conftest import SCRIPTS, make_tasks, pids_of_run, write_json
 from real_parts import require_apptainer
 from workflow_helpers import copy_project, snakemake
 

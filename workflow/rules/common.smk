@@ -49,7 +49,7 @@ SCRIPTS = scripts_dir()
 def allocstack_module(name):
     """workflow/scripts/allocstack/NAME.py, loaded by its path (a module that needs only the
     standard library): errors.py (the diagnostic ids and exit codes), slurm.py (Slurm's answers),
-    names.py (the variables of a service).
+    names.py (the variables of a service), runtimes.py (the container runtimes' programs).
     """
     spec = importlib.util.spec_from_file_location(
         f"allocstack_{name}", os.path.join(SCRIPTS, "allocstack", f"{name}.py")
@@ -63,11 +63,8 @@ ERRORS = allocstack_module("errors")
 NAMES = allocstack_module(
     "names"
 )  # the variables of a service, as the scripts spell them
-
-
-# The scripts' shared facts: which program each container runtime needs.
-sys.path.insert(0, os.path.abspath(SCRIPTS))
-from allocstack.containers import PROGRAMS
+# Which program each container runtime (config `runtime`) needs.
+PROGRAMS = allocstack_module("runtimes").PROGRAMS
 
 
 def fail_config(diag, message):

@@ -23,11 +23,12 @@ from typing import Any
 
 from allocstack import SCHEMA_VERSION
 from allocstack.cli import ArgumentParser, positive_float, run
-from allocstack.containers import PROGRAMS, runtime_environ, version_argv
+from allocstack.containers import runtime_environ
 from allocstack.endpoint import service_end_path
 from allocstack.errors import EXIT_OK, AllocstackError, report
 from allocstack.events import read_events
 from allocstack.jsonio import atomic_write_json, atomic_write_text, read_json
+from allocstack.runtimes import PROGRAMS, version_argv
 from allocstack.scratch import remove_scratch, resolve_root, run_scratch
 
 PROVENANCE_FIELDS = ("host", "python", "pythonVersion", "osRelease", "container", "slurmJobId", "slurmStepId")

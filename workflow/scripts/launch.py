@@ -43,14 +43,14 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from allocstack.cli import ArgumentParser, positive_int, run
-from allocstack.containers import (PROGRAMS, check_mount_points, container_prefix, mount_tops, mount_tree_dirs,
-                                   runtime_environ)
+from allocstack.containers import check_mount_points, container_prefix, mount_tops, mount_tree_dirs, runtime_environ
 from allocstack.errors import AllocstackError, report
 from allocstack.jsonio import atomic_write_json
 from allocstack.lifeline import ENV as LIFELINE_ENV
 from allocstack.lifeline import forward_signals
 from allocstack.names import VOLUME_PREFIX
 from allocstack.program import volume_environment
+from allocstack.runtimes import PROGRAMS
 from allocstack.scratch import ensure_private_dir, resolve_root, run_scratch
 
 

@@ -15,10 +15,11 @@ from typing import Any
 
 from allocstack import SCHEMA_VERSION
 from allocstack.cli import ArgumentParser, positive_int, run
-from allocstack.containers import PROGRAMS, check_image_format
+from allocstack.containers import check_image_format
 from allocstack.errors import EXIT_OK, AllocstackError, report
 from allocstack.handlers import check_baseline_payload
 from allocstack.jsonio import atomic_write_json, check_sidecar, sha256_file
+from allocstack.runtimes import PROGRAMS
 from allocstack.taskset import load_expected, load_tasks
 
 

@@ -1,8 +1,8 @@
 """How a component runs inside an image: the one place that knows Apptainer and Charliecloud.
 
 ``launch.py`` puts :func:`container_prefix` in front of ``python3 SCRIPT ...``; the
-workflow (common.smk) checks that :data:`PROGRAMS` of the configured runtime is on PATH
-before anything is submitted; ``collect.py`` records :func:`version_argv`'s answer.
+workflow (common.smk) checks that the configured runtime's program (``runtimes.py``) is
+on PATH before anything is submitted; ``collect.py`` records its ``--version``.
 
 Both runtimes give a component the same view: the environment holds only what
 allocstack sets, and of the host's files only the run's paths are there, each at the
@@ -25,20 +25,14 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 from .errors import AllocstackError
+from .runtimes import PROGRAMS
 
-#: The runtimes allocstack composes, and the program each needs on PATH.
-PROGRAMS = {"apptainer": "apptainer", "charliecloud": "ch-run"}
 #: The PATH a Charliecloud component starts with (Docker's default); the image's own
 #: ``/ch/environment`` (where ch-image writes a Dockerfile's ENV) is applied after it.
 BASE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 #: Top-level directories of the image itself: hiding one behind a mount-point tree would
 #: break the image, so a run path below one of them is refused.
 SYSTEM_DIRS = frozenset({"bin", "boot", "dev", "etc", "lib", "lib32", "lib64", "libx32", "proc", "sbin", "sys", "usr"})
-
-
-def version_argv(runtime: str) -> list[str]:
-    """The command that prints ``runtime``'s version (ch-run prints it on stderr)."""
-    return [PROGRAMS[runtime], "--version"]
 
 
 def runtime_environ(environ: Mapping[str, str]) -> dict[str, str]:
@@ -71,7 +65,7 @@ def apptainer_prefix(image: str, args: list[str], binds: list[str], env: Mapping
     The clean environment and the contained file system come from ``apptainer.args``
     (default ``--cleanenv --contain``).
     """
-    argv = ["apptainer", "exec", *args, "--pwd", cwd]
+    argv = [PROGRAMS["apptainer"], "exec", *args, "--pwd", cwd]
     for name, value in env.items():
         argv += ["--env", f"{name}={value}"]
     for path in binds:
@@ -90,7 +84,7 @@ def charliecloud_prefix(image: str, args: list[str], binds: list[str], env: Mapp
     written ``NAME='VALUE'``: ch-run strips one pair of single quotes, so the value arrives
     exactly as given.
     """
-    argv = ["ch-run", "--unset-env=*", f"--set-env=PATH={BASE_PATH}"]
+    argv = [PROGRAMS["charliecloud"], "--unset-env=*", f"--set-env=PATH={BASE_PATH}"]
     if Path(image).is_dir() and (Path(image) / "ch" / "environment").is_file():
         argv.append(f"--set-env={Path(image) / 'ch' / 'environment'}")
     argv += args
