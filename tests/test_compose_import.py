@@ -36,6 +36,7 @@ def test_the_seeds_compose_file_imports_and_names_its_gaps(tmp_path):
     assert gate["mode"] == "command" and gate["timeout"] == 900  # 30 retries x the default 30 s interval
     assert "open('${ALLOCSTACK_VOLUME_WORK}/endpoint.json')" in gate["command"][2]
     assert config["volumes"] == ["work"] and config["apptainer"]["binds"] == [f"{SEED}/expected", f"{SEED}/inputs"]
+    assert config["charliecloud"]["binds"] == config["apptainer"]["binds"]  # whichever runtime the center has
     assert "# GAPS - supply these before running:" in (tmp_path / "seed.yaml").read_text()
     # The gap stops the run with one line naming the key, before anything starts.
     project = tmp_path / "project"

@@ -90,7 +90,7 @@ def render_config(imported: Imported, sources: list[str], output: Path) -> str:
     config = dict(imported.config)
     config["decisions"] = draft_decisions(config, imported.order, " + ".join(sources))
     ordered = {key: config[key] for key in ("run", "tasks", "expected", "workers", "worker", "services", "volumes",
-                                            "verify", "apptainer", "decisions")}
+                                            "verify", "apptainer", "charliecloud", "decisions")}
     body = yaml.dump(ordered, Dumper=ConfigDumper, sort_keys=False, width=4096, allow_unicode=True)
     return header(sources, output, imported) + body
 

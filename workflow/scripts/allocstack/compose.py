@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from .names import SERVICE_NAME_PATTERN, variable_prefix, volume_variable
+from .runtimes import PROGRAMS
 
 COMPLETED = "service_completed_successfully"
 
@@ -890,7 +891,8 @@ def layout(services: dict[str, Any], parts: dict[str, Any], roles: Roles, contex
         "services": services,
         "volumes": volumes,
         "verify": {"command": check["command"], "environment": check["environment"]},
-        "apptainer": {"binds": sorted(context.binds)},
+        # The host paths your commands need, for whichever runtime the center has.
+        **{runtime: {"binds": sorted(context.binds)} for runtime in PROGRAMS},
     }
 
 
