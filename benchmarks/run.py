@@ -77,6 +77,12 @@ class Coordinator:
                     return int(line.split()[1]) / 1024
         return float("nan")
 
+    def cpu_seconds(self) -> float:
+        """CPU time (user + system) the coordinator process has used so far."""
+        with open(f"/proc/{self.proc.pid}/stat") as stat:
+            fields = stat.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
     def stop(self) -> dict:
         self.proc.terminate()
         self.proc.wait(timeout=120)
@@ -110,7 +116,9 @@ def run_warm(coordinator: Coordinator, argvs: list[list[str]]) -> tuple[float, f
     """(seconds from opening the gate to the last worker exit, seconds the workers took to start)."""
     procs, startup = start_warm(coordinator, argvs)
     started = time.monotonic()
-    coordinator.gate.write_text('{"status": "ready"}')
+    staged = coordinator.gate.with_suffix(".tmp")  # whole or absent: a worker may read it at any moment
+    staged.write_text('{"status": "ready"}')
+    os.replace(staged, coordinator.gate)
     for proc in procs:
         if proc.wait() != 0:
             raise RuntimeError(f"a worker failed: {proc.args}")
@@ -123,12 +131,14 @@ def allocstack_rate(count: int, workers: int, batch: int) -> tuple[float, dict]:
     argvs = [[PYTHON, str(SCRIPTS / "worker.py"), "--worker-id", f"worker-{i:02d}", "--scratch",
               str(coordinator.scratch), "--gate-record", str(coordinator.gate), "--batch", str(batch)]
              for i in range(1, workers + 1)]
+    cpu_before = coordinator.cpu_seconds()
     elapsed, startup = run_warm(coordinator, argvs)
+    cpu = coordinator.cpu_seconds() - cpu_before
     peak = coordinator.peak_rss_mb()
     end = coordinator.stop()
     assert end["resultCount"] == count, end
     return count / elapsed, {"peak": peak, "fsyncs": end["journalFsyncs"], "ready": coordinator.ready_seconds,
-                             "elapsed": elapsed, "startup": startup}
+                             "elapsed": elapsed, "startup": startup, "cpu_us_per_task": cpu / count * 1e6}
 
 
 STDLIB_WORKER = r"""
@@ -398,7 +408,8 @@ def main(argv: list[str] | None = None) -> int:
                     ratios.append(f"{rate / dask:.1f}x Dask")
                 cold = count / (info["elapsed"] + info["startup"])
                 line = (f"| allocstack batch {batch} | {count:,} | {workers} | {rate:,.0f} | "
-                        f"{', '.join(ratios)}; {info['fsyncs']} fsyncs; {cold:,.0f}/s counting "
+                        f"{', '.join(ratios)}; {info['fsyncs']} fsyncs; coordinator "
+                        f"{info['cpu_us_per_task']:.0f} µs CPU/task; {cold:,.0f}/s counting "
                         f"the {info['startup']:.2f} s worker start |")
                 print(line, flush=True)
                 throughput.append((f"allocstack b{batch} {count // 1000}k w{workers}", rate))

@@ -13,6 +13,11 @@
 # --mirror URL     Debian mirror for definition files that use {{ MIRROR }} (container/test.def).
 #                  Default: $ALLOCSTACK_APT_MIRROR, else the main archive in /etc/apt.
 #
+# Definition files that use {{ BUILD_CA }} (container/test.def: pip fetches a pinned wheel in
+# %post) get a copy of this machine's CA bundle ($SSL_CERT_FILE, else the system bundle), so
+# the build trusts what this machine trusts, a TLS-inspecting site proxy included. The copy
+# lives in the build's temporary directory; the image does not keep it.
+#
 # Builds with `apptainer build --fakeroot`, which needs either root or an entry for your user
 # in /etc/subuid and /etc/subgid (most centers set this up on build or login nodes).
 #
@@ -22,6 +27,7 @@ set -Eeuo pipefail
 readonly PROG="${0##*/}"
 # Definition files that take the mirror as a build argument say so with {{ MIRROR }}.
 readonly MIRROR_PATTERN='\{\{[[:space:]]*MIRROR[[:space:]]*\}\}'
+readonly BUILD_CA_PATTERN='\{\{[[:space:]]*BUILD_CA[[:space:]]*\}\}'
 
 cache_dir=""
 mirror="${ALLOCSTACK_APT_MIRROR:-}"
@@ -123,6 +129,19 @@ uses_mirror() {
   grep -Eq "$MIRROR_PATTERN" -- "$def"
 }
 
+uses_build_ca() {
+  grep -Eq "$BUILD_CA_PATTERN" -- "$def"
+}
+
+# Print the CA bundle this machine trusts.
+host_ca_bundle() {
+  local f
+  for f in "${SSL_CERT_FILE:-}" /etc/ssl/certs/ca-certificates.crt /etc/pki/tls/certs/ca-bundle.crt; do
+    [[ -n $f && -r $f ]] && { printf '%s\n' "$f"; return 0; }
+  done
+  return 1
+}
+
 # The cache key: what decides the image's contents that we can see from here.
 cache_key() {
   {
@@ -165,6 +184,12 @@ install_with_sidecar() {
 build_image() {
   local args=(build --fakeroot)
   if uses_mirror; then args+=(--build-arg "MIRROR=$mirror"); fi
+  if uses_build_ca; then
+    local ca
+    ca=$(host_ca_bundle) || fail "'$def' needs a CA bundle: none at \$SSL_CERT_FILE or the system paths"
+    cp -- "$ca" "$workdir/build-ca.crt"
+    args+=(--build-arg "BUILD_CA=$workdir/build-ca.crt")
+  fi
   apptainer "${args[@]}" "$workdir/image.sif" "$def" >&2 &
   build_pid=$!
   wait "$build_pid" ||

@@ -111,7 +111,7 @@ def test_raw_socket_garbage_and_slow_clients_do_not_hurt(start_coordinator):
         raw.sendall(b"GARBAGE\r\n\r\n")
         assert raw.recv(1000).startswith(b"HTTP/1.1 400")
     with socket.create_connection(("127.0.0.1", port)) as raw:
-        raw.sendall(b"GET /health HTTP/1.1\r\n" + b"X-Big: " + b"a" * 20000 + b"\r\n\r\n")
+        raw.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n" + b"X-Big: " + b"a" * 20000 + b"\r\n\r\n")
         assert raw.recv(1000).startswith(b"HTTP/1.1 431")
     idle = socket.create_connection(("127.0.0.1", port))
     time.sleep(1.0)

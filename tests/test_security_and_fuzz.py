@@ -7,6 +7,7 @@ import os
 import pwd
 import socket
 import subprocess
+import sys
 import time
 
 import pytest
@@ -14,7 +15,7 @@ import requests
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from conftest import make_tasks, run_script
+from conftest import SCRIPTS, make_tasks, run_script
 
 JSON = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=40),
@@ -33,6 +34,7 @@ BODY = st.one_of(
                                                        "results": st.lists(RESULT, max_size=4) | JSON}),
     st.fixed_dictionaries({"workerId": IDS, "taskIds": st.lists(IDS, max_size=4) | JSON}),
     RESULT.map(lambda r: {"workerId": "fuzzer", **r}),
+    st.fixed_dictionaries({"workerId": IDS, "taskId": IDS | JSON}, optional={"reason": st.text(max_size=20) | JSON}),
 )
 
 
@@ -43,7 +45,7 @@ def test_fuzzed_api_never_5xx_and_state_stays_consistent(start_coordinator, tmp_
     statuses: dict[int, int] = {}
 
     @settings(max_examples=3000, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
-    @given(path=st.sampled_from(["/claim", "/result", "/results", "/heartbeat", "/status", "/health", "/x"]),
+    @given(path=st.sampled_from(["/claim", "/result", "/results", "/heartbeat", "/fail", "/status", "/health", "/x"]),
            body=BODY, raw=st.booleans())
     def hammer(path, body, raw):
         data = json.dumps(body).encode() if not raw else json.dumps(body).encode()[:-1]
@@ -71,7 +73,7 @@ def test_fuzzed_api_never_5xx_and_state_stays_consistent(start_coordinator, tmp_
                         "--expected", expected, "--output", tmp_path / "result.json", "--end-record",
                         coordinator.end_record)
     assert verify.returncode == 0, verify.stderr
-    assert "internal error" not in coordinator.log_text()
+    assert "internal error" not in coordinator.log_text() and "Traceback" not in coordinator.log_text()
 
 
 def test_deeply_nested_json_is_a_400_not_a_crash(start_coordinator):
@@ -176,3 +178,79 @@ def test_another_local_user_cannot_read_the_endpoint_claim_or_post(start_coordin
     assert json.loads(attempt.stdout) == [401, 401, 401, 401]
     assert coordinator.stop() == 75  # nothing was claimed or posted by the intruder
     assert json.loads(coordinator.end_record.read_text())["resultCount"] == 0
+
+
+def rss_mb(pid: int) -> float:
+    with open(f"/proc/{pid}/status") as status:
+        for line in status:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def stranger(port: int, answers: list[bytes]) -> None:
+    """No token: announce a 32 MiB body, then send it slowly until the coordinator hangs up."""
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as raw:
+        answer = b""
+        try:
+            raw.sendall(b"POST /results HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                        b"Content-Length: 33554432\r\n\r\n")
+            for _ in range(32):
+                raw.sendall(b'{"workerId": "stranger", "results": [' + b" " * (64 << 10))
+                time.sleep(0.01)
+        except (BrokenPipeError, ConnectionResetError):
+            pass
+        try:
+            while chunk := raw.recv(65536):
+                answer += chunk
+        except (TimeoutError, ConnectionResetError):
+            pass
+        answers.append(answer)
+
+
+def test_fifty_strangers_with_32_mib_bodies_cost_no_memory_and_the_run_verifies(start_coordinator, tmp_path):
+    import threading
+
+    from conftest import expected_for, write_json
+
+    tasks = make_tasks(300)
+    coordinator = start_coordinator(tasks)
+    port = int(coordinator.url.rsplit(":", 1)[1])
+    requests.get(coordinator.url + "/health", timeout=5)
+    before = rss_mb(coordinator.proc.pid)
+    peak = [before]
+    sampling = threading.Event()
+
+    def sample() -> None:
+        while not sampling.is_set():
+            peak[0] = max(peak[0], rss_mb(coordinator.proc.pid))
+            time.sleep(0.005)
+
+    sampler = threading.Thread(target=sample)
+    sampler.start()
+    gate = tmp_path / "gate.json"
+    gate.write_text('{"status": "ready"}')
+    worker = subprocess.Popen(
+        [sys.executable, str(SCRIPTS / "worker.py"), "--worker-id", "worker-01", "--scratch", str(coordinator.scratch),
+         "--gate-record", str(gate)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    answers: list[bytes] = []
+    strangers = [threading.Thread(target=stranger, args=(port, answers)) for _ in range(50)]
+    for thread in strangers:
+        thread.start()
+    for thread in strangers:
+        thread.join(timeout=60)
+    _, worker_log = worker.communicate(timeout=120)
+    sampling.set()
+    sampler.join()
+    after = rss_mb(coordinator.proc.pid)
+    print(f"coordinator RSS {before:.1f} MB before, peak {peak[0]:.1f} MB, {after:.1f} MB after 50 strangers")
+    assert len(answers) == 50
+    assert all(answer.startswith(b"HTTP/1.1 401 ") for answer in answers), {a[:40] for a in answers}
+    assert peak[0] - before < 10, f"RSS grew from {before:.1f} to {peak[0]:.1f} MB"
+    assert worker.returncode == 0, worker_log
+    assert coordinator.stop() == 0
+    expected = write_json(tmp_path / "expected.json", expected_for(tasks))
+    verify = run_script("verify.py", "--input", coordinator.tasks_path, "--results", coordinator.results,
+                        "--expected", expected, "--output", tmp_path / "result.json", "--end-record",
+                        coordinator.end_record)
+    assert verify.returncode == 0, verify.stderr

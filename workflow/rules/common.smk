@@ -48,8 +48,9 @@ SCRIPTS = scripts_dir()
 
 def allocstack_module(name):
     """workflow/scripts/allocstack/NAME.py, loaded by its path (a module that needs only the
-    standard library): errors.py (the diagnostic ids and exit codes), slurm.py (Slurm's answers),
-    names.py (the variables of a service), runtimes.py (the container runtimes' programs).
+    standard library): errors.py (the diagnostic ids and exit codes), names.py (the run's file
+    names, the variables of a service), slurm.py (every Slurm command and its parsing),
+    runtimes.py (the container runtimes' programs).
     """
     spec = importlib.util.spec_from_file_location(
         f"allocstack_{name}", os.path.join(SCRIPTS, "allocstack", f"{name}.py")
@@ -60,9 +61,8 @@ def allocstack_module(name):
 
 
 ERRORS = allocstack_module("errors")
-NAMES = allocstack_module(
-    "names"
-)  # the variables of a service, as the scripts spell them
+NAMES = allocstack_module("names")
+SLURM = allocstack_module("slurm")
 # Which program each container runtime (config `runtime`) needs.
 PROGRAMS = allocstack_module("runtimes").PROGRAMS
 
@@ -185,28 +185,13 @@ def submits_to_slurm():
     return bool(slurm_keys) and not os.environ.get("SLURM_JOB_ID")
 
 
-def largest_node_cpus():
-    """CPUs of the largest node Slurm reports (``sinfo``), or None if it cannot tell."""
-    try:
-        listing = subprocess.run(
-            ["sinfo", "--noheader", "--Node", "--format=%c"],
-            capture_output=True,
-            text=True,
-            timeout=15,
-            check=False,
-        ).stdout
-        return max(int(cpus.rstrip("+")) for cpus in listing.split())
-    except (OSError, subprocess.TimeoutExpired, ValueError):
-        return None
-
-
 def check_cluster_settings(cpus):
     """Refuse what Slurm would refuse or never run, before anything is submitted (one line).
 
     An account that does not exist or that the user may not use, a partition that does not
     exist, a runtime above the partition's MaxTime, memory above its largest node's.
     """
-    slurm = allocstack_module("slurm")
+    slurm = SLURM
     resources = workflow.resource_settings.default_resources or {}
     components = config["workers"] + 2 + (2 if config["service"]["command"] else 0)
     submission = slurm.submission_from_resources(
@@ -230,7 +215,7 @@ def check_allocation_host():
     job = os.environ.get("SLURM_JOB_ID")
     if not job or os.environ.get("SLURMD_NODENAME") or not config["slurm"]["job_steps"]:
         return
-    nodes = allocstack_module("slurm").allocation_nodes(
+    nodes = SLURM.allocation_nodes(
         os.environ.get("SLURM_JOB_NODELIST", "")
     )
     host = socket.gethostname().split(".")[0]
@@ -365,7 +350,7 @@ def check_prerequisites():
     max_cpus = config["slurm"]["max_cpus"]
     source = "slurm.max_cpus"
     if max_cpus is None and submits_to_slurm():
-        max_cpus, source = largest_node_cpus(), "the largest node in sinfo"
+        max_cpus, source = SLURM.largest_node_cpus(), "the largest node in sinfo"
     if max_cpus is not None and needed > max_cpus:
         fail_config(
             "config",
@@ -409,7 +394,7 @@ def script(name):
 
 
 def journal_path(wildcards):
-    return f"{config['state_dir']}/{wildcards.run}/journal.jsonl"
+    return f"{config['state_dir']}/{wildcards.run}/{NAMES.JOURNAL}"
 
 
 def bind_paths(wildcards):

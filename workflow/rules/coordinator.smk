@@ -48,7 +48,7 @@ rule serve_coordinator:
         ),
     shell:
         ": > {output.service}; exec {params.launch} {input.script} --input {input.tasks:q} "
-        "--results {output.results} --end-record {output.end_record} "
+        "--results {output.results} --end-record {output.end_record} --inputs-summary {input.validated} "
         "--service-file {output.service} --journal {params.journal:q} "
         "--workers {params.workers} --max-attempts {params.attempts} --lease-seconds {params.lease} --idle-timeout {params.idle} "
         "--lifetime {params.lifetime} {params.stop_claims} 2> {log}"

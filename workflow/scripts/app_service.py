@@ -31,7 +31,7 @@ import sys
 import time
 from pathlib import Path
 
-from allocstack import SCHEMA_VERSION
+from allocstack import SCHEMA_VERSION, names
 from allocstack.cli import (
     ArgumentParser,
     add_gate_arguments,
@@ -52,8 +52,9 @@ from allocstack.endpoint import (
 from allocstack.errors import DIAGNOSTICS, AllocstackError, report
 from allocstack.events import append_event
 from allocstack.jsonio import atomic_write_json
-from allocstack.program import Outcome, Supervised, await_gates, expand_argv, program_environment, service_problem
+from allocstack.program import await_gates, expand_argv, program_environment, service_problem
 from allocstack.scratch import ensure_private_dir
+from allocstack.supervise import Outcome, Supervised
 
 
 def take_port(port: int) -> int:
@@ -109,10 +110,10 @@ def main(argv: list[str] | None = None) -> int:
     log = lambda message: print(f"{name}: {message}", file=sys.stderr, flush=True)  # noqa: E731
     program = Supervised(f"service {name}")
     try:
-        ensure_private_dir(args.scratch / "services")
-        ensure_private_dir(args.scratch / "events")
         published, ended = service_endpoint_path(args.scratch, name), service_end_path(args.scratch, name)
-        events = args.scratch / "events" / f"{name}.jsonl"
+        events = args.scratch / names.component_events(name)
+        ensure_private_dir(published.parent)
+        ensure_private_dir(events.parent)
         for stale in (published, ended, events):  # what a crashed earlier run left
             stale.unlink(missing_ok=True)
         await_gates(args.gate_record, args.gate_timeout, log)

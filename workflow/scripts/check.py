@@ -19,7 +19,7 @@ import sys
 import time
 from pathlib import Path
 
-from allocstack import SCHEMA_VERSION
+from allocstack import SCHEMA_VERSION, names
 from allocstack.cli import ArgumentParser, add_program_arguments, run
 from allocstack.endpoint import services_environment
 from allocstack.errors import EXIT_OK, EXIT_TEMPFAIL, AllocstackError, report
@@ -60,7 +60,7 @@ def parse_args(argv: list[str] | None):
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     log = lambda message: print(f"check: {message}", file=sys.stderr, flush=True)  # noqa: E731
-    events = args.scratch / "events" / "check.jsonl"
+    events = args.scratch / names.component_events("check")
     watch_launcher(lambda: os._exit(EXIT_TEMPFAIL))  # the stack was stopped: so is this
     try:
         ensure_private_dir(events.parent)

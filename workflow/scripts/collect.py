@@ -13,16 +13,14 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
-import subprocess
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from allocstack import SCHEMA_VERSION
-from allocstack.cli import ArgumentParser, positive_float, run
+from allocstack import SCHEMA_VERSION, names, slurm
+from allocstack.cli import ArgumentParser, positive_float, run, tool_version
 from allocstack.containers import runtime_environ
 from allocstack.endpoint import service_end_path
 from allocstack.errors import EXIT_OK, AllocstackError, report
@@ -34,43 +32,13 @@ from allocstack.scratch import remove_scratch, resolve_root, run_scratch
 PROVENANCE_FIELDS = ("host", "python", "pythonVersion", "osRelease", "container", "slurmJobId", "slurmStepId")
 
 
-def tool_version(argv: list[str]) -> str | None:
-    """First line of ``argv``'s output, or None when the tool is not installed or fails."""
-    if shutil.which(argv[0]) is None:
-        return None
-    try:
-        done = subprocess.run(argv, capture_output=True, text=True, timeout=20, check=False,
-                              env=runtime_environ(os.environ))
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    text = (done.stdout or done.stderr).strip().splitlines()
-    return text[0] if text else None
-
-
-STEP_FIELDS = ("JobID", "JobName", "State", "ExitCode", "AllocCPUS", "TotalCPU", "Elapsed", "NodeList")
-
-
-def slurm_steps(job_id: str | None) -> list[dict[str, str]] | None:
-    """The allocation's job steps as accounting records them (None without Slurm accounting)."""
-    if not job_id or shutil.which("sacct") is None:
-        return None
-    try:
-        done = subprocess.run(["sacct", "--jobs", job_id, "--noheader", "--parsable2",
-                               f"--format={','.join(STEP_FIELDS)}"],
-                              capture_output=True, text=True, timeout=20, check=False)
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    if done.returncode != 0:
-        return None
-    return [dict(zip(STEP_FIELDS, line.split("|"), strict=False)) for line in done.stdout.splitlines() if line]
-
-
 def container_runtime(summary: dict[str, Any]) -> dict[str, Any] | None:
     """The runtime that ran the image, and its version as this node reports it (None without an image)."""
     if not summary.get("image"):
         return None
     runtime = summary.get("runtime", "apptainer")
-    return {"name": runtime, "program": PROGRAMS[runtime], "version": tool_version(version_argv(runtime))}
+    version = tool_version(version_argv(runtime), runtime_environ(os.environ))
+    return {"name": runtime, "program": PROGRAMS[runtime], "version": version}
 
 
 def components(events: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
@@ -130,16 +98,16 @@ def main(argv: list[str] | None = None) -> int:
         ends = service_ends(args.scratch, args.service, args.stop_timeout)
         if args.services_out:
             atomic_write_json(args.services_out, {"schemaVersion": SCHEMA_VERSION, "services": ends}, 0o644)
-        logs = [args.scratch / "events.jsonl", *(args.scratch / "events" / f"{name}.jsonl" for name in args.component)]
+        logs = [args.scratch / names.EVENTS, *(args.scratch / names.component_events(name) for name in args.component)]
         events = sorted((e for log in logs for e in read_events(log)), key=lambda e: e.get("t", 0))
         if not events:
-            raise AllocstackError("prerequisite", f"no events in {args.scratch / 'events.jsonl'}: did the stack run?")
+            raise AllocstackError("prerequisite", f"no events in {logs[0]}: did the stack run?")
         atomic_write_text(args.events_out, "".join(json.dumps(e, sort_keys=True) + "\n" for e in events), 0o644)
         summary = read_json(args.inputs_summary, "inputs summary", diag="prerequisite")
         job = os.environ.get("SLURM_JOB_ID")
         with ThreadPoolExecutor(max_workers=3) as pool:  # three client programs at once: this runs in the job
-            slurm_version = pool.submit(tool_version, ["sinfo", "--version"]) if job else None
-            steps = pool.submit(slurm_steps, job)
+            slurm_version = pool.submit(slurm.version) if job else None
+            steps = pool.submit(slurm.job_steps, job)
             runtime = pool.submit(container_runtime, summary)
         atomic_write_json(args.provenance_out, {
             "schemaVersion": SCHEMA_VERSION,

@@ -29,7 +29,6 @@ the other workers finish them; verification still decides whether the run succee
 
 from __future__ import annotations
 
-import ctypes
 import os
 import shlex
 import shutil
@@ -42,16 +41,17 @@ import time
 from collections.abc import Mapping
 from pathlib import Path
 
+from allocstack import slurm
 from allocstack.cli import ArgumentParser, positive_int, run
 from allocstack.containers import check_mount_points, container_prefix, mount_tops, mount_tree_dirs, runtime_environ
 from allocstack.errors import AllocstackError, report
 from allocstack.jsonio import atomic_write_json
 from allocstack.lifeline import ENV as LIFELINE_ENV
-from allocstack.lifeline import forward_signals
 from allocstack.names import VOLUME_PREFIX
 from allocstack.program import volume_environment
 from allocstack.runtimes import PROGRAMS
 from allocstack.scratch import ensure_private_dir, resolve_root, run_scratch
+from allocstack.supervise import Supervised
 
 
 def step_prefix(component: str, cpus: int, step_args: list[str], node: str | None) -> list[str]:
@@ -65,22 +65,6 @@ def step_prefix(component: str, cpus: int, step_args: list[str], node: str | Non
     """
     pin = ["--nodes=1", f"--nodelist={node}"] if node else ["--nodes=1"]
     return ["srun", f"--job-name={component}", "--ntasks=1", *pin, f"--cpus-per-task={cpus}", *step_args]
-
-
-def job_end_time(environ: Mapping[str, str]) -> str | None:
-    """Epoch seconds at which the Slurm allocation ends, from $SLURM_JOB_END_TIME or squeue.
-
-    Slurm 22.05 does not export SLURM_JOB_END_TIME; ``squeue -o %e`` knows it.
-    """
-    if environ.get("SLURM_JOB_END_TIME") or not environ.get("SLURM_JOB_ID"):
-        return environ.get("SLURM_JOB_END_TIME")
-    try:
-        done = subprocess.run(["squeue", "--noheader", "--jobs", environ["SLURM_JOB_ID"], "--format=%e"],
-                              capture_output=True, text=True, timeout=10, check=False)
-        end = time.mktime(time.strptime(done.stdout.strip(), "%Y-%m-%dT%H:%M:%S"))
-    except (OSError, subprocess.TimeoutExpired, ValueError):
-        return None
-    return str(int(end))
 
 
 def this_node(environ: Mapping[str, str]) -> str:
@@ -167,60 +151,32 @@ def check_programs(argv: list[str], runtime: str, hint: str) -> None:
             raise AllocstackError("prerequisite", f"{program} is not on PATH{fix}")
 
 
-PR_SET_PDEATHSIG = 1
-
-
-def die_with_parent() -> None:
-    """In the child, before exec: get SIGKILL when launch.py dies (Linux)."""
-    try:
-        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-    except (OSError, AttributeError):
-        pass
-
-
-def signal_step(job_id: str, step_name: str, signum: int) -> bool:
-    """Send ``signum`` to the job step(s) named ``step_name`` with scancel; False if none was found.
-
-    Signalling srun itself is not the same: on SIGTERM srun "forces job termination"
-    (SIGKILL after KillWait) and the component never drains. ``scancel --signal``
-    delivers the signal to the step's tasks, through Apptainer, to the component.
-    """
-    try:
-        listing = subprocess.run(["squeue", "--steps", "--jobs", job_id, "--noheader", "--format=%i %j"],
-                                 capture_output=True, text=True, timeout=10, check=False).stdout
-        steps = [line.split()[0] for line in listing.splitlines() if line.split()[1:] == [step_name]]
-        for step in steps:
-            subprocess.run(["scancel", f"--signal={signal.Signals(signum).name[3:]}", step],
-                           timeout=10, check=False)
-    except (OSError, subprocess.TimeoutExpired, IndexError):
-        return False
-    return bool(steps)
-
-
 def supervise(command: list[str], env: dict[str, str], component: str, kill_record: Path | None) -> int:
-    """Run ``command``, forward signals to it, and return the job's exit code."""
-    child = subprocess.Popen(command, env=env, preexec_fn=die_with_parent)
-    forwarded: set[int] = set()
+    """Run ``command``, forward signals to it, and return the job's exit code.
+
+    :raises AllocstackError: ``prerequisite`` when ``command`` cannot be started.
+    """
     in_step = command[0] == "srun"
 
-    def forward(signum: int, _frame: object) -> None:
-        forwarded.add(signum)
-        if not (in_step and signal_step(env["SLURM_JOB_ID"], component, signum)):
+    def deliver(child: subprocess.Popen[bytes], signum: int) -> None:
+        if not (in_step and slurm.signal_step(env["SLURM_JOB_ID"], component, signum)):
             child.send_signal(signum)
 
-    forward_signals(forward)
-    code = child.wait()
-    if code >= 0:
-        return code
-    killer = signal.Signals(-code).name
-    if kill_record is not None and -code not in forwarded:
+    # Its stderr goes to the log as it is (keep_tail=False): this supervisor adds no copy.
+    supervised = Supervised(component, deliver, keep_tail=False)
+    supervised.start(command, env)
+    outcome = supervised.wait()
+    if outcome.code >= 0:
+        return outcome.code
+    killer = signal.Signals(-outcome.code).name
+    if kill_record is not None and not outcome.ended_by_us:
         print(f"launch: {component} was killed by {killer} from outside; tolerated: its leased tasks "
               "return to the queue when their lease expires", file=sys.stderr, flush=True)
         atomic_write_json(kill_record, {"schemaVersion": 1, "workerId": component, "status": "killed",
                                         "signal": killer, "tasksCompleted": None, "endedAt": time.time()}, 0o644)
         return 0
     print(f"launch: {component} ended by {killer}", file=sys.stderr, flush=True)
-    return 128 - code
+    return outcome.status
 
 
 def parse_args(argv: list[str] | None):
@@ -261,9 +217,9 @@ def main(argv: list[str] | None = None) -> int:
             ensure_private_dir(scratch)
             env["ALLOCSTACK_SCRATCH"] = str(scratch)
             env.update(volume_environment(scratch, args.volume))
-        end_time = job_end_time(env) if args.job_end_time else None
+        end_time = slurm.allocation_end(env) if args.job_end_time else None
         if end_time:
-            env["SLURM_JOB_END_TIME"] = end_time
+            env["SLURM_JOB_END_TIME"] = str(end_time)
         mount_tree = prepare_binds(args, scratch, env)
         command = build_argv(args, scratch, env, mount_tree)
         check_programs(command, args.runtime, args.runtime_hint)
@@ -273,6 +229,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"launch: {args.component}: {shlex.join(command)}", file=sys.stderr, flush=True)
     try:
         return supervise(command, env, args.component, args.tolerate_kill)
+    except AllocstackError as error:
+        return report(error)
     finally:
         remove_mount_tree(mount_tree)
 

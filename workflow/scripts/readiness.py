@@ -17,7 +17,6 @@ from __future__ import annotations
 import json
 import os
 import socket
-import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -27,7 +26,7 @@ from urllib.parse import urlsplit
 
 import requests
 
-from allocstack import SCHEMA_VERSION
+from allocstack import SCHEMA_VERSION, endrecord, names
 from allocstack.cli import ArgumentParser, argv_list, positive_float, run, runtime_facts
 from allocstack.client import loopback_session
 from allocstack.endpoint import (
@@ -40,31 +39,18 @@ from allocstack.endpoint import (
 from allocstack.errors import EXIT_OK, AllocstackError, report
 from allocstack.events import append_event
 from allocstack.jsonio import atomic_write_json, read_json
-from allocstack.program import describe, expand_argv, program_environment
+from allocstack.program import ProgramError, describe, expand_argv, program_environment, run_program
 
 
 def expected_health(task_count: int) -> dict[str, Any]:
     return {"status": "ready", "schemaVersion": SCHEMA_VERSION, "taskCount": task_count}
 
 
-def check_coordinator_alive(record: Path | None, service: str | None = None) -> None:
-    """Fail fast when the coordinator (or your ``service``) already wrote its end record: it died before serving."""
-    if record is not None and record.exists():
-        try:
-            document = read_json(record, "end record", diag="coordinator-exit")
-            reason = document.get("reason") or document.get("how") or "?"
-        except (AllocstackError, AttributeError):
-            reason = "unreadable end record"
-        if service:
-            raise AllocstackError("service-exit", f"service {service} ended before it was ready: {reason}")
-        raise AllocstackError("coordinator-exit", f"the coordinator ended before it was ready: {reason}")
-
-
 def while_alive(check: Check, record: Path | None, service: str | None) -> Check:
     """``check``, failing at once when the service it probes has ended (a crash after it published its endpoint)."""
 
     def alive(timeout: float) -> tuple[bool, str]:
-        check_coordinator_alive(record, service)
+        endrecord.ended_before_ready(record, service)
         return check(timeout)
 
     return alive
@@ -74,7 +60,7 @@ def wait_for_endpoint(path: Path, deadline: float, interval: float, record: Path
                       service: str | None = None) -> str | None:
     """Wait for the endpoint file; return its URL, or None at the deadline."""
     while True:
-        check_coordinator_alive(record, service)
+        endrecord.ended_before_ready(record, service)
         if path.exists():
             try:
                 return read_endpoint(path)[0]
@@ -128,9 +114,11 @@ def command_check(argv: list[str], env: dict[str, str], probe_timeout: float) ->
     """``argv`` exits 0 within ``probe_timeout`` (with ``env``: the service's variables, see allocstack/program.py)."""
 
     def check(timeout: float) -> tuple[bool, str]:
-        done = subprocess.run(argv, capture_output=True, encoding="utf-8", errors="replace", env=env,
-                              timeout=max(timeout, probe_timeout), check=False)
-        return done.returncode == 0, f"exit {done.returncode} {(done.stderr or done.stdout).strip()[-120:]}"
+        try:
+            done = run_program(argv, env, timeout=max(timeout, probe_timeout))
+        except ProgramError as exc:
+            return False, str(exc)
+        return done.returncode == 0, f"exit {done.returncode} {done.tail(120)}"
 
     return check
 
@@ -150,7 +138,7 @@ def probe(check: Check, deadline: float, interval: float, probe_timeout: float =
             ready, last = check(max(0.05, min(probe_timeout, remaining)))
             if ready:
                 return True, attempts, "ready"
-        except (requests.RequestException, ValueError, OSError, subprocess.TimeoutExpired) as exc:
+        except (requests.RequestException, ValueError, OSError) as exc:
             last = type(exc).__name__
         time.sleep(max(0.0, min(interval, deadline - time.monotonic())))
 
@@ -186,7 +174,7 @@ def parse_args(argv: list[str] | None):
     where.add_argument("--endpoint", help="coordinator URL, e.g. http://127.0.0.1:PORT (loopback only)")
     where.add_argument("--endpoint-file", type=Path, help="wait for this endpoint file and read the URL from it")
     where.add_argument("--scratch", type=Path, default=os.environ.get("ALLOCSTACK_SCRATCH") or None,
-                       help="job-scoped scratch (default $ALLOCSTACK_SCRATCH): use SCRATCH/endpoint.json")
+                       help=f"job-scoped scratch (default $ALLOCSTACK_SCRATCH): use SCRATCH/{names.ENDPOINT}")
     parser.add_argument("--service", help="with --scratch: gate your own service NAME (its endpoint and event file)")
     parser.add_argument("--uses", action="append", default=[],
                         help="command mode: a service whose variables the command also gets (repeatable)")
@@ -209,7 +197,9 @@ def parse_args(argv: list[str] | None):
     parser.add_argument("--record", type=Path, help="write the gate record (JSON) here when ready")
     parser.add_argument("--coordinator-record", type=Path,
                         help="the coordinator's end record: if it appears while waiting, fail at once with its reason")
-    parser.add_argument("--events", type=Path, help="event log to append to (default SCRATCH/events.jsonl)")
+    parser.add_argument("--events", type=Path,
+                        help=f"event log to append to (default SCRATCH/{names.EVENTS}; with --service NAME: "
+                             f"SCRATCH/{names.component_events('NAME')})")
     args = parser.parse_args(argv)
     if args.mode == "health" and args.task_count is None and args.inputs_summary is None:
         parser.error("health mode needs --task-count or --inputs-summary")
@@ -231,13 +221,13 @@ def parse_args(argv: list[str] | None):
             parser.error(error.message)
     elif args.scratch and not args.endpoint_file:
         args.endpoint_file = (service_endpoint_path(args.scratch, args.service) if args.service
-                              else args.scratch / "endpoint.json")
+                              else args.scratch / names.ENDPOINT)
     elif not args.endpoint_file:
         parser.error("one of --endpoint, --endpoint-file or --scratch (or $ALLOCSTACK_SCRATCH) is required")
     if args.service and args.scratch and not args.coordinator_record:
         args.coordinator_record = service_end_path(args.scratch, args.service)
     if args.scratch and not args.events:
-        args.events = args.scratch / "events" / f"{args.service}.jsonl" if args.service else args.scratch / "events.jsonl"
+        args.events = args.scratch / (names.component_events(args.service) if args.service else names.EVENTS)
         args.events.parent.mkdir(mode=0o700, exist_ok=True)
     return args
 

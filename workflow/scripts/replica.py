@@ -21,14 +21,15 @@ import sys
 import time
 from pathlib import Path
 
-from allocstack import SCHEMA_VERSION
+from allocstack import SCHEMA_VERSION, names
 from allocstack.cli import ArgumentParser, add_gate_arguments, add_program_arguments, positive_int, run, runtime_facts
 from allocstack.endpoint import services_environment
 from allocstack.errors import EXIT_OK, AllocstackError, report
 from allocstack.events import append_event
 from allocstack.jsonio import atomic_write_json
-from allocstack.program import Supervised, await_gates, describe, expand_argv, program_environment
+from allocstack.program import await_gates, describe, expand_argv, program_environment
 from allocstack.scratch import ensure_private_dir
+from allocstack.supervise import Supervised
 
 
 def replica_variables(worker: str, index: int, workers: int) -> dict[str, str]:
@@ -57,7 +58,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     worker = args.worker_id
     log = lambda message: print(f"{worker}: {message}", file=sys.stderr, flush=True)  # noqa: E731
-    events = args.scratch / "events" / f"{worker}.jsonl"
+    events = args.scratch / names.component_events(worker)
     program = Supervised(worker)
     try:
         ensure_private_dir(events.parent)

@@ -23,6 +23,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from allocstack import names
 from allocstack.cli import ArgumentParser, run
 from allocstack.endpoint import TUNNEL_PORT, read_endpoint, read_view_token, tunnel_command
 from allocstack.errors import EXIT_OK, AllocstackError, report
@@ -141,7 +142,7 @@ def main(argv: list[str] | None = None) -> int:
         else:
             run = choose_run(args)
             scratch = user_scratch(args.scratch_root)
-            path = scratch / run / "endpoint.json" if scratch else None
+            path = scratch / run / names.ENDPOINT if scratch else None
         if args.end_of_run or path is None or not path.exists():
             if run is None:
                 raise AllocstackError("prerequisite", f"no endpoint file at {path}: is the stack running on this node?")

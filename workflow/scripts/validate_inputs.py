@@ -17,7 +17,7 @@ from allocstack import SCHEMA_VERSION
 from allocstack.cli import ArgumentParser, positive_int, run
 from allocstack.containers import check_image_format
 from allocstack.errors import EXIT_OK, AllocstackError, report
-from allocstack.handlers import check_baseline_payload
+from allocstack.handlers import baseline_output_bytes, check_baseline_payload
 from allocstack.jsonio import atomic_write_json, check_sidecar, sha256_file
 from allocstack.runtimes import PROGRAMS
 from allocstack.taskset import load_expected, load_tasks
@@ -47,15 +47,17 @@ def parse_args(argv: list[str] | None):
 def check_tasks(args) -> dict[str, Any]:
     """The task document (and its expected results): the summary's task facts."""
     if args.tasks is None:
-        return {"taskCount": None, "inputSha256": None, "expectedSha256": None}
+        return {"taskCount": None, "inputSha256": None, "expectedSha256": None, "outputBytes": None}
     tasks = load_tasks(str(args.tasks))
+    output_bytes = None  # unknown: the user's program decides
     if args.handler == "baseline":
         for index, task in enumerate(tasks.tasks, start=1):
             check_baseline_payload(task["payload"], f"tasks {args.tasks}: task {index} ({task['id']})")
+        output_bytes = sum(baseline_output_bytes(task["payload"]) for task in tasks.tasks)
     if args.expected:
         load_expected(str(args.expected), tasks, mismatch_hint=mismatch_hint(args.tasks, args.expected))
     return {"taskCount": len(tasks), "inputSha256": sha256_file(args.tasks),
-            "expectedSha256": sha256_file(args.expected) if args.expected else None}
+            "expectedSha256": sha256_file(args.expected) if args.expected else None, "outputBytes": output_bytes}
 
 
 def main(argv: list[str] | None = None) -> int:

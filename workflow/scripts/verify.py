@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from allocstack import SCHEMA_VERSION
+from allocstack import SCHEMA_VERSION, endrecord
 from allocstack.cli import ArgumentParser, argv_list, json_object, run
 from allocstack.errors import EXIT_OK, AllocstackError, report
 from allocstack.events import gate_precedes_workers, read_events
@@ -101,26 +101,6 @@ def check_check_record(record: Any) -> None:
         raise fail("the check (verify.command) did not pass")
 
 
-def check_end_record(record: Any, task_count: int, input_sha256: str, results_sha256: str) -> None:
-    """The coordinator must have completed, on this input, producing exactly this results file."""
-    if not isinstance(record, dict):
-        raise AllocstackError("coordinator-exit", "coordinator end record is not a JSON object")
-    if record.get("status") == "failed":
-        failed = record.get("failedTasks") or {}
-        first = next(iter(failed.items()), ("?", "?"))
-        raise AllocstackError("task-failed", f"{len(failed)} task(s) failed for good, e.g. {first[0]}: {first[1][-300:]}")
-    if record.get("status") != "completed":
-        raise AllocstackError(
-            "coordinator-exit", f"coordinator ended {record.get('status')!r} ({record.get('reason')}), not completed"
-        )
-    if record.get("resultCount") != task_count:
-        raise fail(f"coordinator reports {record.get('resultCount')} results for {task_count} tasks")
-    if record.get("inputSha256") != input_sha256:
-        raise fail("coordinator ran on a different input (inputSha256 differs)")
-    if record.get("resultsSha256") != results_sha256:
-        raise fail("results file differs from the one the coordinator wrote (resultsSha256 differs)")
-
-
 def parse_args(argv: list[str] | None):
     parser = ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--input", type=Path, help="task document (config tasks; none: your own stack)")
@@ -157,8 +137,7 @@ def verify_tasks(args) -> dict[str, Any]:
     document = read_json(args.results, "results", diag="verification")
     input_sha256, results_sha256 = sha256_file(args.input), sha256_file(args.results)
     if args.end_record:  # first: "the coordinator did not complete" explains a short results file
-        record = read_json(args.end_record, "coordinator end record", diag="coordinator-exit")
-        check_end_record(record, len(tasks), input_sha256, results_sha256)
+        endrecord.check_completed(endrecord.read(args.end_record), len(tasks), input_sha256, results_sha256)
     results = check_results(document, tasks, expected)
     if args.command_json:
         env = program_environment(user_check_environment(args.input, args.results, args.expected), {},

@@ -33,7 +33,7 @@ from typing import Any
 
 import requests
 
-from allocstack import SCHEMA_VERSION
+from allocstack import SCHEMA_VERSION, names
 from allocstack.cli import (
     EXIT_INTERRUPTED,
     ArgumentParser,
@@ -248,9 +248,9 @@ def parse_args(argv: list[str] | None):
     parser.add_argument("--worker-id", default=os.environ.get("ALLOCSTACK_WORKER_ID"),
                         help="e.g. worker-01 (default $ALLOCSTACK_WORKER_ID, set for long-running workers)")
     parser.add_argument("--scratch", type=Path, default=os.environ.get("ALLOCSTACK_SCRATCH") or None,
-                        help="job-scoped scratch (default $ALLOCSTACK_SCRATCH): endpoint.json and events.jsonl")
-    parser.add_argument("--endpoint-file", help="endpoint file (default SCRATCH/endpoint.json)")
-    parser.add_argument("--events", type=Path, help="event log (default SCRATCH/events.jsonl)")
+                        help=f"job-scoped scratch (default $ALLOCSTACK_SCRATCH): {names.ENDPOINT} and {names.EVENTS}")
+    parser.add_argument("--endpoint-file", help=f"endpoint file (default SCRATCH/{names.ENDPOINT})")
+    parser.add_argument("--events", type=Path, help=f"event log (default SCRATCH/{names.EVENTS})")
     add_gate_arguments(parser)
     parser.add_argument("--record", type=Path, help="write this worker's record (JSON) here at the end")
     parser.add_argument("--batch", type=positive_int, default=1, help="tasks claimed per round trip")
@@ -327,11 +327,14 @@ def main(argv: list[str] | None = None) -> int:
     ended = time.time()
     append_event(args.events, "worker-end", worker=worker, status=status, completed=tally.completed, exitCode=code)
     if args.record and code == EXIT_OK:
-        atomic_write_json(args.record, {
-            "schemaVersion": SCHEMA_VERSION, "workerId": worker, "status": status, "tasksCompleted": tally.completed,
-            "claims": tally.claims, "waits": tally.waits, "rejected": tally.rejected, "failed": tally.failed,
-            "startedAt": started, "endedAt": ended,
-        }, 0o644)
+        try:
+            atomic_write_json(args.record, {
+                "schemaVersion": SCHEMA_VERSION, "workerId": worker, "status": status,
+                "tasksCompleted": tally.completed, "claims": tally.claims, "waits": tally.waits,
+                "rejected": tally.rejected, "failed": tally.failed, "startedAt": started, "endedAt": ended,
+            }, 0o644)
+        except AllocstackError as error:
+            code = report(error)
     print(f"{worker}: {status}: {tally.completed} tasks in {ended - started:.3f} s, "
           f"{tally.claims} claims, {tally.waits} waits", flush=True)
     return code

@@ -8,11 +8,13 @@ import os
 import platform
 import signal
 import socket
+import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, NoReturn
 
+from . import names
 from .errors import EXIT_USAGE
 
 
@@ -88,8 +90,8 @@ def add_gate_arguments(parser: argparse.ArgumentParser) -> None:
 def scratch_defaults(args: argparse.Namespace) -> None:
     """With ``args.scratch`` set, default ``endpoint_file`` and ``events`` to the files in it."""
     if args.scratch:
-        args.endpoint_file = args.endpoint_file or os.path.join(args.scratch, "endpoint.json")
-        args.events = args.events or os.path.join(args.scratch, "events.jsonl")
+        args.endpoint_file = args.endpoint_file or os.path.join(args.scratch, names.ENDPOINT)
+        args.events = args.events or os.path.join(args.scratch, names.EVENTS)
 
 
 def os_release() -> str:
@@ -178,3 +180,17 @@ def run(main: Callable[[], int]) -> int:
     except BrokenPipeError:
         silence_stdout()
     return code
+
+
+def tool_version(argv: list[str], env: Mapping[str, str] | None = None) -> str | None:
+    """First line of ``argv``'s output (``apptainer --version``), or None when the tool is missing or hangs.
+
+    ``env``: its whole environment (None: ours; ch-run needs ``$USER``, see :func:`containers.runtime_environ`).
+    """
+    try:
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=20, check=False,
+                              env=None if env is None else dict(env))
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    text = (done.stdout or done.stderr).strip().splitlines()
+    return text[0] if text else None

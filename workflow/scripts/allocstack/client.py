@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import requests
+from urllib3.util import SKIP_HEADER
 
 from .errors import AllocstackError
 
@@ -29,18 +31,30 @@ class CoordinatorClient:
         self.url = url
         self.timeout = timeout
         self.session = loopback_session()
-        self.session.headers["Authorization"] = f"Bearer {token}"
+        # Only the headers the coordinator reads (plus Host and the body's): each header costs both
+        # sides time on every request, one a task at batch 1. SKIP_HEADER keeps urllib3's defaults out.
+        self.session.headers.clear()
+        self.session.headers.update({"Authorization": f"Bearer {token}", "User-Agent": SKIP_HEADER,
+                                     "Accept-Encoding": SKIP_HEADER})
 
     def close(self) -> None:
         self.session.close()
 
     def _post(self, path: str, body: dict[str, Any], ok: tuple[int, ...] = (200,)) -> tuple[int, dict[str, Any]]:
-        response = self.session.post(self.url + path, json=body, timeout=self.timeout)
-        return self._decode(path, response, ok)
+        deadline = time.monotonic() + self.timeout
+        while True:
+            response = self.session.post(self.url + path, json=body, timeout=self.timeout)
+            # 503: the coordinator is at its connection or buffered-bytes cap for a moment
+            if response.status_code != 503 or time.monotonic() >= deadline:
+                return self._decode(path, response, ok)
+            time.sleep(min(float(response.headers.get("Retry-After", 1)), max(0.0, deadline - time.monotonic())))
 
     def _decode(self, path: str, response: requests.Response, ok: tuple[int, ...]) -> tuple[int, dict[str, Any]]:
         if response.status_code == 401:
             raise AllocstackError("auth", f"the coordinator refused our token on {path}")
+        if response.status_code == 507:
+            raise AllocstackError("worker-exit", f"the coordinator cannot store results: "
+                                                 f"{response.json().get('error', '')[:300]}")
         if response.status_code not in ok:
             raise AllocstackError(
                 "worker-exit", f"{path} answered {response.status_code}: {response.text[:200]}"

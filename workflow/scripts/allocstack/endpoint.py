@@ -18,10 +18,9 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from . import SCHEMA_VERSION
+from . import SCHEMA_VERSION, names
 from .errors import AllocstackError
 from .jsonio import atomic_write_json, read_json
-from .names import variable_prefix
 
 LOOPBACK_NAMES = {"localhost"}
 
@@ -70,19 +69,19 @@ def service_variables(service: str, url: str, token: str) -> dict[str, str]:
     """The variables that tell a program where ``service`` listens: ``ALLOCSTACK_<NAME>_HOST``, ``_PORT``,
     ``_ENDPOINT`` and ``_TOKEN`` (the service ``app``, the older ``service:`` block, gives ``ALLOCSTACK_APP_*``)."""
     parts = urlsplit(url)
-    prefix = variable_prefix(service)
+    prefix = names.variable_prefix(service)
     return {f"{prefix}HOST": parts.hostname or "", f"{prefix}PORT": str(parts.port), f"{prefix}ENDPOINT": url,
             f"{prefix}TOKEN": token}
 
 
 def service_endpoint_path(scratch: Path, service: str) -> Path:
     """Where your own service ``service`` publishes its endpoint in job-scoped scratch."""
-    return scratch / "services" / f"{service}.json"
+    return scratch / names.service_endpoint(service)
 
 
 def service_end_path(scratch: Path, service: str) -> Path:
     """Where the supervisor of ``service`` records how it ended (read by collect_results)."""
-    return scratch / "services" / f"{service}.end.json"
+    return scratch / names.service_end(service)
 
 
 def services_environment(scratch: Path, services: list[str], coordinator: bool = False) -> dict[str, str]:
@@ -93,7 +92,7 @@ def services_environment(scratch: Path, services: list[str], coordinator: bool =
     env: dict[str, str] = {}
     published = [(name, service_endpoint_path(scratch, name)) for name in services]
     if coordinator:
-        published.append(("coordinator", scratch / "endpoint.json"))
+        published.append(("coordinator", scratch / names.ENDPOINT))
     for name, path in published:
         env.update(service_variables(name, *read_endpoint(path)))
     return env

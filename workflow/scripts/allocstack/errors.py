@@ -41,6 +41,7 @@ DIAGNOSTICS: dict[str, tuple[int, str]] = {
     "verification": (EXIT_DATA, "the results are not correct"),
     "cleanup": (EXIT_IO, "job-scoped scratch could not be removed"),
     "io": (EXIT_IO, "an artifact could not be written"),
+    "storage": (EXIT_IO, "the disk or the quota is full: nothing more can be stored durably"),
     "compose": (EXIT_DATA, "a Compose file uses something allocstack cannot run (import_compose.py)"),
 }
 

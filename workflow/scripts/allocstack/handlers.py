@@ -16,12 +16,13 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import tempfile
 from collections.abc import Callable
 from typing import Any
 
+from . import names
 from .errors import AllocstackError
+from .program import ProgramError, run_program
 
 MAX_MESSAGE_CHARS = 4096
 MAX_REPEAT = 10_000
@@ -47,6 +48,11 @@ def baseline(payload: dict[str, Any]) -> str:
     return payload["message"] * payload["repeat"]
 
 
+def baseline_output_bytes(payload: dict[str, Any]) -> int:
+    """Bytes the baseline's output of ``payload`` takes in a JSON document (the disk space check)."""
+    return (len(json.dumps(payload["message"])) - 2) * payload["repeat"]
+
+
 class TaskFailure(Exception):
     """A task's handler failed; the message says why (it is reported to the coordinator)."""
 
@@ -59,27 +65,24 @@ def command_handler(argv: list[str], timeout: float | None, scratch: str | None)
     """A handler running ``argv`` per task (see the module docstring)."""
 
     def run(task_id: str, payload: dict[str, Any]) -> str:
-        data = json.dumps(payload)
+        data = json.dumps(payload).encode("utf-8")
         env = {**os.environ, "ALLOCSTACK_TASK_ID": task_id}
         payload_file = None
         if len(data) > INLINE_PAYLOAD_BYTES:
-            handle, payload_file = tempfile.mkstemp(prefix=f"payload-{task_id}-", suffix=".json", dir=scratch)
-            with os.fdopen(handle, "w", encoding="utf-8") as out:
+            handle, payload_file = tempfile.mkstemp(prefix=f"{names.PAYLOAD_PREFIX}{task_id}-", suffix=".json",
+                                                    dir=scratch)
+            with os.fdopen(handle, "wb") as out:
                 out.write(data)
-            env["ALLOCSTACK_PAYLOAD_FILE"], data = payload_file, ""
+            env["ALLOCSTACK_PAYLOAD_FILE"], data = payload_file, b""
         try:
-            # Bytes, not the locale's text: the protocol is UTF-8 whatever LANG says on the node.
-            done = subprocess.run(argv, input=data.encode("utf-8"), capture_output=True, timeout=timeout, env=env, check=False)
-        except subprocess.TimeoutExpired as exc:
-            raise TaskFailure(f"timed out after {timeout:g} s") from exc
-        except OSError as exc:
-            raise TaskFailure(f"cannot run {argv[0]}: {exc.strerror}") from exc
+            done = run_program(argv, env, stdin=data, timeout=timeout)
+        except ProgramError as exc:
+            raise TaskFailure(str(exc)) from exc
         finally:
             if payload_file:
                 os.unlink(payload_file)
         if done.returncode != 0:
-            stderr = done.stderr.decode("utf-8", errors="replace")
-            raise TaskFailure(f"exit {done.returncode}: {stderr[-STDERR_TAIL:].strip()}")
+            raise TaskFailure(f"exit {done.returncode}: {done.stderr.decode('utf-8', errors='replace')[-STDERR_TAIL:].strip()}")
         try:
             return done.stdout.decode("utf-8")
         except UnicodeDecodeError as exc:

@@ -5,6 +5,11 @@ accepted result. Results that arrive while an fsync is in progress are written
 and synced together (group commit), so the cost of durability is one fsync per
 batch, not per result. On start the journal is replayed: a torn last line (a
 crash mid-write) is cut off; a journal of a different input is set aside.
+
+A write that fails (a full disk, an exhausted quota) is cut back off the file, so
+the journal stays a sequence of whole lines; the journal then refuses every later
+append with the same ``storage`` (or ``io``) error: nothing is acknowledged that
+is not durable, and a rerun resumes from the lines before the fault.
 """
 
 from __future__ import annotations
@@ -13,12 +18,14 @@ import asyncio
 import json
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from . import SCHEMA_VERSION
 from .errors import AllocstackError
 from .jsonio import fsync_dir
+from .storage import write_error
 
 
 def _line(record: dict[str, Any]) -> bytes:
@@ -62,17 +69,32 @@ def replay(path: Path, input_sha256: str) -> tuple[list[dict[str, Any]], str]:
 
 
 class Journal:
-    """Durable, group-committed appends to the journal file (one writer: the coordinator)."""
+    """Durable, group-committed appends to the journal file (one writer: the coordinator).
 
-    def __init__(self, path: Path, input_sha256: str) -> None:
+    ``write`` is :func:`os.write` (a test passes one that fails like a full disk).
+
+    :raises AllocstackError: ``storage`` or ``io`` when a fresh journal's header cannot be written.
+    """
+
+    def __init__(self, path: Path, input_sha256: str, write: Callable[[int, bytes], int] = os.write) -> None:
         self.path = path
+        self._write = write
         fresh = not path.exists()
-        self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        try:
+            self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        except OSError as exc:
+            raise write_error("journal", path, exc) from exc
+        self._size = os.fstat(self._fd).st_size
+        self.failed: AllocstackError | None = None
         if fresh:
             header = {"kind": "header", "schemaVersion": SCHEMA_VERSION, "inputSha256": input_sha256}
-            os.write(self._fd, _line(header))
-            os.fsync(self._fd)
-            fsync_dir(path.parent)
+            try:
+                self._write_and_sync(_line(header))
+                fsync_dir(path.parent)
+            except OSError as exc:
+                os.close(self._fd)
+                path.unlink(missing_ok=True)
+                raise write_error("journal", path, exc) from exc
         self._buffer: list[bytes] = []
         self._waiters: list[asyncio.Future[None]] = []
         self._flushing = False
@@ -81,9 +103,15 @@ class Journal:
         self.records = 0
 
     async def append(self, results: list[dict[str, Any]]) -> None:
-        """Append ``results``; return once they are on disk (fsync'd)."""
+        """Append ``results``; return once they are on disk (fsync'd).
+
+        :raises AllocstackError: ``storage`` (no room) or ``io``: then none of ``results`` is durable,
+            and every later append raises the same error.
+        """
         if not results:
             return
+        if self.failed is not None:
+            raise self.failed
         loop = asyncio.get_running_loop()
         self._buffer.extend(_line({"kind": "result", **r}) for r in results)
         waiter: asyncio.Future[None] = loop.create_future()
@@ -101,11 +129,17 @@ class Journal:
                 count = len(self._buffer)
                 self._buffer, self._waiters = [], []
                 try:
+                    if self.failed is not None:
+                        raise self.failed
                     await loop.run_in_executor(None, self._write_and_sync, data)
                 except OSError as exc:
-                    error = AllocstackError("io", f"cannot write journal {self.path}: {exc.strerror}")
+                    self.failed = write_error("journal", self.path, exc)
+                except AllocstackError:
+                    pass
+                if self.failed is not None:
                     for waiter in waiters:
-                        waiter.set_exception(error)
+                        if not waiter.done():
+                            waiter.set_exception(self.failed)
                     continue
                 self.fsyncs += 1
                 self.records += count
@@ -116,11 +150,21 @@ class Journal:
             self._flushing = False
 
     def _write_and_sync(self, data: bytes) -> None:
-        view = memoryview(data)
-        while view:
-            written = os.write(self._fd, view)
-            view = view[written:]
-        os.fsync(self._fd)
+        """Write and fsync ``data``; on failure cut the file back to its last whole line and re-raise."""
+        try:
+            view = memoryview(data)
+            while view:
+                written = self._write(self._fd, view)
+                view = view[written:]
+            os.fsync(self._fd)
+        except OSError:
+            try:
+                os.ftruncate(self._fd, self._size)
+                os.fsync(self._fd)
+            except OSError:
+                pass  # replay cuts a torn last line anyway
+            raise
+        self._size += len(data)
 
     @property
     def busy(self) -> bool:

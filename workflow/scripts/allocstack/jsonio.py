@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import AllocstackError
+from .storage import write_error
 
 PRIVATE_FILE = 0o600
 
@@ -27,14 +28,15 @@ def atomic_write_chunks(path: str | os.PathLike, chunks: Iterable[str], mode: in
 
     Temp file in the same directory, fsync, chmod, rename, fsync of the directory. The chunks
     are written as they come, so a large document never exists as one string in memory.
+    On any failure the temp file is removed and ``path`` is left as it was.
 
-    :raises AllocstackError: ``io`` when the directory is missing or not writable.
+    :raises AllocstackError: ``storage`` when the disk or quota is full, ``io`` for another write error.
     """
     target = Path(path)
     try:
         fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
     except OSError as exc:
-        raise AllocstackError("io", f"cannot write {target}: {exc.strerror}") from exc
+        raise write_error("file", target, exc) from exc
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as handle:
             for chunk in chunks:
@@ -43,11 +45,13 @@ def atomic_write_chunks(path: str | os.PathLike, chunks: Iterable[str], mode: in
             os.fsync(handle.fileno())
         os.chmod(tmp, mode)
         os.replace(tmp, target)
-    except BaseException:
+    except BaseException as exc:
         try:
             os.unlink(tmp)
         except FileNotFoundError:
             pass
+        if isinstance(exc, OSError):
+            raise write_error("file", target, exc) from exc
         raise
     fsync_dir(target.parent)
 

@@ -1,11 +1,45 @@
-"""The names allocstack derives from yours: a service's and a volume's variables.
+"""The names allocstack spells once: the files a run's components share, and the variables derived from yours.
 
-Standard library only: the rules load this file by its path (common.smk), the scripts import it.
+Job-scoped scratch (``ROOT/allocstack-UID/RUN``, see :mod:`scratch`) holds what a
+running stack publishes; the run's state directory (config ``state_dir``) holds
+what must outlive the job. Standard library only: the rules load this file by its
+path (common.smk), the scripts import it.
 """
 
 from __future__ import annotations
 
 import re
+
+#: In scratch: the coordinator's URL and tokens (mode 0600), read by the gate, workers, status.
+ENDPOINT = "endpoint.json"
+#: In scratch: the coordinator's event log (one JSON object per line), merged into results/<run>/ by collect.
+EVENTS = "events.jsonl"
+#: In scratch: each service of yours publishes ``SERVICES/<name>.json`` and its supervisor records its end there.
+SERVICES = "services"
+#: In scratch: the event log of every other component, ``EVENTS_DIR/<name>.jsonl`` (the coordinator clears EVENTS).
+EVENTS_DIR = "events"
+#: In scratch: the named volumes, ``VOLUMES/<name>``.
+VOLUMES = "volumes"
+#: In scratch: the prefix of a large task payload handed to ``worker.command`` as a file.
+PAYLOAD_PREFIX = "payload-"
+#: In the state directory: the durable results journal a rerun resumes from.
+JOURNAL = "journal.jsonl"
+
+
+def service_endpoint(service: str) -> str:
+    """In scratch: where your own service ``service`` publishes its URL and token (mode 0600)."""
+    return f"{SERVICES}/{service}.json"
+
+
+def service_end(service: str) -> str:
+    """In scratch: where the supervisor of ``service`` records how it ended (read by collect_results)."""
+    return f"{SERVICES}/{service}.end.json"
+
+
+def component_events(component: str) -> str:
+    """In scratch: the event log of a component other than the coordinator (a service, its gate, a replica, the check)."""
+    return f"{EVENTS_DIR}/{component}.jsonl"
+
 
 #: Your own service names (config ``services``, Compose service names).
 SERVICE_NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")

@@ -14,30 +14,27 @@ allocstack itself when it starts the program (no shell is involved), e.g.
 ``http://${ALLOCSTACK_KV_HOST}:8080``; a name that is not set is an error, never an
 empty string.
 
-Supervision (:class:`Supervised`): SIGTERM, SIGINT and SIGHUP are passed on to the
-program, so it can stop cleanly; it is stopped too when its launcher is gone; its
-stderr goes to the component's log and its last lines are kept for the one-line error.
+How they are run: a program that lives as long as the stack (a service, a long-running
+worker) is supervised by :class:`allocstack.supervise.Supervised`, the one supervisor
+(signals passed on so it can stop cleanly, stopped when its launcher is gone, its
+stderr in the component's log with its last lines kept for the one-line error); a
+program that runs to its end (``worker.command`` per task, a readiness ``command``,
+``verify.command``) by :func:`run_program`.
 """
 
 from __future__ import annotations
 
-import collections
-import os
 import re
-import signal
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import IO
 
-from .errors import EXIT_TEMPFAIL, AllocstackError
+from .errors import AllocstackError
 from .jsonio import read_json
-from .lifeline import forward_signals, watch_launcher
-from .names import volume_variable
+from .names import VOLUMES, volume_variable
 from .scratch import ensure_private_dir
 
 REFERENCE = re.compile(r"\$\{(ALLOCSTACK_[A-Z0-9_]+)\}")
@@ -49,7 +46,7 @@ def volume_environment(scratch: Path, volumes: list[str]) -> dict[str, str]:
     """Create each named volume as ``SCRATCH/volumes/<name>`` (0700) and name it in ``ALLOCSTACK_VOLUME_<NAME>``."""
     env = {}
     for volume in volumes:
-        env[volume_variable(volume)] = str(ensure_private_dir(scratch / "volumes" / volume))
+        env[volume_variable(volume)] = str(ensure_private_dir(scratch / VOLUMES / volume))
     return env
 
 
@@ -86,98 +83,6 @@ def expand_argv(argv: list[str], env: Mapping[str, str], where: str) -> list[str
 def describe(argv: list[str]) -> str:
     """How a program is named in one-line errors: its first two words."""
     return " ".join(argv[:2])
-
-
-TAIL_LINES = 20
-
-
-@dataclass
-class Outcome:
-    """How a supervised program ended."""
-
-    code: int  # its exit status; negative: killed by that signal
-    stopped_by: int | None = None  # the signal allocstack passed on to stop it, if any
-    killed: bool = False  # still running ``grace`` seconds after that signal: SIGKILLed
-    tail: list[str] = field(default_factory=list)
-
-    @property
-    def clean_stop(self) -> bool:
-        """Stopped by allocstack and ended as a program stopped that way should: 0, or by that signal."""
-        sig = self.stopped_by
-        return sig is not None and not self.killed and self.code in (0, -sig, 128 + sig)
-
-    def how(self) -> str:
-        ended = f"killed by {signal.Signals(-self.code).name}" if self.code < 0 else f"exited {self.code}"
-        last = f": {self.tail[-1][-300:]}" if self.tail else ""
-        return ended + last
-
-
-class Supervised:
-    """One program of yours: create this first thing (it takes over the stop signals), then :meth:`start`, :meth:`wait`.
-
-    A stop signal, or the loss of the launcher, before the program started ends this
-    process at once (exit 75); after, it is passed on to the program.
-    """
-
-    def __init__(self, label: str) -> None:
-        self.label = label
-        self.child: subprocess.Popen[bytes] | None = None
-        self.stopped_by: int | None = None
-        self.killed = False
-        self.tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
-        self.grace: float | None = None
-        forward_signals(self._forward)
-        watch_launcher(lambda: self._forward(signal.SIGTERM, None))
-
-    def start(self, argv: list[str], env: dict[str, str], grace: float | None = None) -> int:
-        """Start ``argv``; return its pid. ``grace``: seconds it may take to stop before SIGKILL.
-
-        :raises AllocstackError: ``prerequisite`` when it cannot be started.
-        """
-        self.grace = grace
-        try:
-            self.child = subprocess.Popen(argv, env=env, stderr=subprocess.PIPE)
-        except OSError as exc:
-            raise AllocstackError("prerequisite", f"cannot start {self.label} ({argv[0]}): {exc.strerror}") from exc
-        self.reader = threading.Thread(target=self._copy_stderr, args=(self.child.stderr,), name="stderr", daemon=True)
-        self.reader.start()
-        return self.child.pid
-
-    def _copy_stderr(self, stream: IO[bytes]) -> None:
-        for raw in stream:
-            sys.stderr.buffer.write(raw)
-            sys.stderr.buffer.flush()
-            line = raw.decode("utf-8", errors="replace").strip()
-            if line:
-                self.tail.append(line)
-
-    def _forward(self, signum: int, _frame: object) -> None:
-        if self.child is None:
-            print(f"{self.label}: stopped ({signal.Signals(signum).name}) before it started", file=sys.stderr,
-                  flush=True)
-            os._exit(EXIT_TEMPFAIL)
-        if self.child.poll() is not None:
-            return
-        if self.stopped_by is None:
-            self.stopped_by = signum
-            if self.grace is not None:
-                threading.Thread(target=self._kill_after_grace, args=(self.child, self.grace), name="grace",
-                                 daemon=True).start()
-        self.child.send_signal(signum)
-
-    def _kill_after_grace(self, child: subprocess.Popen[bytes], grace: float) -> None:
-        try:
-            child.wait(timeout=grace)
-        except subprocess.TimeoutExpired:
-            self.killed = True
-            child.kill()
-
-    def wait(self) -> Outcome:
-        if self.child is None:
-            raise RuntimeError("wait() before start()")
-        code = self.child.wait()
-        self.reader.join(timeout=5)
-        return Outcome(code, self.stopped_by, self.killed, list(self.tail))
 
 
 #: How a service's end reads in one-line errors, by the status its supervisor recorded.
@@ -222,6 +127,52 @@ def await_gates(paths: list[Path], timeout: float, log: Callable[[str], None]) -
             raise AllocstackError("prerequisite", f"gate record {path} does not say ready: refusing to start")
 
 
+class ProgramError(Exception):
+    """The program could not be started, or did not end within its timeout."""
+
+
+@dataclass(frozen=True)
+class Finished:
+    """A program that ran to its end: its exit status and what it wrote (bytes: the protocol is UTF-8
+    whatever the node's locale says)."""
+
+    returncode: int
+    stdout: bytes
+    stderr: bytes
+
+    def text(self) -> str:
+        """stdout then stderr, decoded with replacement (for logs)."""
+        return (self.stdout + self.stderr).decode("utf-8", errors="replace")
+
+    def tail(self, chars: int) -> str:
+        """The last ``chars`` characters of stderr (of stdout when stderr is empty), stripped."""
+        stream = self.stderr.strip() or self.stdout.strip()
+        return stream.decode("utf-8", errors="replace")[-chars:].strip()
+
+
+def run_program(argv: list[str], env: Mapping[str, str] | None = None, stdin: bytes = b"",
+                timeout: float | None = None) -> Finished:
+    """Run ``argv`` (no shell) to its end with exactly ``env`` (None: ours) and ``stdin`` as its input.
+
+    The one way allocstack runs a program of yours that is not supervised for the
+    stack's life: ``worker.command`` per task, a readiness ``command``, ``verify.command``.
+
+    :raises ProgramError: saying why it could not run, or that it timed out (it is killed).
+    """
+    try:
+        done = subprocess.run(argv, input=stdin, capture_output=True, timeout=timeout, check=False,
+                              env=None if env is None else dict(env))
+    except subprocess.TimeoutExpired as exc:
+        raise ProgramError(f"timed out after {timeout:g} s") from exc
+    except OSError as exc:
+        raise ProgramError(f"cannot run {argv[0]}: {exc.strerror}") from exc
+    return Finished(done.returncode, done.stdout, done.stderr)
+
+
+#: Bound on ``verify.command``.
+CHECK_TIMEOUT = 3600.0
+
+
 def run_check(argv: list[str], env: Mapping[str, str]) -> None:
     """``verify.command``: the application's own correctness check ("only your application can say").
 
@@ -230,12 +181,11 @@ def run_check(argv: list[str], env: Mapping[str, str]) -> None:
     :raises AllocstackError: ``verification`` with the last line of its output otherwise.
     """
     try:
-        done = subprocess.run(argv, capture_output=True, encoding="utf-8", errors="replace", env=dict(env),
-                              timeout=3600, check=False)
-    except (OSError, subprocess.TimeoutExpired) as exc:
+        done = run_program(argv, env, timeout=CHECK_TIMEOUT)
+    except ProgramError as exc:
         raise AllocstackError("verification", f"verify.command {argv[0]} could not run: {exc}") from exc
-    for line in (done.stdout + done.stderr).strip().splitlines()[-20:]:
+    for line in done.text().strip().splitlines()[-20:]:
         print(f"verify.command: {line}", file=sys.stderr, flush=True)
     if done.returncode != 0:
-        tail = (done.stderr or done.stdout).strip().splitlines()[-1:] or ["no output"]
+        tail = done.tail(2000).splitlines()[-1:] or ["no output"]
         raise AllocstackError("verification", f"verify.command exited {done.returncode}: {tail[0][-300:]}")

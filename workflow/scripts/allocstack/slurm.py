@@ -13,12 +13,18 @@ for ever (a time limit the partition refuses), so they are refused up front, in 
 naming the profile key.
 
 Standard library only: the workflow (``common.smk``) loads this file directly.
+
+The job's own facts live here too: when the allocation ends (``squeue %e``), its steps
+(``squeue --steps``, ``sacct``), signalling a step (``scancel --signal``), the largest node
+(``sinfo``) and Slurm's version, each with its parser (``tests/test_slurm_parsing.py``).
 """
 
 from __future__ import annotations
 
 import re
+import signal
 import subprocess
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
@@ -310,3 +316,91 @@ def allocation_nodes(nodelist: str, ask: Query = query) -> list[str] | None:
         return None
     expanded = ask(["scontrol", "show", "hostnames", nodelist])
     return expanded.split() if expanded is not None else None
+
+
+#: The job step fields provenance records (``sacct --format``).
+STEP_FIELDS = ("JobID", "JobName", "State", "ExitCode", "AllocCPUS", "TotalCPU", "Elapsed", "NodeList")
+
+
+# -- the allocation's end -----------------------------------------------------
+def end_time_from_env(environ: Mapping[str, str]) -> float:
+    """``$SLURM_JOB_END_TIME`` (epoch seconds), or 0.0 when Slurm did not export it."""
+    value = environ.get("SLURM_JOB_END_TIME", "")
+    return float(value) if value.isdigit() else 0.0
+
+
+def parse_end_time(text: str) -> int | None:
+    """``squeue --format=%e`` (local time, e.g. ``2026-12-03T03:43:49``) -> epoch seconds; None for N/A, NONE..."""
+    try:
+        return int(time.mktime(time.strptime(text.strip(), "%Y-%m-%dT%H:%M:%S")))
+    except ValueError:
+        return None
+
+
+def allocation_end(environ: Mapping[str, str]) -> int | None:
+    """When the current allocation ends: ``$SLURM_JOB_END_TIME``, else ``squeue`` (Slurm 22.05 does not export it)."""
+    exported = end_time_from_env(environ)
+    if exported:
+        return int(exported)
+    job = environ.get("SLURM_JOB_ID")
+    listing = query(["squeue", "--noheader", "--jobs", job, "--format=%e"]) if job else None
+    return parse_end_time(listing) if listing else None
+
+
+# -- job steps ----------------------------------------------------------------
+def parse_step_ids(listing: str, name: str) -> list[str]:
+    """The ids of the steps called ``name`` in ``squeue --steps --format='%i %j'`` output."""
+    found = []
+    for line in listing.splitlines():
+        fields = line.split()
+        if fields[1:] == [name]:
+            found.append(fields[0])
+    return found
+
+
+def signal_step(job_id: str, name: str, signum: int) -> bool:
+    """Send ``signum`` to the job step(s) called ``name``; False when none was found.
+
+    ``scancel --signal`` delivers the signal to the step's tasks (through Apptainer, to the
+    component). Signalling ``srun`` itself is not the same: on SIGTERM srun "forces job
+    termination" (SIGKILL after KillWait) and the component never drains.
+    """
+    listing = query(["squeue", "--steps", "--jobs", job_id, "--noheader", "--format=%i %j"])
+    steps = parse_step_ids(listing or "", name)
+    for step in steps:
+        query(["scancel", f"--signal={signal.Signals(signum).name[3:]}", step])
+    return bool(steps)
+
+
+def parse_steps(text: str) -> list[dict[str, str]]:
+    """``sacct --parsable2 --noheader --format=STEP_FIELDS`` output -> one dict per line."""
+    return [dict(zip(STEP_FIELDS, line.split("|"), strict=False)) for line in text.splitlines() if line]
+
+
+def job_steps(job_id: str | None) -> list[dict[str, str]] | None:
+    """The allocation's job steps as accounting records them (None without Slurm accounting)."""
+    if not job_id:
+        return None
+    text = query(["sacct", "--jobs", job_id, "--noheader", "--parsable2", f"--format={','.join(STEP_FIELDS)}"])
+    return None if text is None else parse_steps(text)
+
+
+# -- the cluster --------------------------------------------------------------
+def parse_node_cpus(text: str) -> int | None:
+    """The largest CPU count in ``sinfo --Node --format=%c`` output (``8``, or ``64+`` for a range)."""
+    try:
+        return max(int(cpus.rstrip("+")) for cpus in text.split())
+    except ValueError:
+        return None
+
+
+def largest_node_cpus() -> int | None:
+    """CPUs of the largest node Slurm reports, or None if it cannot tell."""
+    text = query(["sinfo", "--noheader", "--Node", "--format=%c"])
+    return parse_node_cpus(text) if text else None
+
+
+def version() -> str | None:
+    """``sinfo --version``: e.g. ``slurm-wlm 22.05.8``."""
+    lines = (query(["sinfo", "--version"]) or "").strip().splitlines()
+    return lines[0] if lines else None

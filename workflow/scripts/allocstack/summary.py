@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from . import names
 from .events import read_events
 
 #: The files of ``results/<run>/`` a summary reads (any may be missing).
@@ -73,8 +74,8 @@ def read_run(results_dir: Path, run: str, since: float = 0.0) -> RunRecords:
         document = _read(path) if fresh(path) else None
         if isinstance(document, dict):
             records.workers[path.stem] = document
-    if fresh(directory / "events.jsonl"):
-        records.events = read_events(directory / "events.jsonl")
+    if fresh(directory / names.EVENTS):
+        records.events = read_events(directory / names.EVENTS)
     return records
 
 
@@ -211,5 +212,5 @@ def live_runs(user_scratch: Path) -> list[str]:
     """Runs with an endpoint file in this user's scratch root (``<root>/allocstack-<uid>/<run>/``)."""
     if not user_scratch.is_dir():
         return []
-    return sorted(entry.name for entry in user_scratch.iterdir() if (entry / "endpoint.json").exists())
+    return sorted(entry.name for entry in user_scratch.iterdir() if (entry / names.ENDPOINT).exists())
 

@@ -1,0 +1,168 @@
+"""The coordinator's protocol: one handler per endpoint, over a :class:`TaskBoard` and a :class:`Journal`.
+
+Request bodies are checked here (a bad one is a :class:`ClientError`, 400);
+what a result means is the board's business; durability is the journal's: a
+result is acknowledged only once the journal has it on disk, and the board
+counts it done only then. A journal that cannot write (a full disk, an
+exhausted quota) answers 507 and, through ``on_fault``, stops the run granting
+claims. See ``workflow/scripts/coordinator.py`` for the protocol itself.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+from urllib.parse import parse_qs
+
+from . import SCHEMA_VERSION
+from .errors import AllocstackError
+from .httpserver import ClientError, HttpError, Request, Response
+from .journal import Journal
+from .progress import Clock, Progress
+from .routing import Router
+from .statuspage import PAGE
+from .taskboard import WORKER_ID_PATTERN, TaskBoard
+
+WAIT_HINT_SECONDS = 0.1
+MAX_CLAIM_BATCH = 10_000
+#: A failure reason is kept up to this many characters (its tail).
+MAX_REASON_CHARS = 2000
+_PAGE = Response(200, PAGE.encode("utf-8"), content_type="text/html; charset=utf-8")
+
+Event = Callable[..., None]
+
+
+def worker_body(request: Request) -> dict[str, Any]:
+    """The request's JSON object with a well-formed ``workerId``.
+
+    :raises ClientError: 400 otherwise.
+    """
+    body = request.json()
+    if not isinstance(body, dict):
+        raise ClientError("body must be a JSON object")
+    worker = body.get("workerId")
+    if not isinstance(worker, str) or not WORKER_ID_PATTERN.match(worker):
+        raise ClientError("workerId is missing or malformed")
+    return body
+
+
+class CoordinatorApi:
+    """The endpoints. ``event(name, **fields)`` logs a run event; ``on_fault(error)`` is told of a
+    journal that cannot write; ``on_change()`` runs after results or failures changed the board."""
+
+    def __init__(self, board: TaskBoard, journal: Journal, progress: Progress, *, event: Event,
+                 on_fault: Callable[[AllocstackError], None], on_change: Callable[[], None],
+                 log: Callable[[str], None]) -> None:
+        self.board = board
+        self.journal = journal
+        self.progress = progress
+        self.clock: Clock = progress.clock
+        self.event = event
+        self.on_fault = on_fault
+        self.on_change = on_change
+        self.log = log
+        self.health_body = Response.json(200, {"status": "ready", "schemaVersion": SCHEMA_VERSION,
+                                               "taskCount": len(board.by_id)}).body
+
+    def router(self) -> Router:
+        return Router({
+            ("GET", "/health"): self.health,
+            ("GET", "/ui"): self.page,
+            ("GET", "/status"): self.status,
+            ("POST", "/claim"): self.claim,
+            ("POST", "/result"): self.result,
+            ("POST", "/results"): self.results,
+            ("POST", "/heartbeat"): self.heartbeat,
+            ("POST", "/fail"): self.fail,
+        })
+
+    async def health(self, request: Request) -> Response:
+        return Response(200, self.health_body)
+
+    async def page(self, request: Request) -> Response:
+        return _PAGE
+
+    async def status(self, request: Request) -> Response:
+        summary = self.progress.summary(self.board)
+        if parse_qs(request.query).get("history") == ["1"]:
+            summary["history"] = list(self.progress.history)
+        return Response.json(200, summary)
+
+    async def submit(self, worker: str, results: Any) -> tuple[list[str], list[dict[str, Any]]]:
+        """Check ``results``, journal the good ones durably, then count them done.
+
+        :returns: (accepted task ids, rejections).
+        :raises HttpError: 507 when the journal cannot store them (none of them is accepted).
+        """
+        if not isinstance(results, list):
+            raise ClientError("results must be a list")
+        staged, rejected = self.board.stage(worker, results, self.clock())
+        if staged:
+            try:
+                await self.journal.append(staged)
+            except AllocstackError as error:
+                self.board.abort(staged)
+                self.on_fault(error)
+                raise HttpError(507, f"not stored, nothing accepted: {error.message}") from error
+            self.board.commit(staged, self.clock())
+            self.on_change()
+        return [record["taskId"] for record in staged], rejected
+
+    async def result(self, request: Request) -> Response:
+        body = worker_body(request)
+        ids, rejected = await self.submit(body["workerId"], [body])
+        if ids:
+            return Response.json(201, {"status": "accepted", "taskId": ids[0]})
+        return Response.json(rejected[0]["code"], {"error": rejected[0]["reason"], "taskId": rejected[0]["taskId"]})
+
+    async def results(self, request: Request) -> Response:
+        body = worker_body(request)
+        ids, rejected = await self.submit(body["workerId"], body.get("results"))
+        return Response.json(200, {"accepted": ids, "rejected": rejected})
+
+    async def claim(self, request: Request) -> Response:
+        body = worker_body(request)
+        worker = body["workerId"]
+        max_tasks = body.get("max", 1)
+        if type(max_tasks) is not int or not 1 <= max_tasks <= MAX_CLAIM_BATCH:
+            raise ClientError(f"max must be an integer in 1..{MAX_CLAIM_BATCH}")
+        reply: dict[str, Any] = {}
+        if "results" in body:
+            ids, rejected = await self.submit(worker, body["results"])
+            reply.update(accepted=ids, rejected=rejected)
+        claim = self.board.claim(worker, max_tasks, self.clock())
+        reply["status"] = claim.status
+        if claim.status == "task":
+            if claim.first:
+                self.event("first-claim", worker=worker)
+            reply["leaseSeconds"] = self.board.lease_seconds
+            if "max" in body:
+                reply["tasks"] = claim.tasks
+            else:
+                reply["task"] = claim.tasks[0]
+        elif claim.status == "wait":
+            reply["retryAfter"] = WAIT_HINT_SECONDS
+        elif claim.status == "stop":
+            reply["reason"] = claim.reason
+        return Response.json(200, reply)
+
+    async def fail(self, request: Request) -> Response:
+        body = worker_body(request)
+        worker, task_id, reason = body["workerId"], body.get("taskId"), body.get("reason", "")
+        if not isinstance(task_id, str) or not isinstance(reason, str):
+            raise ClientError("taskId and reason must be strings")
+        outcome = self.board.fail(worker, task_id, reason[-MAX_REASON_CHARS:], self.clock())
+        if outcome == "ignored":
+            return Response.error(409, f"{worker} does not hold a lease on {task_id[:80]!r}")
+        self.log(f"coordinator: task {task_id} failed on {worker} ({outcome}): {reason[-300:]}")
+        self.event("task-failed", taskId=task_id, worker=worker, outcome=outcome)
+        self.on_change()
+        return Response.json(200, {"status": outcome})
+
+    async def heartbeat(self, request: Request) -> Response:
+        body = worker_body(request)
+        task_ids = body.get("taskIds")
+        if not isinstance(task_ids, list) or not all(isinstance(t, str) for t in task_ids):
+            raise ClientError("taskIds must be a list of strings")
+        held = self.board.heartbeat(body["workerId"], task_ids, self.clock())
+        return Response.json(200, {"held": held, "leaseSeconds": self.board.lease_seconds})
