@@ -191,16 +191,15 @@ def check_cluster_settings(cpus):
     An account that does not exist or that the user may not use, a partition that does not
     exist, a runtime above the partition's MaxTime, memory above its largest node's.
     """
-    slurm = SLURM
     resources = workflow.resource_settings.default_resources or {}
     components = config["workers"] + 2 + (2 if config["service"]["command"] else 0)
-    submission = slurm.submission_from_resources(
+    submission = SLURM.submission_from_resources(
         {name: resource.raw for name, resource in resources.items()},
         components=components,
         cpus=cpus,
         user=getpass.getuser(),
     )
-    problem = slurm.submission_problem(submission, slurm.gather_facts(submission))
+    problem = SLURM.submission_problem(submission, SLURM.gather_facts(submission))
     if problem is not None:
         fail_config("config", f"default-resources {problem[1]}")
 
@@ -215,9 +214,7 @@ def check_allocation_host():
     job = os.environ.get("SLURM_JOB_ID")
     if not job or os.environ.get("SLURMD_NODENAME") or not config["slurm"]["job_steps"]:
         return
-    nodes = SLURM.allocation_nodes(
-        os.environ.get("SLURM_JOB_NODELIST", "")
-    )
+    nodes = SLURM.allocation_nodes(os.environ.get("SLURM_JOB_NODELIST", ""))
     host = socket.gethostname().split(".")[0]
     if nodes is not None and host not in nodes:
         fail_config(
