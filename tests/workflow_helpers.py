@@ -28,8 +28,14 @@ def copy_project(destination: Path) -> Path:
 
 
 def snakemake(workdir: Path, *args: str, timeout: float = 300, env: dict | None = None) -> subprocess.CompletedProcess:
-    """Run snakemake exactly as a user would, in ``workdir``, bounded by ``timeout``."""
-    environment = {**os.environ, "TMPDIR": str(workdir / "tmp"), **(env or {})}
+    """Run snakemake exactly as a user would, in ``workdir``, bounded by ``timeout``.
+
+    With the venv active (``. .venv/bin/activate``, as the README says): a command of yours
+    that names ``python3`` (the seed's Compose stack runs the coordinator that way) gets the
+    venv's Python and its pinned packages (requests, h11), as it would for a user.
+    """
+    path = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
+    environment = {**os.environ, "PATH": path, "TMPDIR": str(workdir / "tmp"), **(env or {})}
     return subprocess.run(
         ["timeout", "-k", "10", str(timeout), SNAKEMAKE, *args],
         cwd=workdir, capture_output=True, text=True, env=environment, check=False

@@ -1,0 +1,113 @@
+"""The one child supervisor (allocstack/supervise.py) and the one runner of your programs (program.run_program).
+
+Real child processes and real signals. The supervisor takes over SIGTERM, SIGINT and
+SIGHUP of the process it runs in, so every test gives pytest's handlers back.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from allocstack.errors import AllocstackError
+from allocstack.lifeline import ENV as LIFELINE_ENV
+from allocstack.lifeline import FORWARDED_SIGNALS
+from allocstack.program import ProgramError, run_program
+from allocstack.supervise import Outcome, Supervised, exit_status
+
+# Each child touches the file named by its argument once its SIGTERM handler is in place.
+DRAINS = ("import pathlib, signal, sys, time\n"
+          "signal.signal(signal.SIGTERM, lambda *_: (print('drained', file=sys.stderr, flush=True), sys.exit(0)))\n"
+          "pathlib.Path(sys.argv[1]).touch()\n"
+          "time.sleep(60)\n")
+IGNORES_TERM = ("import pathlib, signal, sys, time\n"
+                "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+                "pathlib.Path(sys.argv[1]).touch()\n"
+                "time.sleep(60)\n")
+
+
+@pytest.fixture(autouse=True)
+def own_signals(monkeypatch):
+    monkeypatch.delenv(LIFELINE_ENV, raising=False)
+    saved = {signum: signal.getsignal(signum) for signum in FORWARDED_SIGNALS}
+    yield
+    for signum, handler in saved.items():
+        signal.signal(signum, handler)
+
+
+def start_and_signal(supervised: Supervised, code: str, ready: Path, grace: float | None = None) -> Outcome:
+    """Start ``python -c code READY``; once READY exists, send SIGTERM to this process (the supervisor)."""
+
+    def signal_when_ready() -> None:
+        deadline = time.monotonic() + 60
+        while not ready.exists() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    supervised.start([sys.executable, "-c", code, str(ready)], dict(os.environ), grace)
+    threading.Thread(target=signal_when_ready, daemon=True).start()
+    return supervised.wait()
+
+
+def test_a_forwarded_signal_is_remembered_and_the_stderr_tail_kept(capfd, tmp_path):
+    outcome = start_and_signal(Supervised("drains"), DRAINS, tmp_path / "ready")
+    assert outcome.code == 0 and outcome.stopped_by == signal.SIGTERM
+    assert outcome.forwarded == frozenset({signal.SIGTERM}) and outcome.clean_stop and not outcome.killed
+    assert outcome.tail == ["drained"] and outcome.how() == "exited 0: drained"
+    assert "drained" in capfd.readouterr().err  # copied to the component's log as well
+
+
+def test_a_child_killed_from_outside_is_not_ended_by_us():
+    supervised = Supervised("victim")
+    supervised.start([sys.executable, "-c", "import time; time.sleep(60)"], dict(os.environ))
+    threading.Timer(0.3, supervised.child.kill).start()  # kill -9 from outside: nothing forwarded
+    outcome = supervised.wait()
+    assert outcome.code == -signal.SIGKILL and not outcome.ended_by_us and outcome.stopped_by is None
+    assert outcome.status == 128 + signal.SIGKILL == exit_status(outcome.code)
+    assert outcome.how() == "killed by SIGKILL"
+
+
+def test_a_forwarded_signal_goes_through_deliver_and_grace_ends_a_child_that_ignores_it(tmp_path):
+    delivered: list[int] = []
+
+    def deliver(child: subprocess.Popen[bytes], signum: int) -> None:  # launch.py: scancel --signal to the step
+        delivered.append(signum)
+        child.send_signal(signum)
+
+    outcome = start_and_signal(Supervised("stubborn", deliver), IGNORES_TERM, tmp_path / "ready", grace=0.5)
+    assert delivered == [signal.SIGTERM]
+    assert outcome.killed and outcome.code == -signal.SIGKILL and not outcome.clean_stop
+
+
+def test_without_keep_tail_stderr_is_not_piped():
+    supervised = Supervised("plain", keep_tail=False)
+    supervised.start([sys.executable, "-c", "import sys; sys.stderr.write('to the log\\n')"], dict(os.environ))
+    assert supervised.child.stderr is None
+    outcome = supervised.wait()
+    assert outcome.code == 0 and outcome.tail == []
+
+
+def test_a_program_that_cannot_start_is_a_prerequisite_error():
+    with pytest.raises(AllocstackError) as error:
+        Supervised("service db").start(["/nonexistent/db"], {})
+    assert error.value.diag == "prerequisite" and "cannot start service db (/nonexistent/db)" in error.value.message
+
+
+def test_run_program_gets_exactly_its_environment_stdin_and_a_bound():
+    env = {"PATH": os.environ.get("PATH", ""), "ALLOCSTACK_TASK_ID": "t1"}
+    code = "import os, sys; print(sorted(k for k in os.environ if k.startswith('ALLOCSTACK')), sys.stdin.read())"
+    done = run_program([sys.executable, "-c", code], env, stdin=b"payload")
+    assert done.returncode == 0 and done.stdout.decode().split() == ["['ALLOCSTACK_TASK_ID']", "payload"]
+    failed = run_program([sys.executable, "-c", "import sys; sys.exit('no good')"], env)
+    assert failed.returncode == 1 and failed.tail(100) == "no good"
+    with pytest.raises(ProgramError, match=r"timed out after 0\.5 s"):
+        run_program([sys.executable, "-c", "import time; time.sleep(30)"], env, timeout=0.5)
+    with pytest.raises(ProgramError, match="cannot run /nonexistent/check"):
+        run_program(["/nonexistent/check"], env)
