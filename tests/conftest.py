@@ -86,6 +86,15 @@ def start_coordinator(tmp_path):
             coordinator.proc.wait()
 
 
+def memory_mb(pid: int, field: str = "VmRSS") -> float:
+    """A memory figure of ``pid`` from /proc/PID/status in MB: ``VmRSS`` (now) or ``VmHWM`` (its peak); 0 if absent."""
+    with open(f"/proc/{pid}/status") as status:
+        for line in status:
+            if line.startswith(f"{field}:"):
+                return int(line.split()[1]) / 1024
+    return 0.0
+
+
 def pids_mentioning(text: str) -> list[int]:
     """PIDs of live processes whose command line contains ``text`` (leftover-process checks)."""
     found = []

@@ -7,18 +7,10 @@ import subprocess
 import sys
 import time
 
-from conftest import SCRIPTS, expected_for, make_tasks, run_script, write_json
+from conftest import SCRIPTS, expected_for, make_tasks, memory_mb, run_script, write_json
 
 WORKERS = 64
 TASKS = 20_000
-
-
-def peak_rss_mb(pid: int) -> float:
-    with open(f"/proc/{pid}/status") as status:
-        for line in status:
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) / 1024
-    return 0.0
 
 
 def test_64_workers_20000_tasks(start_coordinator, tmp_path):
@@ -37,7 +29,7 @@ def test_64_workers_20000_tasks(start_coordinator, tmp_path):
     for worker in workers:
         assert worker.wait(timeout=600) == 0, worker.stderr.read()
     elapsed = time.monotonic() - started
-    peak = peak_rss_mb(coordinator.proc.pid)
+    peak = memory_mb(coordinator.proc.pid, "VmHWM")
     assert coordinator.stop() == 0
     end = json.loads(coordinator.end_record.read_text())
     results = json.loads(coordinator.results.read_text())["results"]

@@ -15,7 +15,7 @@ import requests
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from conftest import SCRIPTS, make_tasks, run_script
+from conftest import SCRIPTS, make_tasks, memory_mb, run_script
 
 JSON = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=40),
@@ -180,14 +180,6 @@ def test_another_local_user_cannot_read_the_endpoint_claim_or_post(start_coordin
     assert json.loads(coordinator.end_record.read_text())["resultCount"] == 0
 
 
-def rss_mb(pid: int) -> float:
-    with open(f"/proc/{pid}/status") as status:
-        for line in status:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-    return 0.0
-
-
 def stranger(port: int, answers: list[bytes]) -> None:
     """No token: announce a 32 MiB body, then send it slowly until the coordinator hangs up."""
     with socket.create_connection(("127.0.0.1", port), timeout=10) as raw:
@@ -217,13 +209,13 @@ def test_fifty_strangers_with_32_mib_bodies_cost_no_memory_and_the_run_verifies(
     coordinator = start_coordinator(tasks)
     port = int(coordinator.url.rsplit(":", 1)[1])
     requests.get(coordinator.url + "/health", timeout=5)
-    before = rss_mb(coordinator.proc.pid)
+    before = memory_mb(coordinator.proc.pid)
     peak = [before]
     sampling = threading.Event()
 
     def sample() -> None:
         while not sampling.is_set():
-            peak[0] = max(peak[0], rss_mb(coordinator.proc.pid))
+            peak[0] = max(peak[0], memory_mb(coordinator.proc.pid))
             time.sleep(0.005)
 
     sampler = threading.Thread(target=sample)
@@ -242,7 +234,7 @@ def test_fifty_strangers_with_32_mib_bodies_cost_no_memory_and_the_run_verifies(
     _, worker_log = worker.communicate(timeout=120)
     sampling.set()
     sampler.join()
-    after = rss_mb(coordinator.proc.pid)
+    after = memory_mb(coordinator.proc.pid)
     print(f"coordinator RSS {before:.1f} MB before, peak {peak[0]:.1f} MB, {after:.1f} MB after 50 strangers")
     assert len(answers) == 50
     assert all(answer.startswith(b"HTTP/1.1 401 ") for answer in answers), {a[:40] for a in answers}
