@@ -5,6 +5,9 @@ from __future__ import annotations
 import json
 import time
 
+from readiness import following
+
+from allocstack.endpoint import write_endpoint
 from conftest import make_tasks, run_script
 
 
@@ -57,3 +60,16 @@ def test_non_loopback_and_bad_arguments_exit_64():
         done = run_script("readiness.py", *args)
         assert done.returncode == 64, (args, done.stderr)
         assert done.stderr.count("\n") == 1 and "[usage]" in done.stderr
+
+
+def test_the_gate_follows_the_endpoint_file_past_an_earlier_runs(tmp_path):
+    """A crashed run's endpoint file is read first; the gate moves to the new service's as soon as it is published."""
+    path = tmp_path / "endpoint.json"
+    old, new = "http://127.0.0.1:9", "http://127.0.0.1:8"
+    write_endpoint(path, old, "t0", "")
+    check, in_use = following(path, old, lambda url: ((lambda _timeout: (url == new, f"probed {url}")), f"{url}/health"))
+    assert check(1.0) == (False, f"probed {old}")
+    path.unlink()  # what the new coordinator does first thing
+    assert check(1.0)[0] is False and "no endpoint file" in check(1.0)[1]
+    write_endpoint(path, new, "t1", "")
+    assert check(1.0) == (True, f"probed {new}") and in_use() == (new, f"{new}/health")

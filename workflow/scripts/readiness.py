@@ -56,6 +56,32 @@ def while_alive(check: Check, record: Path | None, service: str | None) -> Check
     return alive
 
 
+def following(path: Path, url: str, make: Callable[[str], tuple[Check, str]]) -> tuple[Check, Callable[[], tuple[str, str]]]:
+    """``make(url)``'s check, made again whenever the endpoint file at ``path`` names another URL; and a function
+    telling the URL in use and how its check is named.
+
+    An endpoint file an earlier run left in scratch (a crash, ``kill -9``) stays until the
+    new service clears it and publishes its own, and the gate may read it first: probing
+    that dead port until the deadline would fail a run whose service is up.
+    """
+    current = {"url": url, "made": make(url)}
+
+    def check(timeout: float) -> tuple[bool, str]:
+        try:
+            latest = read_endpoint(path)[0] if path.exists() else None
+        except AllocstackError as error:
+            if error.diag == "usage":
+                raise
+            latest = None  # being replaced
+        if latest is None:
+            return False, f"no endpoint file at {path} (an earlier run's was cleared): waiting for the new one"
+        if latest != current["url"]:
+            current.update(url=latest, made=make(latest))
+        return current["made"][0](timeout)
+
+    return check, lambda: (current["url"], current["made"][1])
+
+
 def wait_for_endpoint(path: Path, deadline: float, interval: float, record: Path | None = None,
                       service: str | None = None) -> str | None:
     """Wait for the endpoint file; return its URL, or None at the deadline."""
@@ -248,9 +274,13 @@ def main(argv: list[str] | None = None) -> int:
             deadline = started + args.timeout
         with loopback_session() as session:
             check, wanted = make_check(args, session, url)
+            in_use = lambda: (url, wanted)  # noqa: E731
+            if args.endpoint_file:
+                check, in_use = following(args.endpoint_file, url, lambda latest: make_check(args, session, latest))
             if args.service:  # (the coordinator may complete, and write its end record, before its gate passes)
                 check = while_alive(check, args.coordinator_record, args.service)
             ready, attempts, last = probe(check, deadline, args.interval, args.probe_timeout)
+            url, wanted = in_use()
         if not ready:
             what = f"service {args.service}: " if args.service else ""
             raise AllocstackError(
