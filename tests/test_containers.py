@@ -170,14 +170,15 @@ def test_a_directory_image_without_the_mount_point_says_how_to_add_it(tmp_path):
 
 
 def test_the_dockerfile_is_the_same_recipe_as_the_apptainer_definition():
-    """Charliecloud builds container/Dockerfile, Apptainer allocstack.def: same base, same requests and h11, same
-    environment."""
+    """Charliecloud builds container/Dockerfile, Apptainer allocstack.def: same base, same requests, h11 and msgspec
+    (pinned as in requirements.txt), same environment."""
     definition = (ROOT / "container/allocstack.def").read_text()
     dockerfile = (ROOT / "container/Dockerfile").read_text()
     assert re.search(r"^From: (\S+)$", definition, re.MULTILINE)[1] == re.search(r"^FROM (\S+)$", dockerfile, re.MULTILINE)[1]
-    for package in ("requests", "h11"):
-        pins = [re.findall(rf"{package}==([\d.]+)", text) for text in (definition, dockerfile)]
-        assert pins[0][:1] == pins[1] and pins[1], package
+    requirements = (ROOT / "requirements.txt").read_text()
+    for package in ("requests", "h11", "msgspec"):
+        pins = [re.findall(rf"{package}==([\d.]+)", text) for text in (definition, dockerfile, requirements)]
+        assert pins[0][:1] == pins[1] == pins[2] and pins[1], package
     exported = dict(re.findall(r"^\s+export (\w+)=(\S+)$", definition, re.MULTILINE))
     env_line = re.search(r"^ENV (.+)$", dockerfile, re.MULTILINE)[1]
     assert dict(item.split("=", 1) for item in env_line.split()) == exported

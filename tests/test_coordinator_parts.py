@@ -16,6 +16,7 @@ from allocstack.progress import Progress, progress_line
 from allocstack.routing import Router
 from allocstack.settings import CoordinatorSettings, parse_settings
 from allocstack.taskboard import TaskBoard
+from allocstack.taskset import parse_tasks
 from conftest import make_tasks
 
 
@@ -85,7 +86,7 @@ class Clock:
 def test_progress_rate_eta_and_history_on_a_driven_clock():
     mono, wall = Clock(100.0), Clock(1_000_000.0)
     progress = Progress(clock=mono, wall=wall)
-    board = TaskBoard(make_tasks(100)["tasks"], lease_seconds=10)
+    board = TaskBoard(parse_tasks(make_tasks(100)), lease_seconds=10)
     assert progress.rate() == 0.0
     for second in range(41):
         mono.now, wall.now = 100.0 + second, 1_000_000.0 + second

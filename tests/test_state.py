@@ -14,6 +14,7 @@ from allocstack.journal import Journal, replay
 from allocstack.jsonio import atomic_write_json
 from allocstack.scratch import ensure_private_dir, resolve_root, run_scratch
 from allocstack.taskboard import TaskBoard, fair_share
+from allocstack.taskset import parse_tasks
 from conftest import make_tasks
 
 
@@ -24,6 +25,15 @@ def result_for(task):
     return {"taskId": task["id"], "output": out, "sha256": hashlib.sha256(out.encode()).hexdigest()}
 
 
+def new_board(count, **options):
+    return TaskBoard(parse_tasks(make_tasks(count)), **options)
+
+
+def granted(board, claim):
+    """The tasks a claim handed out, as a worker receives them."""
+    return [json.loads(board.tasks.task_json(position)) for position in claim.positions]
+
+
 def accept(board, worker, result, now):
     staged, rejected = board.stage(worker, [result], now)
     assert not rejected, rejected
@@ -31,23 +41,23 @@ def accept(board, worker, result, now):
 
 
 def test_board_exactly_once_with_expiry_and_late_results():
-    board = TaskBoard(make_tasks(3)["tasks"], lease_seconds=10)
-    [first] = board.claim("a", 1, now=0).tasks
+    board = new_board(3, lease_seconds=10)
+    [first] = granted(board, board.claim("a", 1, now=0))
     assert board.expire(now=5) == []
     assert board.expire(now=11) == [first["id"]]
-    [again] = board.claim("b", 1, now=11).tasks
+    [again] = granted(board, board.claim("b", 1, now=11))
     assert again["id"] == first["id"]  # requeued at the front
     late = result_for(first)
     assert board.check(late).accepted
     accept(board, "a", late, now=12)  # the late worker wins; b's result is now a duplicate
     assert board.check(result_for(again)).code == 409
     assert board.counts() == {"total": 3, "pending": 2, "leased": 0, "done": 1, "failed": 0}
-    assert [t["id"] for t in board.claim("b", 10, now=13).tasks] == ["task-000001", "task-000002"]
+    assert [t["id"] for t in granted(board, board.claim("b", 10, now=13))] == ["task-000001", "task-000002"]
 
 
 def test_board_heartbeat_keeps_lease():
-    board = TaskBoard(make_tasks(1)["tasks"], lease_seconds=10)
-    [task] = board.claim("a", 1, now=0).tasks
+    board = new_board(1, lease_seconds=10)
+    [task] = granted(board, board.claim("a", 1, now=0))
     assert board.heartbeat("a", [task["id"]], now=8) == [task["id"]]
     assert board.heartbeat("b", [task["id"]], now=8) == []
     assert board.expire(now=15) == []
@@ -69,32 +79,32 @@ def test_fair_share_gives_every_worker_work_while_tasks_are_at_least_workers():
 
 def test_board_never_runs_ahead_of_the_journal():
     """A staged result is not done until committed; an aborted one is as if never sent."""
-    board = TaskBoard(make_tasks(2)["tasks"], lease_seconds=10)
-    tasks = board.claim("a", 2, now=0).tasks
+    board = new_board(2, lease_seconds=10)
+    tasks = granted(board, board.claim("a", 2, now=0))
     good, wrong = result_for(tasks[0]), {**result_for(tasks[1]), "sha256": "0" * 64}
     staged, rejected = board.stage("a", [good, good, wrong], now=1)
-    assert [r["taskId"] for r in staged] == [tasks[0]["id"]]
+    assert [r.task_id for r in staged] == [tasks[0]["id"]]
     assert [(r["code"], r["reason"]) for r in rejected] == [
         (409, "duplicate: the task already has a result"), (400, "sha256 is not the digest of output")]
-    assert board.counts()["done"] == 0 and not board.results  # nothing accepted before the journal has it
+    assert board.counts()["done"] == 0 and board.result(tasks[0]["id"]) is None  # nothing accepted before the journal has it
     assert board.check(good).code == 409  # a second submission while the first is being written
     board.abort(staged)  # the journal could not write it
     assert board.counts()["done"] == 0 and board.check(good).accepted
     staged, _ = board.stage("a", [good], now=2)
     board.commit(staged, now=2)
-    assert board.results[tasks[0]["id"]]["workerId"] == "a" and board.workers["a"].completed == 1
+    assert board.result(tasks[0]["id"])["workerId"] == "a" and board.workers["a"].completed == 1
     assert board.workers["a"].rejected == 2
 
 
 def test_board_claim_policy_fair_share_and_closing():
-    board = TaskBoard(make_tasks(10)["tasks"], lease_seconds=10, expected_workers=2, claims_until=100)
+    board = new_board(10, lease_seconds=10, expected_workers=2, claims_until=100)
     first = board.claim("a", 64, now=0)
-    assert (first.status, len(first.tasks), first.first) == ("task", 5, True)  # ceil(10 / 2)
+    assert (first.status, len(first.positions), first.first) == ("task", 5, True)  # ceil(10 / 2)
     assert board.claim("a", 64, now=1).status == "wait"  # the other half is held for b, who has had none
     second = board.claim("b", 64, now=2)
-    assert (len(second.tasks), second.first) == (5, True)
+    assert (len(second.positions), second.first) == (5, True)
     board.expire(now=20)  # both leases lapse, and with them the reservation
-    assert len(board.claim("a", 64, now=20).tasks) == 5  # ceil(10 / 2) again
+    assert len(granted(board, board.claim("a", 64, now=20))) == 5  # ceil(10 / 2) again
     late = board.claim("b", 1, now=95)
     assert late.status == "stop" and "allocation ends" in late.reason
     board.close_claims("the disk is full")
@@ -103,8 +113,8 @@ def test_board_claim_policy_fair_share_and_closing():
 
 
 def test_board_wait_then_done():
-    board = TaskBoard(make_tasks(1)["tasks"], lease_seconds=10)
-    [task] = board.claim("a", 1, now=0).tasks
+    board = new_board(1, lease_seconds=10)
+    [task] = granted(board, board.claim("a", 1, now=0))
     assert board.claim("b", 1, now=0).status == "wait"
     accept(board, "a", result_for(task), now=1)
     assert board.claim("b", 1, now=2).status == "done"

@@ -42,7 +42,7 @@ import sys
 import time
 from typing import Any
 
-from allocstack import SCHEMA_VERSION, endrecord, storage
+from allocstack import endrecord, storage
 from allocstack.api import CoordinatorApi
 from allocstack.auth import Tokens
 from allocstack.cli import echo, run, runtime_facts, silence_stdout
@@ -51,7 +51,7 @@ from allocstack.errors import EXIT_IO, EXIT_TEMPFAIL, AllocstackError, report
 from allocstack.events import append_event
 from allocstack.httpserver import HttpServer, Limits, Request, Response
 from allocstack.journal import Journal, replay
-from allocstack.jsonio import atomic_write_json, read_json, sha256_file
+from allocstack.jsonio import atomic_write_chunks, read_json, sha256_file
 from allocstack.lifeline import launcher_alive, launcher_pid
 from allocstack.progress import Progress, live_line, progress_line
 from allocstack.scratch import ensure_private_dir
@@ -137,7 +137,7 @@ class Coordinator:
             if expired:
                 log(f"coordinator: {len(expired)} lease(s) expired, requeued: {', '.join(expired[:5])}")
                 self.event("leases-expired", count=len(expired), taskIds=expired[:20])
-            self.progress.sample(len(self.board.results))
+            self.progress.sample(self.board.done)
             if now - last_line >= self.settings.progress_interval:
                 last_line = now
                 self.print_progress()
@@ -179,9 +179,9 @@ class Coordinator:
         url = f"http://127.0.0.1:{port}"
         write_endpoint(self.settings.endpoint_file, url, self.tokens.token, self.tokens.view_token)
         self.progress.listening()
-        self.event("coordinator-listening", endpoint=url, taskCount=len(self.board.by_id),
+        self.event("coordinator-listening", endpoint=url, taskCount=len(self.board),
                    restored=self.board.restored, **runtime_facts())
-        log(f"coordinator: listening on {url} with {len(self.board.by_id)} tasks "
+        log(f"coordinator: listening on {url} with {len(self.board)} tasks "
             f"({self.board.restored} restored from the journal)")
         log(f"coordinator: status page: {tunnel_command(port, os.environ)} ; then open the URL that "
             f"`python workflow/scripts/status.py --url` prints (with {TUNNEL_PORT} as the port)")
@@ -200,8 +200,7 @@ class Coordinator:
         tried again at shutdown; nothing is half-written.
         """
         try:
-            atomic_write_json(self.settings.results, {"schemaVersion": SCHEMA_VERSION,
-                                                      "results": self.board.sorted_results()})
+            results_sha256 = atomic_write_chunks(self.settings.results, self.board.results_json())
             summary = self.progress.summary(self.board)
             status = (endrecord.COMPLETED if self.board.complete else
                       endrecord.FAILED if self.board.finished else endrecord.INCOMPLETE)
@@ -211,7 +210,7 @@ class Coordinator:
                     taskCount=summary["total"], resultCount=summary["done"],
                     failedTasks=dict(list(self.board.failures.items())[:100]), restored=summary["restored"],
                     expiredLeases=summary["expiredLeases"], inputSha256=self.input_sha256,
-                    resultsSha256=sha256_file(self.settings.results), startedAt=self.progress.started_at,
+                    resultsSha256=results_sha256, startedAt=self.progress.started_at,
                     listeningAt=self.progress.listening_at, endedAt=time.time(), requests=self.server.requests,
                     journalFsyncs=self.journal.fsyncs, workers=summary["workers"], pid=os.getpid())
         except AllocstackError as error:
@@ -287,8 +286,7 @@ def check_room(settings: CoordinatorSettings, board: TaskBoard) -> None:
     """
     summary = read_json(settings.inputs_summary, "inputs summary", diag="prerequisite") if settings.inputs_summary else {}
     output_bytes = (summary.get("outputBytes") if isinstance(summary, dict) else None) or 0
-    pending = [task_id for task_id in board.by_id if task_id not in board.results]
-    journal, results = storage.estimate(board.by_id, output_bytes, pending)
+    journal, results = storage.estimate(board.tasks.ids, output_bytes, board.pending_ids())
     storage.check_room([("the journal", settings.journal, journal),
                         ("results.json and the marker", settings.results, results)])
 
@@ -307,11 +305,11 @@ def prepare(settings: CoordinatorSettings) -> tuple[TaskBoard, Journal, str]:
         raise storage.write_error("state directory", settings.journal.parent, exc) from exc
     restored, note = replay(settings.journal, input_sha256)
     log(f"coordinator: journal {settings.journal}: {note}")
-    board = TaskBoard(tasks.tasks, settings.lease_seconds, settings.max_attempts, expected_workers=settings.workers,
+    board = TaskBoard(tasks, settings.lease_seconds, settings.max_attempts, expected_workers=settings.workers,
                       claims_until=claims_until(settings.stop_claims_at))
     board.restore(restored)
     check_room(settings, board)
-    return board, Journal(settings.journal, input_sha256), input_sha256
+    return board, Journal(settings.journal, input_sha256, group=settings.workers), input_sha256
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -51,9 +51,11 @@ def check_tasks(args) -> dict[str, Any]:
     tasks = load_tasks(str(args.tasks))
     output_bytes = None  # unknown: the user's program decides
     if args.handler == "baseline":
-        for index, task in enumerate(tasks.tasks, start=1):
-            check_baseline_payload(task["payload"], f"tasks {args.tasks}: task {index} ({task['id']})")
-        output_bytes = sum(baseline_output_bytes(task["payload"]) for task in tasks.tasks)
+        output_bytes = 0
+        for index, task_id in enumerate(tasks.ids):
+            payload = tasks.payload(index)
+            check_baseline_payload(payload, f"tasks {args.tasks}: task {index + 1} ({task_id})")
+            output_bytes += baseline_output_bytes(payload)
     if args.expected:
         load_expected(str(args.expected), tasks, mismatch_hint=mismatch_hint(args.tasks, args.expected))
     return {"taskCount": len(tasks), "inputSha256": sha256_file(args.tasks),

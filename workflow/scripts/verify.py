@@ -32,21 +32,21 @@ from allocstack.events import gate_precedes_workers, read_events
 from allocstack.jsonio import atomic_write_json, read_json, sha256_file, sha256_text
 from allocstack.program import expand_argv, program_environment, run_check, service_problem
 from allocstack.scratch import remove_scratch
-from allocstack.taskset import TaskSet, load_expected, load_tasks
+from allocstack.taskset import ExpectedResult, TaskSet, load_expected, load_tasks
 
 
 def fail(message: str) -> AllocstackError:
     return AllocstackError("verification", message)
 
 
-def check_results(document: Any, tasks: TaskSet, expected: dict[str, dict[str, Any]] | None) -> list[dict[str, Any]]:
+def check_results(document: Any, tasks: TaskSet, expected: dict[str, ExpectedResult] | None) -> list[dict[str, Any]]:
     """Return the results sorted by task id, or raise ``verification`` naming the first problem."""
     if not isinstance(document, dict) or document.get("schemaVersion") != SCHEMA_VERSION:
         raise fail("results document is not a schemaVersion 1 object")
     results = document.get("results")
     if not isinstance(results, list):
         raise fail("results document has no 'results' list")
-    task_ids = set(tasks.ids)
+    task_ids = tasks.index
     seen: set[str] = set()
     for index, result in enumerate(results, start=1):
         if not isinstance(result, dict) or set(result) != {"taskId", "workerId", "output", "sha256"}:
@@ -60,7 +60,7 @@ def check_results(document: Any, tasks: TaskSet, expected: dict[str, dict[str, A
         if not isinstance(result["output"], str) or result["sha256"] != sha256_text(result["output"]):
             raise fail(f"result for {task_id}: sha256 is not the digest of its output")
         want = expected[task_id] if expected is not None else None  # None: verify.command decides
-        if want is not None and (result["output"] != want["output"] or result["sha256"] != want["sha256"]):
+        if want is not None and (result["output"] != want.output or result["sha256"] != want.sha256):
             raise fail(f"result for {task_id}: output differs from the expected output")
     if len(seen) != len(task_ids):
         missing = next(task_id for task_id in tasks.ids if task_id not in seen)

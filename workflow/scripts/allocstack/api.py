@@ -16,8 +16,8 @@ from urllib.parse import parse_qs
 
 from . import SCHEMA_VERSION
 from .errors import AllocstackError
-from .httpserver import ClientError, HttpError, Request, Response
-from .journal import Journal
+from .httpserver import ClientError, HttpError, Request, Response, encode_json
+from .journal import Journal, result_line
 from .progress import Clock, Progress
 from .routing import Router
 from .statuspage import PAGE
@@ -62,7 +62,7 @@ class CoordinatorApi:
         self.on_change = on_change
         self.log = log
         self.health_body = Response.json(200, {"status": "ready", "schemaVersion": SCHEMA_VERSION,
-                                               "taskCount": len(board.by_id)}).body
+                                               "taskCount": len(board)}).body
 
     def router(self) -> Router:
         return Router({
@@ -99,14 +99,14 @@ class CoordinatorApi:
         staged, rejected = self.board.stage(worker, results, self.clock())
         if staged:
             try:
-                await self.journal.append(staged)
+                await self.journal.append_lines([result_line(s.task_id, s.worker, s.output, s.sha256) for s in staged])
             except AllocstackError as error:
                 self.board.abort(staged)
                 self.on_fault(error)
                 raise HttpError(507, f"not stored, nothing accepted: {error.message}") from error
             self.board.commit(staged, self.clock())
             self.on_change()
-        return [record["taskId"] for record in staged], rejected
+        return [record.task_id for record in staged], rejected
 
     async def result(self, request: Request) -> Response:
         body = worker_body(request)
@@ -136,10 +136,12 @@ class CoordinatorApi:
             if claim.first:
                 self.event("first-claim", worker=worker)
             reply["leaseSeconds"] = self.board.lease_seconds
-            if "max" in body:
-                reply["tasks"] = claim.tasks
-            else:
-                reply["task"] = claim.tasks[0]
+            # The tasks as the document holds them (raw payload bytes), spliced into the reply.
+            task_json = self.board.tasks.task_json
+            tasks = b"[" + b",".join(map(task_json, claim.positions)) + b"]" if "max" in body else \
+                task_json(claim.positions[0])
+            head = encode_json(reply).encode("utf-8")[:-1]
+            return Response(200, head + (b',"tasks":' if "max" in body else b',"task":') + tasks + b"}")
         elif claim.status == "wait":
             reply["retryAfter"] = WAIT_HINT_SECONDS
         elif claim.status == "stop":

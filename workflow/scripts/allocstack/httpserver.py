@@ -94,7 +94,8 @@ class Request:
             raise ClientError(f"body is not valid JSON: {str(exc)[:200]}") from exc
 
 
-_encode = json.JSONEncoder(separators=(",", ":")).encode
+#: Compact JSON text of a document (a response body's encoder).
+encode_json = json.JSONEncoder(separators=(",", ":")).encode
 
 
 @dataclass(slots=True)
@@ -108,7 +109,7 @@ class Response:
 
     @classmethod
     def json(cls, status: int, document: Any, **extra: Any) -> Response:
-        return cls(status, _encode(document).encode("utf-8"), **extra)
+        return cls(status, encode_json(document).encode("utf-8"), **extra)
 
     @classmethod
     def error(cls, status: int, message: str, **extra: Any) -> Response:

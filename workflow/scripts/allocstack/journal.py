@@ -3,7 +3,10 @@
 The first line is a header naming the input's SHA-256; every other line is one
 accepted result. Results that arrive while an fsync is in progress are written
 and synced together (group commit), so the cost of durability is one fsync per
-batch, not per result. On start the journal is replayed: a torn last line (a
+batch, not per result. When fewer appends wait than there are submitters
+(``group``: the expected workers), a flush first waits a bounded, tiny window
+(``window`` seconds, at most the last fsync's duration) for the others, so that
+workers submitting one result at a time share an fsync instead of taking turns. On start the journal is replayed: a torn last line (a
 crash mid-write) is cut off; a journal of a different input is set aside.
 
 A write that fails (a full disk, an exhausted quota) is cut back off the file, so
@@ -19,6 +22,7 @@ import json
 import os
 import time
 from collections.abc import Callable
+from json.encoder import encode_basestring_ascii
 from pathlib import Path
 from typing import Any
 
@@ -27,9 +31,21 @@ from .errors import AllocstackError
 from .jsonio import fsync_dir
 from .storage import write_error
 
+#: How long a flush may wait for more appends at most (seconds), whatever the fsync costs.
+MAX_WINDOW = 0.002
+
 
 def _line(record: dict[str, Any]) -> bytes:
     return (json.dumps(record, separators=(",", ":"), sort_keys=True) + "\n").encode("utf-8")
+
+
+def result_line(task_id: str, worker: str, output: str, sha256: str) -> bytes:
+    """A result's journal line: the bytes of ``_line({"kind": "result", ...})`` without a dict (tested).
+
+    Ids and digests need no escaping (their patterns allow none of JSON's special characters).
+    """
+    return b'{"kind":"result","output":%s,"sha256":"%s","taskId":"%s","workerId":"%s"}\n' % (
+        encode_basestring_ascii(output).encode("ascii"), sha256.encode(), task_id.encode(), worker.encode())
 
 
 def replay(path: Path, input_sha256: str) -> tuple[list[dict[str, Any]], str]:
@@ -71,14 +87,19 @@ def replay(path: Path, input_sha256: str) -> tuple[list[dict[str, Any]], str]:
 class Journal:
     """Durable, group-committed appends to the journal file (one writer: the coordinator).
 
-    ``write`` is :func:`os.write` (a test passes one that fails like a full disk).
+    ``write`` is :func:`os.write` (a test passes one that fails like a full disk). ``group`` and
+    ``window``: see the module's docstring (``window=0``: flush at once).
 
     :raises AllocstackError: ``storage`` or ``io`` when a fresh journal's header cannot be written.
     """
 
-    def __init__(self, path: Path, input_sha256: str, write: Callable[[int, bytes], int] = os.write) -> None:
+    def __init__(self, path: Path, input_sha256: str, write: Callable[[int, bytes], int] = os.write,
+                 *, group: int = 1, window: float = MAX_WINDOW) -> None:
         self.path = path
         self._write = write
+        self.group = group
+        self.window = min(window, MAX_WINDOW)
+        self._last_sync = window
         fresh = not path.exists()
         try:
             self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
@@ -99,39 +120,66 @@ class Journal:
         self._waiters: list[asyncio.Future[None]] = []
         self._flushing = False
         self._flusher: asyncio.Task[None] | None = None  # held: the loop keeps only weak references to tasks
+        self._gathering: asyncio.Future[None] | None = None  # set while a flush waits for more appends
         self.fsyncs = 0
         self.records = 0
 
     async def append(self, results: list[dict[str, Any]]) -> None:
-        """Append ``results``; return once they are on disk (fsync'd).
+        """Append ``results`` (records without ``kind``); return once they are on disk (fsync'd).
 
-        :raises AllocstackError: ``storage`` (no room) or ``io``: then none of ``results`` is durable,
+        :raises AllocstackError: see :meth:`append_lines`.
+        """
+        await self.append_lines([_line({"kind": "result", **r}) for r in results])
+
+    async def append_lines(self, lines: list[bytes]) -> None:
+        """Append whole journal lines (see :func:`result_line`); return once they are on disk (fsync'd).
+
+        :raises AllocstackError: ``storage`` (no room) or ``io``: then none of ``lines`` is durable,
             and every later append raises the same error.
         """
-        if not results:
+        if not lines:
             return
         if self.failed is not None:
             raise self.failed
         loop = asyncio.get_running_loop()
-        self._buffer.extend(_line({"kind": "result", **r}) for r in results)
+        self._buffer.extend(lines)
         waiter: asyncio.Future[None] = loop.create_future()
         self._waiters.append(waiter)
+        gathering = self._gathering
+        if gathering is not None and len(self._waiters) >= self.group and not gathering.done():
+            gathering.set_result(None)  # everyone expected is in: flush now
         if not self._flushing:
             self._flushing = True
             self._flusher = loop.create_task(self._flush_loop())
         await waiter
 
+    async def _gather(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Wait up to the window (and no longer than the last fsync took) for ``group`` appends."""
+        window = min(self.window, self._last_sync)
+        if len(self._waiters) >= self.group or window <= 0:
+            return
+        self._gathering = gathering = loop.create_future()
+        timer = loop.call_later(window, lambda: gathering.done() or gathering.set_result(None))
+        try:
+            await gathering
+        finally:
+            timer.cancel()
+            self._gathering = None
+
     async def _flush_loop(self) -> None:
         loop = asyncio.get_running_loop()
         try:
             while self._buffer:
+                await self._gather(loop)
                 data, waiters = b"".join(self._buffer), self._waiters
                 count = len(self._buffer)
                 self._buffer, self._waiters = [], []
                 try:
                     if self.failed is not None:
                         raise self.failed
+                    started = time.monotonic()
                     await loop.run_in_executor(None, self._write_and_sync, data)
+                    self._last_sync = time.monotonic() - started
                 except OSError as exc:
                     self.failed = write_error("journal", self.path, exc)
                 except AllocstackError:

@@ -20,16 +20,17 @@ PRIVATE_FILE = 0o600
 
 def atomic_write_text(path: str | os.PathLike, text: str, mode: int = PRIVATE_FILE) -> None:
     """Write ``text`` to ``path`` so readers see the old file or the whole new one (see :func:`atomic_write_chunks`)."""
-    atomic_write_chunks(path, (text,), mode)
+    atomic_write_chunks(path, (text.encode("utf-8"),), mode)
 
 
-def atomic_write_chunks(path: str | os.PathLike, chunks: Iterable[str], mode: int = PRIVATE_FILE) -> None:
+def atomic_write_chunks(path: str | os.PathLike, chunks: Iterable[bytes], mode: int = PRIVATE_FILE) -> str:
     """Write the concatenated ``chunks`` to ``path`` so readers see the old file or the whole new one.
 
     Temp file in the same directory, fsync, chmod, rename, fsync of the directory. The chunks
     are written as they come, so a large document never exists as one string in memory.
     On any failure the temp file is removed and ``path`` is left as it was.
 
+    :returns: the SHA-256 of what was written (hex), computed on the way.
     :raises AllocstackError: ``storage`` when the disk or quota is full, ``io`` for another write error.
     """
     target = Path(path)
@@ -37,9 +38,11 @@ def atomic_write_chunks(path: str | os.PathLike, chunks: Iterable[str], mode: in
         fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
     except OSError as exc:
         raise write_error("file", target, exc) from exc
+    digest = hashlib.sha256()
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+        with os.fdopen(fd, "wb") as handle:
             for chunk in chunks:
+                digest.update(chunk)
                 handle.write(chunk)
             handle.flush()
             os.fsync(handle.fileno())
@@ -54,18 +57,19 @@ def atomic_write_chunks(path: str | os.PathLike, chunks: Iterable[str], mode: in
             raise write_error("file", target, exc) from exc
         raise
     fsync_dir(target.parent)
+    return digest.hexdigest()
 
 
-def atomic_write_json(path: str | os.PathLike, document: Any, mode: int = PRIVATE_FILE) -> None:
+def atomic_write_json(path: str | os.PathLike, document: Any, mode: int = PRIVATE_FILE) -> str:
     """Atomically write ``document`` as stable, human-readable JSON (sorted keys, 2-space indent, final newline).
 
-    Written as it is encoded (see :func:`atomic_write_chunks`).
+    Written as it is encoded (see :func:`atomic_write_chunks`); returns the file's SHA-256 (hex).
 
-    Streaming matters for results.json: ``json.dumps`` with an indent first builds a list of
-    every token (about 1 GB for a million results) before joining them.
+    :raises TypeError: for a value JSON cannot hold (nothing is written then).
     """
     encoder = json.JSONEncoder(indent=2, sort_keys=True)
-    atomic_write_chunks(path, itertools.chain(encoder.iterencode(document), ("\n",)), mode)
+    chunks = itertools.chain(encoder.iterencode(document), ("\n",))
+    return atomic_write_chunks(path, (chunk.encode("utf-8") for chunk in chunks), mode)
 
 
 def fsync_dir(directory: str | os.PathLike) -> None:
@@ -82,21 +86,27 @@ def fsync_dir(directory: str | os.PathLike) -> None:
         os.close(fd)
 
 
-def read_json(path: str | os.PathLike, what: str, diag: str = "input") -> Any:
-    """Read a JSON document, turning every failure into one clear line.
+def read_bytes(path: str | os.PathLike, what: str, diag: str = "input") -> bytes:
+    """A document's bytes, every failure to read it one clear line.
 
-    :param what: how to name the document in the message (e.g. ``"tasks"``).
-    :raises AllocstackError: ``diag`` when the file is missing, unreadable or not JSON.
+    :raises AllocstackError: ``diag`` when the file is missing or unreadable.
     """
     try:
         with open(path, "rb") as handle:
-            raw = handle.read()
+            return handle.read()
     except FileNotFoundError as exc:
         raise AllocstackError(diag, f"{what} file {path} does not exist") from exc
     except IsADirectoryError as exc:
         raise AllocstackError(diag, f"{what} file {path} is a directory") from exc
     except OSError as exc:
         raise AllocstackError(diag, f"cannot read {what} file {path}: {exc.strerror}") from exc
+
+
+def loads_strict(raw: bytes, path: str | os.PathLike, what: str, diag: str = "input") -> Any:
+    """The standard library's reading of a document's bytes: UTF-8 JSON, no NaN or Infinity.
+
+    :raises AllocstackError: ``diag`` naming ``what`` at ``path`` and the first problem.
+    """
     try:
         return json.loads(raw.decode("utf-8"), parse_constant=_reject_constant)
     except UnicodeDecodeError as exc:
@@ -107,6 +117,15 @@ def read_json(path: str | os.PathLike, what: str, diag: str = "input") -> Any:
         ) from exc
     except ValueError as exc:
         raise AllocstackError(diag, f"{what} file {path}: {exc}") from exc
+
+
+def read_json(path: str | os.PathLike, what: str, diag: str = "input") -> Any:
+    """Read a JSON document, turning every failure into one clear line.
+
+    :param what: how to name the document in the message (e.g. ``"tasks"``).
+    :raises AllocstackError: ``diag`` when the file is missing, unreadable or not JSON.
+    """
+    return loads_strict(read_bytes(path, what, diag), path, what, diag)
 
 
 def _reject_constant(name: str) -> Any:

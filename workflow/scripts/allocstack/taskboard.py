@@ -15,6 +15,10 @@ at most a fair share of what is pending, and none once claims are closed
 (draining, a storage fault) or a lease would outlast the allocation, and a
 share stays held back for each expected worker that has had none yet.
 
+Memory: a task is its position in the :class:`TaskSet` (ids and raw payload bytes);
+its state is one byte, its result an output string, 32 digest bytes and a worker
+number, so a million tasks and their results fit in about 200 MB (no dict per task).
+
 All operations are O(1) per task touched; :meth:`expire` scans only the live
 leases (at most workers x batch size). Times are the caller's monotonic clock.
 """
@@ -23,20 +27,28 @@ from __future__ import annotations
 
 import math
 import re
+from array import array
 from collections import deque
+from collections.abc import Iterator
 from dataclasses import dataclass, field
+from json.encoder import encode_basestring_ascii
 from typing import Any
 
 from .jsonio import sha256_text
-from .taskset import SHA256_PATTERN, TASK_ID_PATTERN
+from .taskset import SHA256_PATTERN, TASK_ID_PATTERN, TaskSet
 
 PENDING, LEASED, DONE, FAILED = 0, 1, 2, 3
 WORKER_ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 MAX_OUTPUT_CHARS = 16 << 20
 ALLOCATION_ENDING = "less than one lease remains before the allocation ends"
+#: results.json entries encoded per chunk (see :meth:`TaskBoard.results_json`).
+RESULTS_CHUNK = 4096
+#: One entry of results.json as ``json.dumps(indent=2, sort_keys=True)`` writes it (ids need no escaping).
+_RESULT_ENTRY = ('    {{\n      "output": {},\n      "sha256": "{}",\n      "taskId": "{}",\n'
+                 '      "workerId": "{}"\n    }}').format
 
 
-@dataclass
+@dataclass(slots=True)
 class Lease:
     worker: str
     deadline: float
@@ -65,12 +77,24 @@ class Verdict:
         return self.code == 201
 
 
+@dataclass(slots=True)
+class Staged:
+    """An accepted result on its way to the journal: the task's position and the result's fields."""
+
+    position: int
+    task_id: str
+    worker: str
+    output: str
+    sha256: str
+
+
 @dataclass
 class Claim:
-    """The answer to a claim: ``task`` (with ``tasks``), ``wait``, ``done``, or ``stop`` with a ``reason``."""
+    """The answer to a claim: ``task`` (with the granted tasks' ``positions``), ``wait``, ``done``, or ``stop``
+    with a ``reason``."""
 
     status: str
-    tasks: list[dict[str, Any]] = field(default_factory=list)
+    positions: list[int] = field(default_factory=list)
     reason: str = ""
     #: The worker's first granted claim (the coordinator logs a ``first-claim`` event).
     first: bool = False
@@ -78,7 +102,7 @@ class Claim:
 
 @dataclass
 class TaskBoard:
-    tasks: list[dict[str, Any]]
+    tasks: TaskSet
     lease_seconds: float
     max_attempts: int = 3
     #: Workers expected to share the tasks (the claim policy, :func:`fair_share`).
@@ -92,42 +116,91 @@ class TaskBoard:
     workers_with_work: int = 0
     #: A claim was refused because the allocation ends within a lease (the end record says so).
     allocation_ending: bool = False
-    by_id: dict[str, dict[str, Any]] = field(init=False)
-    state: dict[str, int] = field(init=False)
-    pending: deque[str] = field(init=False)
-    leases: dict[str, Lease] = field(default_factory=dict)
-    grants: dict[str, int] = field(default_factory=dict)
-    results: dict[str, dict[str, Any]] = field(default_factory=dict)
-    attempts: dict[str, int] = field(default_factory=dict)
+    #: Each task's state (PENDING, LEASED, DONE, FAILED) by position.
+    state: bytearray = field(init=False)
+    #: The queue: ``front`` (leases that expired), then positions from ``cursor`` on (never handed
+    #: out), then ``back`` (handlers that failed and get another attempt).
+    front: deque[int] = field(init=False, default_factory=deque)
+    cursor: int = 0
+    back: deque[int] = field(init=False, default_factory=deque)
+    leases: dict[int, Lease] = field(default_factory=dict)
+    #: 1 for each task ever handed out.
+    granted: bytearray = field(init=False)
+    attempts: dict[int, int] = field(default_factory=dict)
     failures: dict[str, str] = field(default_factory=dict)
     workers: dict[str, WorkerStats] = field(default_factory=dict)
     #: Tasks whose result is being written to the journal (staged, not yet committed).
-    committing: set[str] = field(default_factory=set)
+    committing: set[int] = field(default_factory=set)
     expired_leases: int = 0
     restored: int = 0
+    #: Results by position: the output, the SHA-256 (32 bytes at 32 * position), the worker's number.
+    outputs: list[str | None] = field(init=False)
+    digests: bytearray = field(init=False)
+    result_worker: array = field(init=False)
+    worker_names: list[str] = field(default_factory=lambda: [""])
+    worker_numbers: dict[str, int] = field(default_factory=dict)
+    done: int = 0
 
     def __post_init__(self) -> None:
-        self.by_id = {task["id"]: task for task in self.tasks}
-        self.state = dict.fromkeys(self.by_id, PENDING)
-        self.pending = deque(self.by_id)
+        count = len(self.tasks)
+        self.state = bytearray(count)
+        self.granted = bytearray(count)
+        self.outputs = [None] * count
+        self.digests = bytearray(32 * count)
+        self.result_worker = array("I", bytes(4 * count))
 
     # -- queries -------------------------------------------------------------
+    def __len__(self) -> int:
+        return len(self.state)
+
     @property
     def complete(self) -> bool:
-        return len(self.results) == len(self.by_id)
+        return self.done == len(self.state)
 
     @property
     def finished(self) -> bool:
         """Nothing left to hand out or wait for: every task is done or has failed for good."""
-        return len(self.results) + len(self.failures) == len(self.by_id)
+        return self.done + len(self.failures) == len(self.state)
 
     def counts(self) -> dict[str, int]:
-        done, failed, leased = len(self.results), len(self.failures), len(self.leases)
-        return {"total": len(self.by_id), "pending": len(self.by_id) - done - failed - leased, "leased": leased,
+        done, failed, leased = self.done, len(self.failures), len(self.leases)
+        return {"total": len(self.state), "pending": len(self.state) - done - failed - leased, "leased": leased,
                 "done": done, "failed": failed}
 
-    def sorted_results(self) -> list[dict[str, Any]]:
-        return [self.results[task_id] for task_id in sorted(self.results)]
+    def result(self, task_id: str) -> dict[str, str] | None:
+        """The accepted result of ``task_id`` as results.json holds it, or None."""
+        position = self.tasks.index.get(task_id)
+        if position is None or self.state[position] != DONE:
+            return None
+        return {"output": self.outputs[position], "sha256": self.digests[32 * position:32 * position + 32].hex(),
+                "taskId": task_id, "workerId": self.worker_names[self.result_worker[position]]}
+
+    def pending_ids(self) -> Iterator[str]:
+        """The ids of the tasks that have no result yet."""
+        ids, state = self.tasks.ids, self.state
+        return (ids[position] for position in range(len(state)) if state[position] != DONE)
+
+    def results_json(self) -> Iterator[bytes]:
+        """results.json, in chunks: ``{"results": [...], "schemaVersion": 1}`` sorted by task id.
+
+        The same bytes as ``json.dumps(document, indent=2, sort_keys=True) + "\\n"`` (tested), written
+        from the compact store without a dict per result.
+        """
+        ids, state, outputs, digests = self.tasks.ids, self.state, self.outputs, self.digests
+        names, numbers = self.worker_names, self.result_worker
+        positions = [position for position in range(len(state)) if state[position] == DONE]
+        positions.sort(key=ids.__getitem__)
+        if not positions:
+            yield b'{\n  "results": [],\n  "schemaVersion": 1\n}\n'
+            return
+        yield b'{\n  "results": [\n'
+        for start in range(0, len(positions), RESULTS_CHUNK):
+            entries = [
+                _RESULT_ENTRY(encode_basestring_ascii(outputs[p]), digests[32 * p:32 * p + 32].hex(), ids[p],
+                              names[numbers[p]])
+                for p in positions[start:start + RESULTS_CHUNK]]
+            yield (",\n" if start else "").encode() + ",\n".join(entries).encode("ascii")
+        yield b'\n  ],\n  "schemaVersion": 1\n}\n'
 
     def _seen(self, worker: str, now: float) -> WorkerStats:
         stats = self.workers.get(worker)
@@ -136,14 +209,28 @@ class TaskBoard:
         stats.last_seen = now
         return stats
 
+    def _number(self, worker: str) -> int:
+        number = self.worker_numbers.get(worker)
+        if number is None:
+            number = self.worker_numbers[worker] = len(self.worker_names)
+            self.worker_names.append(worker)
+        return number
+
+    def _record(self, position: int, worker: str, output: str, sha256: str) -> None:
+        self.state[position] = DONE
+        self.outputs[position] = output
+        self.digests[32 * position:32 * position + 32] = bytes.fromhex(sha256)
+        self.result_worker[position] = self._number(worker)
+        self.done += 1
+
     # -- transitions ---------------------------------------------------------
     def restore(self, results: list[dict[str, Any]]) -> int:
         """Mark journaled results done (resume); returns how many were restored."""
+        index = self.tasks.index
         for result in results:
-            task_id = result.get("taskId")
-            if self.state.get(task_id) == PENDING:
-                self.state[task_id] = DONE
-                self.results[task_id] = result
+            position = index.get(result.get("taskId"))
+            if position is not None and self.state[position] == PENDING:
+                self._record(position, result["workerId"], result["output"], result["sha256"])
                 self.restored += 1
         return self.restored
 
@@ -158,7 +245,7 @@ class TaskBoard:
         lapses one lease later: a worker that never comes holds back work no longer than a
         worker that died holding it.
         """
-        pending = len(self.by_id) - len(self.results) - len(self.failures) - len(self.leases)
+        pending = len(self.state) - self.done - len(self.failures) - len(self.leases)
         if self.reservation is None:
             self.reservation = (pending // self.expected_workers, now + self.lease_seconds)
         reserve_each = self.reservation[0] if now < self.reservation[1] else 0
@@ -166,6 +253,24 @@ class TaskBoard:
         waiting = max(0, self.expected_workers - self.workers_with_work - newcomer)
         return fair_share(max_tasks, pending, self.expected_workers, newcomer=newcomer, waiting=waiting,
                           reserve_each=reserve_each)
+
+    def _next_pending(self) -> int | None:
+        """Take the next queued task that is still pending (a late result may have finished a requeued one)."""
+        state = self.state
+        while self.front:
+            position = self.front.popleft()
+            if state[position] == PENDING:
+                return position
+        while self.cursor < len(state):
+            position = self.cursor
+            self.cursor += 1
+            if state[position] == PENDING:
+                return position
+        while self.back:
+            position = self.back.popleft()
+            if state[position] == PENDING:
+                return position
+        return None
 
     def claim(self, worker: str, max_tasks: int, now: float) -> Claim:
         """Lease up to a fair share of ``max_tasks`` pending tasks to ``worker``, or say why not."""
@@ -176,15 +281,16 @@ class TaskBoard:
             return Claim("stop", reason=ALLOCATION_ENDING)
         stats = self._seen(worker, now)
         wanted = self.share(stats, max_tasks, now)
-        granted: list[dict[str, Any]] = []
-        while self.pending and len(granted) < wanted:
-            task_id = self.pending.popleft()
-            if self.state[task_id] != PENDING:
-                continue  # lazily dropped: done by a late result after its lease expired
-            self.state[task_id] = LEASED
-            self.leases[task_id] = Lease(worker, now + self.lease_seconds)
-            self.grants[task_id] = self.grants.get(task_id, 0) + 1
-            granted.append(self.by_id[task_id])
+        granted: list[int] = []
+        deadline = now + self.lease_seconds
+        while len(granted) < wanted:
+            position = self._next_pending()
+            if position is None:
+                break
+            self.state[position] = LEASED
+            self.leases[position] = Lease(worker, deadline)
+            self.granted[position] = 1
+            granted.append(position)
         if granted:
             first = stats.claimed == 0
             self.workers_with_work += first
@@ -199,7 +305,7 @@ class TaskBoard:
         task_id = result.get("taskId")
         if not isinstance(task_id, str) or not TASK_ID_PATTERN.match(task_id):
             return Verdict(None, 400, "taskId is missing or malformed")
-        unknown = set(result) - {"taskId", "workerId", "output", "sha256"}
+        unknown = result.keys() - {"taskId", "workerId", "output", "sha256"}
         if unknown:
             return Verdict(task_id, 400, f"unknown key {min(unknown)!r}")
         output, digest = result.get("output"), result.get("sha256")
@@ -207,56 +313,59 @@ class TaskBoard:
             return Verdict(task_id, 400, "output must be a string")
         if not isinstance(digest, str) or not SHA256_PATTERN.match(digest):
             return Verdict(task_id, 400, "sha256 must be 64 lowercase hex digits")
-        if task_id not in self.state:
+        position = self.tasks.index.get(task_id)
+        if position is None:
             return Verdict(task_id, 409, "unknown task")
-        if self.state[task_id] == DONE or task_id in self.committing:
+        if self.state[position] == DONE or position in self.committing:
             return Verdict(task_id, 409, "duplicate: the task already has a result")
-        if task_id not in self.grants:
+        if not self.granted[position]:
             return Verdict(task_id, 409, "unclaimed: the task was never handed out")
         if sha256_text(output) != digest:
             return Verdict(task_id, 400, "sha256 is not the digest of output")
         return Verdict(task_id, 201, "accepted")
 
-    def stage(self, worker: str, results: list[Any], now: float) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    def stage(self, worker: str, results: list[Any], now: float) -> tuple[list[Staged], list[dict[str, Any]]]:
         """Check ``results`` and reserve the tasks of the good ones for :meth:`commit`.
 
-        :returns: (the records to journal, ``{"taskId", "code", "reason"}`` for each rejected result).
+        :returns: (the results to journal, ``{"taskId", "code", "reason"}`` for each rejected result).
         """
         stats = self._seen(worker, now)
-        staged: list[dict[str, Any]] = []
+        staged: list[Staged] = []
         rejected: list[dict[str, Any]] = []
+        index = self.tasks.index
         for result in results:
             verdict = self.check(result)
             if not verdict.accepted:
                 stats.rejected += 1
                 rejected.append({"taskId": verdict.task_id, "code": verdict.code, "reason": verdict.reason})
                 continue
-            self.committing.add(verdict.task_id)
-            staged.append({"taskId": verdict.task_id, "workerId": worker, "output": result["output"],
-                           "sha256": result["sha256"]})
+            position = index[verdict.task_id]
+            self.committing.add(position)
+            staged.append(Staged(position, verdict.task_id, worker, result["output"], result["sha256"]))
         return staged, rejected
 
-    def commit(self, staged: list[dict[str, Any]], now: float) -> None:
+    def commit(self, staged: list[Staged], now: float) -> None:
         """The journal holds ``staged`` durably: their tasks are done."""
         for record in staged:
-            task_id = record["taskId"]
-            self.committing.discard(task_id)
-            self.state[task_id] = DONE
-            self.leases.pop(task_id, None)
-            self.results[task_id] = record
-            self._seen(record["workerId"], now).completed += 1
+            position = record.position
+            self.committing.discard(position)
+            self.leases.pop(position, None)
+            self._record(position, record.worker, record.output, record.sha256)
+        if staged:
+            self._seen(staged[0].worker, now).completed += len(staged)
 
-    def abort(self, staged: list[dict[str, Any]]) -> None:
+    def abort(self, staged: list[Staged]) -> None:
         """The journal could not store ``staged``: nothing of them was accepted."""
         for record in staged:
-            self.committing.discard(record["taskId"])
+            self.committing.discard(record.position)
 
     def heartbeat(self, worker: str, task_ids: list[str], now: float) -> list[str]:
         """Extend ``worker``'s leases on ``task_ids``; return the ids it still holds."""
         self._seen(worker, now)
         held = []
+        index = self.tasks.index
         for task_id in task_ids:
-            lease = self.leases.get(task_id)
+            lease = self.leases.get(index.get(task_id, -1))
             if lease is not None and lease.worker == worker:
                 lease.deadline = now + self.lease_seconds
                 held.append(task_id)
@@ -267,29 +376,30 @@ class TaskBoard:
 
         :returns: ``"requeued"``, ``"failed"``, or ``"ignored"`` when ``worker`` does not hold its lease.
         """
-        lease = self.leases.get(task_id)
-        if lease is None or lease.worker != worker or task_id in self.committing:
+        position = self.tasks.index.get(task_id, -1)
+        lease = self.leases.get(position)
+        if lease is None or lease.worker != worker or position in self.committing:
             return "ignored"
-        del self.leases[task_id]
+        del self.leases[position]
         self._seen(worker, now)
-        self.attempts[task_id] = self.attempts.get(task_id, 0) + 1
-        if self.attempts[task_id] >= self.max_attempts:
-            self.state[task_id] = FAILED
+        self.attempts[position] = self.attempts.get(position, 0) + 1
+        if self.attempts[position] >= self.max_attempts:
+            self.state[position] = FAILED
             self.failures[task_id] = reason
             return "failed"
-        self.state[task_id] = PENDING
-        self.pending.append(task_id)
+        self.state[position] = PENDING
+        self.back.append(position)
         return "requeued"
 
     def expire(self, now: float) -> list[str]:
         """Return overdue leased tasks to the FRONT of the queue; returns their ids."""
-        overdue = [task_id for task_id, lease in self.leases.items() if lease.deadline <= now]
-        for task_id in reversed(overdue):
-            del self.leases[task_id]
-            self.state[task_id] = PENDING
-            self.pending.appendleft(task_id)
+        overdue = [position for position, lease in self.leases.items() if lease.deadline <= now]
+        for position in reversed(overdue):
+            del self.leases[position]
+            self.state[position] = PENDING
+            self.front.appendleft(position)
         self.expired_leases += len(overdue)
-        return overdue
+        return [self.tasks.ids[position] for position in overdue]
 
 
 def fair_share(max_tasks: int, pending: int, workers: int, *, newcomer: bool = False, waiting: int = 0,

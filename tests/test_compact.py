@@ -1,0 +1,176 @@
+"""The compact stores of a million tasks: the fast parser agrees with the standard library's,
+results.json and journal lines are the bytes the standard library would write, and group
+commit never acknowledges before fsync."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import os
+
+import pytest
+from test_inputs import TASK_CASES
+
+from allocstack import journal as journal_module
+from allocstack import taskset
+from allocstack.errors import AllocstackError
+from allocstack.journal import Journal, _line, replay, result_line
+from allocstack.taskboard import TaskBoard
+from allocstack.taskset import decode_tasks, decode_tasks_fast, load_expected, parse_tasks
+from conftest import expected_for, make_tasks
+
+TRICKY_OUTPUTS = ["", "x", 'quote " and \\ backslash', "new\nline\ttab", "ü é 漢字", "emoji 🎉", "\x00\x1f", "\u2028"]
+
+
+def raw(document) -> bytes:
+    return json.dumps(document, indent=1).encode("utf-8")
+
+
+def same_tasks(a, b) -> None:
+    assert a.ids == b.ids and a.index == b.index
+    assert [a.payload(i) for i in range(len(a))] == [b.payload(i) for i in range(len(b))]
+    assert [json.loads(a.task_json(i)) for i in range(len(a))] == [a.task(i) for i in range(len(a))]
+
+
+def test_fast_and_standard_parsers_agree_on_a_good_document():
+    document = make_tasks(50)
+    document["tasks"][3]["payload"] = {"nested": {"list": [1, 2.5, None, True], "text": "ü\n\"q\""}, "big": 10**30}
+    document["tasks"][4]["payload"] = {}
+    fast = decode_tasks_fast(raw(document))
+    assert fast is not None  # the fast path took it
+    same_tasks(fast, parse_tasks(document))
+    assert fast.payload(3) == document["tasks"][3]["payload"] and fast.index["task-000004"] == 4
+
+
+def test_without_msgspec_the_standard_library_gives_the_same_tasks(monkeypatch):
+    document = make_tasks(20)
+    with_msgspec = decode_tasks(raw(document))
+    monkeypatch.setattr(taskset, "msgspec", None)
+    assert decode_tasks_fast(raw(document)) is None
+    same_tasks(decode_tasks(raw(document)), with_msgspec)
+
+
+@pytest.mark.parametrize("case", sorted(TASK_CASES))
+def test_the_fast_path_leaves_every_malformed_document_to_the_standard_library(case):
+    document, _ = TASK_CASES[case]
+    if case.startswith(("repeat", "message", "unknown payload")):
+        return  # the baseline handler's payload rules: validate_inputs checks them, not the task document
+    assert decode_tasks_fast(raw(document)) is None
+    with pytest.raises(AllocstackError):
+        decode_tasks(raw(document))
+
+
+def test_a_number_the_standard_library_refuses_is_left_to_it(monkeypatch):
+    monkeypatch.setattr(taskset, "_SCAN_CHUNK", 1000)  # the run of digits straddles chunks
+    document = raw(make_tasks(3)).replace(b'"repeat": 2', b'"repeat": ' + b"7" * 4301, 1)
+    assert taskset.has_huge_number(document) and not taskset.has_huge_number(raw(make_tasks(3)))
+    assert decode_tasks_fast(document) is None
+    with pytest.raises(AllocstackError, match="4300 digits"):
+        decode_tasks(document)
+
+
+def test_an_id_holding_a_newline_is_refused_by_both_paths():
+    document = make_tasks(2)
+    document["tasks"][0]["id"] = "good\nalso-good"
+    assert decode_tasks_fast(raw(document)) is None
+    with pytest.raises(AllocstackError, match="must match"):
+        decode_tasks(raw(document))
+
+
+def test_expected_fast_path_agrees(tmp_path, monkeypatch):
+    tasks = parse_tasks(make_tasks(5))
+    path = tmp_path / "expected.json"
+    path.write_text(json.dumps(expected_for(make_tasks(5))))
+    fast = load_expected(str(path), tasks)
+    monkeypatch.setattr(taskset, "msgspec", None)
+    assert load_expected(str(path), tasks) == fast and len(fast) == 5
+
+
+def finished_board(outputs: list[str]) -> TaskBoard:
+    document = {"schemaVersion": 1, "tasks": [{"id": f"t{i:03d}", "payload": {}} for i in range(len(outputs))]}
+    board = TaskBoard(parse_tasks(document), lease_seconds=60, expected_workers=1)
+    claim = board.claim("worker-1", len(outputs), now=0)
+    results = [{"taskId": board.tasks.ids[p], "output": outputs[p],
+                "sha256": hashlib.sha256(outputs[p].encode()).hexdigest()} for p in reversed(claim.positions)]
+    staged, rejected = board.stage("worker-1", results, now=1)
+    assert not rejected
+    board.commit(staged, now=1)
+    return board
+
+
+def test_results_json_is_the_standard_librarys_text():
+    board = finished_board(TRICKY_OUTPUTS)
+    expected = {"schemaVersion": 1, "results": [board.result(task_id) for task_id in sorted(board.tasks.ids)]}
+    assert b"".join(board.results_json()).decode("ascii") == json.dumps(expected, indent=2, sort_keys=True) + "\n"
+    assert board.result("t002")["output"] == TRICKY_OUTPUTS[2] and board.result("t002")["workerId"] == "worker-1"
+    empty = TaskBoard(parse_tasks(make_tasks(1)), lease_seconds=60)
+    assert b"".join(empty.results_json()).decode() == json.dumps({"schemaVersion": 1, "results": []}, indent=2,
+                                                                   sort_keys=True) + "\n"
+
+
+def test_results_json_in_several_chunks(monkeypatch):
+    monkeypatch.setattr("allocstack.taskboard.RESULTS_CHUNK", 3)
+    board = finished_board([f"out-{i}" for i in range(10)])
+    document = json.loads(b"".join(board.results_json()))
+    assert [r["output"] for r in document["results"]] == [f"out-{i}" for i in range(10)]
+
+
+@pytest.mark.parametrize("output", TRICKY_OUTPUTS)
+def test_result_line_is_the_journal_line(output):
+    digest = hashlib.sha256(output.encode()).hexdigest()
+    record = {"taskId": "t-1", "workerId": "w.2", "output": output, "sha256": digest}
+    assert result_line("t-1", "w.2", output, digest) == _line({"kind": "result", **record})
+
+
+def test_group_commit_never_acknowledges_before_fsync(tmp_path, monkeypatch):
+    """Each append returns only once an fsync covered its line; two submitters share an fsync."""
+    path = tmp_path / "journal.jsonl"
+    synced: list[int] = []  # the file's size at each fsync
+    real_fsync = os.fsync
+
+    def recording_fsync(fd):
+        real_fsync(fd)
+        synced.append(os.fstat(fd).st_size)
+
+    monkeypatch.setattr(journal_module.os, "fsync", recording_fsync)
+
+    async def submitter(journal, name, count):
+        for i in range(count):
+            line = result_line(f"{name}-{i}", name, "x", "0" * 64)
+            await journal.append_lines([line])
+            durable = path.read_bytes()[:synced[-1]]
+            assert line in durable  # acknowledged: on disk before the fsync that returned
+
+    async def run() -> None:
+        journal = Journal(path, "abc", group=2)
+        await asyncio.gather(submitter(journal, "a", 30), submitter(journal, "b", 30))
+        journal.close()
+
+    asyncio.run(run())
+    results, _ = replay(path, "abc")
+    assert len(results) == 60
+
+
+def test_the_window_gathers_a_late_submitter_and_is_bounded(tmp_path, monkeypatch):
+    """With group 2, a result arriving within the window shares the first one's fsync; a lone one is
+    acknowledged once the window ends; without a window each takes its own fsync."""
+    monkeypatch.setattr(journal_module, "MAX_WINDOW", 5.0)
+
+    async def pair(window: float, second: bool = True) -> int:
+        path = tmp_path / f"journal-{window}-{second}.jsonl"
+        journal = Journal(path, "abc", group=2, window=window)
+
+        async def late():
+            await asyncio.sleep(0.05)
+            await journal.append_lines([result_line("b", "w", "x", "0" * 64)])
+
+        await asyncio.gather(journal.append_lines([result_line("a", "w", "x", "0" * 64)]),
+                             *([late()] if second else []))
+        journal.close()
+        assert len(replay(path, "abc")[0]) == 1 + second
+        return journal.fsyncs
+
+    assert asyncio.run(pair(window=2.0)) == 1  # b came 50 ms later and still shared a's fsync
+    assert asyncio.run(pair(window=0.0)) == 2
+    assert asyncio.run(pair(window=0.2, second=False)) == 1  # alone: written when the window ended
