@@ -5,6 +5,7 @@ commit never acknowledges before fsync."""
 from __future__ import annotations
 
 import asyncio
+import copy
 import hashlib
 import json
 import os
@@ -28,7 +29,9 @@ def raw(document) -> bytes:
 
 
 def same_tasks(a, b) -> None:
-    assert a.ids == b.ids and a.index == b.index
+    assert a.ids == b.ids and [a.position(task_id) for task_id in a.ids] == list(range(len(a)))
+    assert [b.position(task_id) for task_id in b.ids] == list(range(len(b)))
+    assert a.position("not-a-task") is None and 5 not in a and [1] not in a
     assert [a.payload(i) for i in range(len(a))] == [b.payload(i) for i in range(len(b))]
     assert [json.loads(a.task_json(i)) for i in range(len(a))] == [a.task(i) for i in range(len(a))]
 
@@ -40,7 +43,23 @@ def test_fast_and_standard_parsers_agree_on_a_good_document():
     fast = decode_tasks_fast(raw(document))
     assert fast is not None  # the fast path took it
     same_tasks(fast, parse_tasks(document))
-    assert fast.payload(3) == document["tasks"][3]["payload"] and fast.index["task-000004"] == 4
+    assert fast.payload(3) == document["tasks"][3]["payload"] and fast.position("task-000004") == 4
+
+
+@pytest.mark.parametrize("order", ["ascending", "shuffled"])
+def test_positions_by_bisection_or_by_table(order):
+    document = make_tasks(30)
+    if order == "shuffled":
+        document["tasks"].reverse()
+        document["tasks"][0], document["tasks"][7] = document["tasks"][7], document["tasks"][0]
+    fast = decode_tasks_fast(raw(document))
+    same_tasks(fast, parse_tasks(document))
+    assert (fast._index is None) == (order == "ascending")  # a table only where bisection cannot work
+    duplicate = copy.deepcopy(document)
+    duplicate["tasks"][-1]["id"] = duplicate["tasks"][0]["id"]
+    assert decode_tasks_fast(raw(duplicate)) is None  # the standard library names the duplicate
+    with pytest.raises(AllocstackError, match="duplicate task id"):
+        decode_tasks(raw(duplicate))
 
 
 def test_without_msgspec_the_standard_library_gives_the_same_tasks(monkeypatch):
@@ -68,6 +87,17 @@ def test_a_number_the_standard_library_refuses_is_left_to_it(monkeypatch):
     assert decode_tasks_fast(document) is None
     with pytest.raises(AllocstackError, match="4300 digits"):
         decode_tasks(document)
+
+
+@pytest.mark.parametrize("task_id", ["a" * 64, "A.b_c-9", "0"])
+def test_valid_ids_accepts_what_the_pattern_accepts(task_id):
+    assert taskset.valid_ids(["first", task_id, "last"]) and taskset.TASK_ID_PATTERN.match(task_id)
+
+
+@pytest.mark.parametrize("task_id", ["a" * 65, "", ".a", "_a", "-a", "a b", "a/b", "ü", "a\nb", "a\n", "\na", "a$"])
+def test_valid_ids_refuses_what_the_pattern_refuses(task_id):
+    assert not taskset.valid_ids(["first", task_id, "last"]) and not taskset.valid_ids([task_id])
+    assert not (taskset.TASK_ID_PATTERN.match(task_id) and "\n" not in task_id)
 
 
 def test_an_id_holding_a_newline_is_refused_by_both_paths():

@@ -46,7 +46,7 @@ def check_results(document: Any, tasks: TaskSet, expected: dict[str, ExpectedRes
     results = document.get("results")
     if not isinstance(results, list):
         raise fail("results document has no 'results' list")
-    task_ids = tasks.index
+    task_ids = tasks
     seen: set[str] = set()
     for index, result in enumerate(results, start=1):
         if not isinstance(result, dict) or set(result) != {"taskId", "workerId", "output", "sha256"}:
@@ -62,7 +62,7 @@ def check_results(document: Any, tasks: TaskSet, expected: dict[str, ExpectedRes
         want = expected[task_id] if expected is not None else None  # None: verify.command decides
         if want is not None and (result["output"] != want.output or result["sha256"] != want.sha256):
             raise fail(f"result for {task_id}: output differs from the expected output")
-    if len(seen) != len(task_ids):
+    if len(seen) != len(tasks):
         missing = next(task_id for task_id in tasks.ids if task_id not in seen)
         raise fail(f"results do not cover each task exactly once: no result for {missing!r} "
                    f"({len(seen)} of {len(task_ids)})")

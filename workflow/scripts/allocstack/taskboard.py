@@ -169,7 +169,7 @@ class TaskBoard:
 
     def result(self, task_id: str) -> dict[str, str] | None:
         """The accepted result of ``task_id`` as results.json holds it, or None."""
-        position = self.tasks.index.get(task_id)
+        position = self.tasks.position(task_id)
         if position is None or self.state[position] != DONE:
             return None
         return {"output": self.outputs[position], "sha256": self.digests[32 * position:32 * position + 32].hex(),
@@ -226,9 +226,9 @@ class TaskBoard:
     # -- transitions ---------------------------------------------------------
     def restore(self, results: list[dict[str, Any]]) -> int:
         """Mark journaled results done (resume); returns how many were restored."""
-        index = self.tasks.index
         for result in results:
-            position = index.get(result.get("taskId"))
+            task_id = result.get("taskId")
+            position = self.tasks.position(task_id) if isinstance(task_id, str) else None
             if position is not None and self.state[position] == PENDING:
                 self._record(position, result["workerId"], result["output"], result["sha256"])
                 self.restored += 1
@@ -313,7 +313,7 @@ class TaskBoard:
             return Verdict(task_id, 400, "output must be a string")
         if not isinstance(digest, str) or not SHA256_PATTERN.match(digest):
             return Verdict(task_id, 400, "sha256 must be 64 lowercase hex digits")
-        position = self.tasks.index.get(task_id)
+        position = self.tasks.position(task_id)
         if position is None:
             return Verdict(task_id, 409, "unknown task")
         if self.state[position] == DONE or position in self.committing:
@@ -332,14 +332,14 @@ class TaskBoard:
         stats = self._seen(worker, now)
         staged: list[Staged] = []
         rejected: list[dict[str, Any]] = []
-        index = self.tasks.index
+        position_of = self.tasks.position
         for result in results:
             verdict = self.check(result)
             if not verdict.accepted:
                 stats.rejected += 1
                 rejected.append({"taskId": verdict.task_id, "code": verdict.code, "reason": verdict.reason})
                 continue
-            position = index[verdict.task_id]
+            position = position_of(verdict.task_id)
             self.committing.add(position)
             staged.append(Staged(position, verdict.task_id, worker, result["output"], result["sha256"]))
         return staged, rejected
@@ -363,9 +363,8 @@ class TaskBoard:
         """Extend ``worker``'s leases on ``task_ids``; return the ids it still holds."""
         self._seen(worker, now)
         held = []
-        index = self.tasks.index
         for task_id in task_ids:
-            lease = self.leases.get(index.get(task_id, -1))
+            lease = self.leases.get(self.tasks.position(task_id))
             if lease is not None and lease.worker == worker:
                 lease.deadline = now + self.lease_seconds
                 held.append(task_id)
@@ -376,7 +375,7 @@ class TaskBoard:
 
         :returns: ``"requeued"``, ``"failed"``, or ``"ignored"`` when ``worker`` does not hold its lease.
         """
-        position = self.tasks.index.get(task_id, -1)
+        position = self.tasks.position(task_id)
         lease = self.leases.get(position)
         if lease is None or lease.worker != worker or position in self.committing:
             return "ignored"
