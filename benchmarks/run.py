@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """allocstack's benchmarks: one command, one table (and a PNG plot), all on this machine, in one run.
 
-    make bench                      # or: .venv/bin/python benchmarks/run.py [--quick]
+    make bench                      # or: .venv/bin/python benchmarks/run.py [--quick | --full]
 
 1. Dispatch throughput of no-op tasks (message "x", repeat 1) through a real
    coordinator and real worker processes on loopback, against Dask distributed
@@ -10,17 +10,25 @@
    Timed alike: Dask from a warmed-up cluster, allocstack and the stdlib client
    from opening the gate with every worker process started and waiting for it;
    the worker start cost is printed beside (a cold rate).
-2. Coordinator peak memory (VmHWM) and wall time from 1,000 to 1,000,000 tasks.
+   Batch 1 against the disk: the fsync rate of the journal's filesystem (append +
+   fsync in a loop, same run) and batch 1's rate as a fraction of workers x that
+   rate, with group commit's window and without it (and the mean latency per task).
+2. Coordinator peak memory (VmHWM) and wall time from 1,000 to 100,000 tasks
+   (``--full``: 1,000,000).
 3. ``snakemake --cores 4`` on the baseline against Snakemake's own floor (a
-   one-rule workflow), and the gate latency from the run's events.jsonl.
+   one-rule workflow), and the gate latency from the run's events.jsonl; the whole
+   workflow end to end (collection and verification included) on 10,000 and
+   100,000 tasks (``--full``: 1,000,000) against Dask's compute phase alone.
 4. ``cluster``, when the Slurm test cluster and the test image are there
    (tests/cluster/prepare.sh): the baseline through ``--profile profiles/slurm``
    against a one-rule workflow through the same profile, and where the seconds go:
    the queue, the Snakemake plugin's batch step, the Snakemake it starts inside the
    job, the stack, collection and verification, the job's end, the plugin's polling.
 
-Numbers are measurements, not assertions: targets are printed beside them.
-``--parts cluster`` runs only part 4 (about 2 minutes).
+Numbers are measurements, not assertions: targets are printed beside them, with
+"met" or "NOT met". The default run takes about 8 minutes on 2 CPUs, ``--full``
+adds the million-task rows and batch 1 at 100,000 (about 5 minutes more),
+``--quick`` is a smoke run. ``--parts cluster`` runs only part 4 (about 2 minutes).
 """
 
 from __future__ import annotations
@@ -50,7 +58,7 @@ def task_document(count: int) -> dict:
 class Coordinator:
     """A real coordinator process in its own temporary directory."""
 
-    def __init__(self, count: int, *extra: str) -> None:
+    def __init__(self, count: int, workers: int, *extra: str) -> None:
         self.dir = Path(tempfile.mkdtemp(prefix="allocstack-bench-"))
         self.tasks = self.dir / "tasks.json"
         self.tasks.write_text(json.dumps(task_document(count)))
@@ -59,7 +67,8 @@ class Coordinator:
         self.proc = subprocess.Popen(
             [PYTHON, str(SCRIPTS / "coordinator.py"), "--input", str(self.tasks), "--results",
              str(self.dir / "results.json"), "--scratch", str(self.scratch), "--end-record",
-             str(self.dir / "end.json"), "--lease-seconds", "600", "--progress-interval", "3600", *extra],
+             str(self.dir / "end.json"), "--lease-seconds", "600", "--progress-interval", "3600",
+             "--workers", str(workers), *extra],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         while not (self.scratch / "endpoint.json").exists():
             if self.proc.poll() is not None:
@@ -125,9 +134,9 @@ def run_warm(coordinator: Coordinator, argvs: list[list[str]]) -> tuple[float, f
     return time.monotonic() - started, startup
 
 
-def allocstack_rate(count: int, workers: int, batch: int) -> tuple[float, dict]:
+def allocstack_rate(count: int, workers: int, batch: int, *extra: str) -> tuple[float, dict]:
     """Tasks/s from opening the gate (workers started and waiting) to the last worker exit."""
-    coordinator = Coordinator(count)
+    coordinator = Coordinator(count, workers, *extra)
     argvs = [[PYTHON, str(SCRIPTS / "worker.py"), "--worker-id", f"worker-{i:02d}", "--scratch",
               str(coordinator.scratch), "--gate-record", str(coordinator.gate), "--batch", str(batch)]
              for i in range(1, workers + 1)]
@@ -170,7 +179,7 @@ while True:
 
 def stdlib_rate(count: int, workers: int) -> float:
     """The reference's model (one urllib request per claim and per result), timed like allocstack."""
-    coordinator = Coordinator(count)
+    coordinator = Coordinator(count, workers)
     argvs = [[PYTHON, "-c", STDLIB_WORKER, coordinator.url, coordinator.token, f"w{i}", str(coordinator.gate)]
              for i in range(workers)]
     elapsed, _ = run_warm(coordinator, argvs)
@@ -200,10 +209,7 @@ def snakemake_overhead(runs: int) -> dict:
     """Baseline `snakemake --cores 4` vs a one-rule workflow, and the gate latency from events.jsonl."""
     results: dict[str, list[float]] = {"baseline": [], "floor": [], "listening_to_gate": [], "gate_to_claim": []}
     for _ in range(runs):
-        work = Path(tempfile.mkdtemp(prefix="allocstack-bench-smk-"))
-        for part in ("Snakefile", "workflow", "config", "inputs", "expected", "profiles"):
-            source = ROOT / part
-            (shutil.copytree if source.is_dir() else shutil.copy2)(source, work / part)
+        work = workflow_copy("allocstack-bench-smk-")
         floor = work / "floor"
         floor.mkdir()
         (floor / "Snakefile").write_text('rule all:\n    output: "done.txt"\n    shell: "touch {output}"\n')
@@ -220,6 +226,61 @@ def snakemake_overhead(runs: int) -> dict:
         results["gate_to_claim"].append(first["first-claim"] - first["gate-passed"])
         shutil.rmtree(work, ignore_errors=True)
     return {key: statistics.median(values) for key, values in results.items()}
+
+
+def fsync_rate(seconds: float = 2.0) -> float:
+    """Appends + fsyncs per second of a journal-sized line, in a loop, on the filesystem the benchmark's
+    coordinators keep their journal on (the temporary directory): the disk's limit for batch 1."""
+    directory = Path(tempfile.mkdtemp(prefix="allocstack-bench-fsync-"))
+    line = b'{"kind":"result","output":"x","sha256":"' + b"0" * 64 + b'","taskId":"t0000000","workerId":"worker-01"}\n'
+    fd = os.open(directory / "journal.jsonl", os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+    try:
+        count, started = 0, time.monotonic()
+        while time.monotonic() - started < seconds:
+            os.write(fd, line)
+            os.fsync(fd)
+            count += 1
+        return count / (time.monotonic() - started)
+    finally:
+        os.close(fd)
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+def workflow_copy(prefix: str) -> Path:
+    work = Path(tempfile.mkdtemp(prefix=prefix))
+    for part in ("Snakefile", "workflow", "config", "inputs", "expected", "profiles"):
+        source = ROOT / part
+        (shutil.copytree if source.is_dir() else shutil.copy2)(source, work / part)
+    return work
+
+
+def snakemake_end_to_end(count: int, workers: int = 2, batch: int = 256) -> dict[str, float]:
+    """``snakemake --cores 4`` on ``count`` generated tasks (make_tasks.py), collection and verification
+    included: the command's wall time and the coordinator's peak RSS (from its end record)."""
+    import yaml
+
+    work = workflow_copy("allocstack-bench-e2e-")
+    try:
+        tasks, expected = f"inputs/tasks-{count}.json", f"expected/results-{count}.json"
+        subprocess.run([PYTHON, str(SCRIPTS / "make_tasks.py"), str(count), "--tasks", tasks, "--expected", expected],
+                       cwd=work, check=True, capture_output=True)
+        config = yaml.safe_load((work / "config/config.yaml").read_text())
+        config.update(tasks=tasks, expected=expected, run=f"n{count}", workers=workers)
+        config["worker"]["batch"] = batch
+        (work / "config/bench.yaml").write_text(yaml.safe_dump(config))
+        env = {**os.environ, "TMPDIR": str(work)}
+        started = time.monotonic()
+        subprocess.run([SNAKEMAKE, "--cores", "4", "--configfile", "config/bench.yaml"], cwd=work, env=env,
+                       check=True, capture_output=True)
+        seconds = time.monotonic() - started
+        end = json.loads((work / f"results/n{count}/coordinator.json").read_text())
+        return {"seconds": seconds, "peak": end.get("peakRssMb", float("nan"))}
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def verdict(met: bool) -> str:
+    return "met" if met else "**NOT met**"
 
 
 CLUSTER_RUNS = 3
@@ -286,10 +347,7 @@ def cluster_overhead(runs: int) -> tuple[dict[str, float], dict[str, float]]:
     baseline: dict[str, list[float]] = {}
     floor: dict[str, list[float]] = {}
     for _ in range(runs):
-        work = Path(tempfile.mkdtemp(prefix="allocstack-bench-slurm-"))
-        for part in ("Snakefile", "workflow", "config", "inputs", "expected", "profiles"):
-            source = ROOT / part
-            (shutil.copytree if source.is_dir() else shutil.copy2)(source, work / part)
+        work = workflow_copy("allocstack-bench-slurm-")
         run = profile_run(work)
         times = sacct_times(run["job"], {"python3", "verify"})
         job, inner = times["job"], times["python3"]
@@ -378,65 +436,128 @@ def plot(path: Path, throughput: list[tuple[str, float]], memory: list[tuple[int
     return True
 
 
+def print_throughput(args: argparse.Namespace, sizes: tuple[int, ...]) -> tuple[list[tuple[str, float]], dict]:
+    """Part 1: the dispatch table. Returns the plot's bars and the Dask rates by (count, workers)."""
+    throughput: list[tuple[str, float]] = []
+    dask_rates: dict[tuple[int, int], float] = {}
+    print("| run | tasks | workers | tasks/s | notes | target |\n|---|---|---|---|---|---|", flush=True)
+    for workers in (2, 8):
+        stdlib = stdlib_rate(sizes[0], workers)  # the smaller size only: ~1,500 tasks/s would add 2 minutes at 100k
+        for count in sizes:
+            dask = dask_rate(count, workers) if workers == 2 or count == sizes[0] else None
+            if dask:
+                dask_rates[count, workers] = dask
+            for batch in (1, args.batch):
+                if batch == 1 and count > sizes[0] and not args.full:
+                    continue  # batch 1 is bound by the disk: the smaller size says it (--full: both)
+                rate, info = allocstack_rate(count, workers, batch)
+                ratios = [f"{rate / stdlib:.1f}x stdlib"]
+                if dask:
+                    ratios.append(f"{rate / dask:.1f}x Dask")
+                cold = count / (info["elapsed"] + info["startup"])
+                target = ""
+                if batch != 1 and workers == 2 and count == sizes[-1]:
+                    target = f">= 100,000: {verdict(rate >= 100_000)}"
+                line = (f"| allocstack batch {batch} | {count:,} | {workers} | {rate:,.0f} | "
+                        f"{', '.join(ratios)}; {info['fsyncs']} fsyncs; coordinator "
+                        f"{info['cpu_us_per_task']:.0f} µs CPU/task; {cold:,.0f}/s counting "
+                        f"the {info['startup']:.2f} s worker start | {target} |")
+                print(line, flush=True)
+                throughput.append((f"allocstack b{batch} {count // 1000}k w{workers}", rate))
+            if dask:
+                print(f"| Dask LocalCluster | {count:,} | {workers} | {dask:,.0f} | | |", flush=True)
+                throughput.append((f"Dask {count // 1000}k w{workers}", dask))
+        print(f"| stdlib 1 req/task | {sizes[0]:,} | {workers} | {stdlib:,.0f} | | |", flush=True)
+        throughput.append((f"stdlib 1 req/task {sizes[0] // 1000}k w{workers}", stdlib))
+    return throughput, dask_rates
+
+
+def print_batch_one(count: int, workers: int = 2) -> None:
+    """Batch 1 against the disk's own fsync rate, with group commit's window and without it."""
+    disk = fsync_rate()
+    limit = workers * disk
+    print(f"\n| batch 1, {workers} workers, {count:,} tasks | tasks/s | of {workers} x fsync rate | results per fsync | "
+          f"mean latency per task | target |\n|---|---|---|---|---|---|")
+    print(f"| the disk: append + fsync in a loop (journal's filesystem) | {disk:,.0f} fsyncs/s | | | | |")
+    for label, extra in (("group commit (window <= 2 ms)", ()), ("no window (--commit-window 0)", ("--commit-window", "0"))):
+        rate, info = allocstack_rate(count, workers, 1, *extra)
+        fraction = rate / limit
+        met = fraction >= 0.8 or rate >= 1500
+        latency = workers / rate * 1000  # closed loop: each worker has one task in flight
+        print(f"| {label} | {rate:,.0f} | {fraction:.2f} | {count / max(1, info['fsyncs']):.2f} | {latency:.2f} ms | "
+              f">= 0.80 or >= 1,500/s: {verdict(met) if not extra else '(reference)'} |", flush=True)
+
+
+def print_scale(args: argparse.Namespace, scale: tuple[int, ...]) -> list[tuple[int, float, float]]:
+    print("\n| tasks | coordinator peak RSS | KiB/task | start -> listening (parse+validate) | wall, 2 workers batch k | "
+          "target |\n|---|---|---|---|---|---|", flush=True)
+    memory = []
+    for count in scale:
+        rate, info = allocstack_rate(count, 2, args.batch)
+        target = ""
+        if count == 1_000_000:
+            target = (f"peak <= 300 MB: {verdict(info['peak'] <= 300)}; start <= 2 s: {verdict(info['ready'] <= 2)}; "
+                      f"dispatch <= 10 s: {verdict(info['elapsed'] <= 10)}")
+        print(f"| {count:,} | {info['peak']:.0f} MB | {info['peak'] * 1024 / count:.2f} | {info['ready']:.2f} s | "
+              f"{info['elapsed']:.1f} s ({rate:,.0f} tasks/s) | {target} |", flush=True)
+        memory.append((count, info["peak"], info["elapsed"]))
+    return memory
+
+
+def print_snakemake(args: argparse.Namespace, sizes: tuple[int, ...], dask_rates: dict) -> None:
+    overhead = snakemake_overhead(1 if args.quick else 3)
+    difference = overhead["baseline"] - overhead["floor"]
+    print(f"\n| Snakemake (median of {1 if args.quick else 3}) | seconds | target |\n|---|---|---|")
+    print(f"| `snakemake --cores 4` baseline | {overhead['baseline']:.2f} | |")
+    print(f"| one-rule floor | {overhead['floor']:.2f} | |")
+    print(f"| difference | {difference:.2f} | <= 2.2: {verdict(difference <= 2.2)} |")
+    print(f"| coordinator listening -> gate passed | {overhead['listening_to_gate']:.3f} | |")
+    print(f"| gate passed -> first claim | {overhead['gate_to_claim']:.3f} | < 0.5: "
+          f"{verdict(overhead['gate_to_claim'] < 0.5)} |", flush=True)
+    counts = [*sizes, *((1_000_000,) if args.full else ())]
+    print("\n| end to end, `snakemake --cores 4`, 2 workers, batch k | seconds | coordinator peak | "
+          "Dask compute alone (2 workers) | speed-up | target |\n|---|---|---|---|---|---|")
+    for count in counts:
+        run = snakemake_end_to_end(count, 2, args.batch)
+        dask = dask_rates.get((count, 2))
+        dask_seconds = count / dask if dask else None
+        ratio = dask_seconds / run["seconds"] if dask_seconds else None
+        wanted = {10_000: 5, 100_000: 20}.get(count)
+        target = f">= {wanted}x Dask: {verdict(ratio >= wanted)}" if wanted and ratio else ""
+        if count == 1_000_000:
+            target = (f"<= 25 s: {verdict(run['seconds'] <= 25)}; peak <= 300 MB: {verdict(run['peak'] <= 300)}")
+        print(f"| {count:,} tasks | {run['seconds']:.1f} | {run['peak']:.0f} MB | "
+              f"{f'{dask_seconds:.1f} s' if dask_seconds else '-'} | {f'{ratio:.1f}x' if ratio else '-'} | {target} |",
+              flush=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="smaller sizes (a smoke run, ~1 minute)")
+    size = parser.add_mutually_exclusive_group()
+    size.add_argument("--quick", action="store_true", help="smaller sizes (a smoke run, ~2 minutes)")
+    size.add_argument("--full", action="store_true",
+                      help="also the million-task rows and batch 1 at 100,000 (about 5 minutes more)")
     parser.add_argument("--batch", type=int, default=256, help="the batch size k compared with batch 1")
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "output")
     parser.add_argument("--parts", nargs="+", choices=("local", "cluster"), default=["local", "cluster"],
                         help="local: throughput, memory, Snakemake overhead; cluster: the Slurm profile")
     args = parser.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
+    print(f"machine: {machine()}; load average {Path('/proc/loadavg').read_text().split()[0]} at the start\n",
+          flush=True)
     if "local" not in args.parts:
-        print(f"machine: {machine()}", flush=True)
         print_cluster(1 if args.quick else CLUSTER_RUNS)
         return 0
     sizes = (2_000, 10_000) if args.quick else (10_000, 100_000)
-    scale = (1_000, 10_000, 50_000) if args.quick else (1_000, 10_000, 100_000, 1_000_000)
-    throughput: list[tuple[str, float]] = []
-
-    print(f"machine: {machine()}\n", flush=True)
-    print("| run | tasks | workers | tasks/s | notes |\n|---|---|---|---|---|", flush=True)
-    for workers in (2, 8):
-        stdlib = stdlib_rate(sizes[0], workers)  # the smaller size only: ~1,500 tasks/s would add 2 minutes at 100k
-        for count in sizes:
-            dask = dask_rate(count, workers)
-            for batch in (1, args.batch):
-                rate, info = allocstack_rate(count, workers, batch)
-                ratios = [f"{rate / stdlib:.1f}x stdlib"]
-                if dask:
-                    ratios.append(f"{rate / dask:.1f}x Dask")
-                cold = count / (info["elapsed"] + info["startup"])
-                line = (f"| allocstack batch {batch} | {count:,} | {workers} | {rate:,.0f} | "
-                        f"{', '.join(ratios)}; {info['fsyncs']} fsyncs; coordinator "
-                        f"{info['cpu_us_per_task']:.0f} µs CPU/task; {cold:,.0f}/s counting "
-                        f"the {info['startup']:.2f} s worker start |")
-                print(line, flush=True)
-                throughput.append((f"allocstack b{batch} {count // 1000}k w{workers}", rate))
-            if dask:
-                print(f"| Dask LocalCluster | {count:,} | {workers} | {dask:,.0f} | |", flush=True)
-                throughput.append((f"Dask {count // 1000}k w{workers}", dask))
-        print(f"| stdlib 1 req/task | {sizes[0]:,} | {workers} | {stdlib:,.0f} | |", flush=True)
-        throughput.append((f"stdlib 1 req/task {sizes[0] // 1000}k w{workers}", stdlib))
-
-    print("\n| tasks | coordinator peak RSS | KiB/task | start (parse+validate) | wall, 2 workers batch k |"
-          "\n|---|---|---|---|---|", flush=True)
-    memory = []
-    for count in scale:
-        rate, info = allocstack_rate(count, 2, args.batch)
-        print(f"| {count:,} | {info['peak']:.0f} MB | {info['peak'] * 1024 / count:.2f} | {info['ready']:.2f} s | "
-              f"{info['elapsed']:.1f} s ({rate:,.0f} tasks/s) |", flush=True)
-        memory.append((count, info["peak"], info["elapsed"]))
-
-    overhead = snakemake_overhead(1 if args.quick else 3)
-    print("\n| Snakemake | seconds (median) | target |\n|---|---|---|")
-    print(f"| `snakemake --cores 4` baseline | {overhead['baseline']:.2f} | within 2 s of the floor |")
-    print(f"| one-rule floor | {overhead['floor']:.2f} | |")
-    print(f"| difference | {overhead['baseline'] - overhead['floor']:.2f} | <= 2 |")
-    print(f"| coordinator listening -> gate passed | {overhead['listening_to_gate']:.3f} | |")
-    print(f"| gate passed -> first claim | {overhead['gate_to_claim']:.3f} | < 0.5 |")
+    scale = (1_000, 10_000, 50_000) if args.quick else (1_000, 10_000, 100_000, *((1_000_000,) if args.full else ()))
+    throughput, dask_rates = print_throughput(args, sizes)
+    print_batch_one(sizes[0])
+    memory = print_scale(args, scale)
+    print_snakemake(args, sizes, dask_rates)
     if "cluster" in args.parts:
         print_cluster(1 if args.quick else CLUSTER_RUNS)
+    print(f"\nload average {Path('/proc/loadavg').read_text().split()[0]} at the end (other work on this machine "
+          "shares its CPUs)")
     if plot(args.out / "benchmarks.png", throughput, memory):
         print(f"\nplot: {args.out / 'benchmarks.png'}")
     return 0

@@ -36,6 +36,7 @@ from __future__ import annotations
 import asyncio
 import math
 import os
+import resource
 import shutil
 import signal
 import sys
@@ -212,7 +213,8 @@ class Coordinator:
                     expiredLeases=summary["expiredLeases"], inputSha256=self.input_sha256,
                     resultsSha256=results_sha256, startedAt=self.progress.started_at,
                     listeningAt=self.progress.listening_at, endedAt=time.time(), requests=self.server.requests,
-                    journalFsyncs=self.journal.fsyncs, workers=summary["workers"], pid=os.getpid())
+                    journalFsyncs=self.journal.fsyncs, workers=summary["workers"], pid=os.getpid(),
+                    peakRssMb=round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1))
         except AllocstackError as error:
             self.fault = self.fault or error
             self.report_once(error, "; the run's outcome is not written: free space, then run the same command "
@@ -309,7 +311,8 @@ def prepare(settings: CoordinatorSettings) -> tuple[TaskBoard, Journal, str]:
                       claims_until=claims_until(settings.stop_claims_at))
     board.restore(restored)
     check_room(settings, board)
-    return board, Journal(settings.journal, input_sha256, group=settings.workers), input_sha256
+    journal = Journal(settings.journal, input_sha256, group=settings.workers, window=settings.commit_window)
+    return board, journal, input_sha256
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from . import names, slurm
 from .cli import ArgumentParser, non_negative_float, positive_float, positive_int
+from .journal import MAX_WINDOW
 
 
 @dataclass(frozen=True)
@@ -29,6 +30,8 @@ class CoordinatorSettings:
     #: Epoch seconds after which no claim is granted if its lease would outlast it (0 = unknown).
     stop_claims_at: float = 0.0
     drain_seconds: float = 5.0
+    #: Seconds a journal flush may wait for the other workers' results (group commit; 0 = none).
+    commit_window: float = MAX_WINDOW
     progress_interval: float = 5.0
     #: stdout: "live" (a line redrawn in place), "lines" (one every progress_interval) or "auto".
     progress: str = "auto"
@@ -68,6 +71,9 @@ def parse_settings(argv: list[str] | None, description: str = "") -> Coordinator
                              "(default: $SLURM_JOB_END_TIME)")
     parser.add_argument("--drain-seconds", type=non_negative_float, default=5.0,
                         help="bound on draining in-flight results at shutdown")
+    parser.add_argument("--commit-window", type=non_negative_float, default=MAX_WINDOW,
+                        help="seconds an fsync of the journal may wait for more workers' results, at most the last "
+                             f"fsync's duration and {MAX_WINDOW} (group commit; 0 = sync each arrival at once)")
     parser.add_argument("--progress-interval", type=positive_float, default=5.0, help="seconds between progress lines")
     parser.add_argument("--progress", choices=["auto", "live", "lines"], default="auto",
                         help="stdout: a live line redrawn in place (live), a line every --progress-interval "
