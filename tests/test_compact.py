@@ -204,3 +204,37 @@ def test_the_window_gathers_a_late_submitter_and_is_bounded(tmp_path, monkeypatc
     assert asyncio.run(pair(window=2.0)) == 1  # b came 50 ms later and still shared a's fsync
     assert asyncio.run(pair(window=0.0)) == 2
     assert asyncio.run(pair(window=0.2, second=False)) == 1  # alone: written when the window ended
+
+
+@pytest.mark.parametrize("body", [
+    b'{"workerId":"w","max":256,"results":[{"taskId":"t","output":"\xc3\xa9\\n","sha256":"0"}]}',
+    b'{"a":1,"a":2}', b' [1.5, -0, 1e5, null, true] ', b'{"n":123456789012345678901234567890}',
+    b'{"a":NaN}', b'{"a":1e400}', b'{"a":"\\ud800"}',  # msgspec refuses these; the standard library reads them
+])
+def test_loads_bytes_reads_as_the_standard_library_does(body, monkeypatch):
+    from allocstack import jsonio
+
+    want = json.loads(body.decode("utf-8"))
+    got = jsonio.loads_bytes(body)
+    assert json.dumps(got) == json.dumps(want)  # (NaN != NaN: compare the text)
+    monkeypatch.setattr(jsonio, "msgspec", None)
+    assert json.dumps(jsonio.loads_bytes(body)) == json.dumps(want)
+
+
+@pytest.mark.parametrize("body", [b"\xef\xbb\xbf{}", b'{"a":' + b"9" * 5000 + b"}", b"[" * 100_000, b'{"a":"\xff"}', b"{"])
+def test_loads_bytes_refuses_what_the_standard_library_refuses(body):
+    from allocstack import jsonio
+
+    with pytest.raises((ValueError, RecursionError)):
+        jsonio.loads_bytes(body)
+
+
+@pytest.mark.parametrize("document", [{"workerId": "w", "results": [{"output": "é\n\x00\ud800", "n": 1}]}, [1, None]])
+def test_dumps_compact_reads_back_the_same(document, monkeypatch):
+    from allocstack import jsonio
+
+    assert json.loads(jsonio.dumps_compact(document)) == document
+    monkeypatch.setattr(jsonio, "msgspec", None)
+    assert jsonio.dumps_compact(document) == json.dumps(document, separators=(",", ":")).encode()
+    with pytest.raises(ValueError):
+        jsonio.dumps_compact({"x": float("nan")})

@@ -9,6 +9,9 @@ import requests
 from urllib3.util import SKIP_HEADER
 
 from .errors import AllocstackError
+from .jsonio import dumps_compact, loads_bytes
+
+_JSON = {"Content-Type": "application/json"}
 
 
 def loopback_session() -> requests.Session:
@@ -43,7 +46,7 @@ class CoordinatorClient:
     def _post(self, path: str, body: dict[str, Any], ok: tuple[int, ...] = (200,)) -> tuple[int, dict[str, Any]]:
         deadline = time.monotonic() + self.timeout
         while True:
-            response = self.session.post(self.url + path, json=body, timeout=self.timeout)
+            response = self.session.post(self.url + path, data=dumps_compact(body), headers=_JSON, timeout=self.timeout)
             # 503: the coordinator is at its connection or buffered-bytes cap for a moment
             if response.status_code != 503 or time.monotonic() >= deadline:
                 return self._decode(path, response, ok)
@@ -59,7 +62,10 @@ class CoordinatorClient:
             raise AllocstackError(
                 "worker-exit", f"{path} answered {response.status_code}: {response.text[:200]}"
             )
-        return response.status_code, response.json()
+        try:
+            return response.status_code, loads_bytes(response.content)
+        except ValueError:  # not JSON: requests' own error (a RequestException), as callers expect
+            return response.status_code, response.json()
 
     def health(self) -> dict[str, Any]:
         response = self.session.get(self.url + "/health", timeout=self.timeout)

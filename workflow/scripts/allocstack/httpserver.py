@@ -51,6 +51,8 @@ from urllib.parse import urlsplit
 
 import h11
 
+from .jsonio import loads_bytes
+
 READ_CHUNK = 64 * 1024
 #: The end of a request head (h11 accepts bare LF line ends, RFC 9112 2.2).
 _HEAD_END = re.compile(rb"\n\r?\n")
@@ -89,7 +91,7 @@ class Request:
         :raises ClientError: 400 when it is not UTF-8 JSON (or nests too deep, or has a huge integer).
         """
         try:
-            return json.loads(self.body.decode("utf-8")) if self.body else None
+            return loads_bytes(self.body) if self.body else None
         except (ValueError, RecursionError) as exc:  # JSONDecodeError, UnicodeDecodeError, int digit limit
             raise ClientError(f"body is not valid JSON: {str(exc)[:200]}") from exc
 

@@ -24,14 +24,9 @@ from dataclasses import dataclass
 from itertools import islice
 from typing import Any
 
-try:
-    import msgspec
-except ImportError:  # the standard library's path alone (slower, the same verdicts)
-    msgspec = None
-
 from . import SCHEMA_VERSION
 from .errors import AllocstackError
-from .jsonio import loads_strict, read_bytes, sha256_text
+from .jsonio import loads_strict, msgspec, read_bytes, sha256_text
 
 TASK_ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 SHA256_PATTERN = re.compile(r"^[0-9a-f]{64}$")
