@@ -179,6 +179,10 @@ def test_the_dockerfile_is_the_same_recipe_as_the_apptainer_definition():
     for package in ("requests", "h11", "msgspec"):
         pins = [re.findall(rf"{package}==([\d.]+)", text) for text in (definition, dockerfile, requirements)]
         assert pins[0][:1] == pins[1] == pins[2] and pins[1], package
+    test_definition = (ROOT / "container/test.def").read_text()  # takes h11 and msgspec from PyPI, digests checked
+    for package in ("h11", "msgspec"):
+        assert re.findall(rf"'{package}==([\d.]+) --hash=sha256:[0-9a-f]{{64}}", test_definition) == \
+            re.findall(rf"^{package}==([\d.]+)$", requirements, re.MULTILINE), package
     exported = dict(re.findall(r"^\s+export (\w+)=(\S+)$", definition, re.MULTILINE))
     env_line = re.search(r"^ENV (.+)$", dockerfile, re.MULTILINE)[1]
     assert dict(item.split("=", 1) for item in env_line.split()) == exported
