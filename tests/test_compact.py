@@ -117,8 +117,10 @@ def test_expected_fast_path_agrees(tmp_path, monkeypatch):
     assert load_expected(str(path), tasks) == fast and len(fast) == 5
 
 
-def finished_board(outputs: list[str]) -> TaskBoard:
+def finished_board(outputs: list[str], shuffled: bool = False) -> TaskBoard:
     document = {"schemaVersion": 1, "tasks": [{"id": f"t{i:03d}", "payload": {}} for i in range(len(outputs))]}
+    if shuffled:  # ids out of order: results.json still lists them sorted
+        document["tasks"] = document["tasks"][1::2] + document["tasks"][::2]
     board = TaskBoard(parse_tasks(document), lease_seconds=60, expected_workers=1)
     claim = board.claim("worker-1", len(outputs), now=0)
     results = [{"taskId": board.tasks.ids[p], "output": outputs[p],
@@ -139,11 +141,16 @@ def test_results_json_is_the_standard_librarys_text():
                                                                    sort_keys=True) + "\n"
 
 
-def test_results_json_in_several_chunks(monkeypatch):
+@pytest.mark.parametrize("shuffled", [False, True])
+def test_results_json_in_several_chunks(monkeypatch, shuffled):
     monkeypatch.setattr("allocstack.taskboard.RESULTS_CHUNK", 3)
-    board = finished_board([f"out-{i}" for i in range(10)])
+    board = finished_board([f"out-{i}" for i in range(10)], shuffled)
+    assert board.tasks.ascending is not shuffled
     document = json.loads(b"".join(board.results_json()))
-    assert [r["output"] for r in document["results"]] == [f"out-{i}" for i in range(10)]
+    assert [r["taskId"] for r in document["results"]] == sorted(board.tasks.ids)
+    assert {r["taskId"]: r["output"] for r in document["results"]} == {
+        task_id: f"out-{position}" for position, task_id in enumerate(board.tasks.ids)}
+    assert json.dumps(document, indent=2, sort_keys=True) + "\n" == b"".join(board.results_json()).decode()
 
 
 @pytest.mark.parametrize("output", TRICKY_OUTPUTS)

@@ -77,6 +77,8 @@ class Verdict:
         return self.code == 201
 
 
+#: An output may hold a lone surrogate (JSON's "\\ud800" reads as one): kept as it came.
+_SURROGATES = "surrogatepass"
 _RESULT_KEYS = frozenset({"taskId", "workerId", "output", "sha256"})
 _ACCEPTED = Verdict(None, 201, "accepted")
 
@@ -137,8 +139,11 @@ class TaskBoard:
     committing: set[int] = field(default_factory=set)
     expired_leases: int = 0
     restored: int = 0
-    #: Results by position: the output, the SHA-256 (32 bytes at 32 * position), the worker's number.
-    outputs: list[str | None] = field(init=False)
+    #: Results by position: the output (UTF-8 in one growing blob, at ``output_at`` for ``output_size``
+    #: bytes: no string object per result), the SHA-256 (32 bytes at 32 * position), the worker's number.
+    outputs: bytearray = field(init=False, default_factory=bytearray)
+    output_at: array = field(init=False)
+    output_size: array = field(init=False)
     digests: bytearray = field(init=False)
     result_worker: array = field(init=False)
     worker_names: list[str] = field(default_factory=lambda: [""])
@@ -149,7 +154,8 @@ class TaskBoard:
         count = len(self.tasks)
         self.state = bytearray(count)
         self.granted = bytearray(count)
-        self.outputs = [None] * count
+        self.output_at = array("Q", bytes(8 * count))
+        self.output_size = array("I", bytes(4 * count))
         self.digests = bytearray(32 * count)
         self.result_worker = array("I", bytes(4 * count))
 
@@ -176,8 +182,27 @@ class TaskBoard:
         position = self.tasks.position(task_id)
         if position is None or self.state[position] != DONE:
             return None
-        return {"output": self.outputs[position], "sha256": self.digests[32 * position:32 * position + 32].hex(),
+        return {"output": self.output(position), "sha256": self.digests[32 * position:32 * position + 32].hex(),
                 "taskId": task_id, "workerId": self.worker_names[self.result_worker[position]]}
+
+    def output(self, position: int) -> str:
+        start = self.output_at[position]
+        return self.outputs[start:start + self.output_size[position]].decode("utf-8", _SURROGATES)
+
+    def done_in_id_order(self) -> Iterator[list[int]]:
+        """The positions of the tasks with a result, in task id order, a chunk at a time.
+
+        Ids that ascend are already in order: no list of a million positions to sort.
+        """
+        state, count = self.state, len(self.state)
+        if self.tasks.ascending:
+            for start in range(0, count, RESULTS_CHUNK):
+                yield [p for p in range(start, min(count, start + RESULTS_CHUNK)) if state[p] == DONE]
+            return
+        positions = [position for position in range(count) if state[position] == DONE]
+        positions.sort(key=self.tasks.ids.__getitem__)
+        for start in range(0, len(positions), RESULTS_CHUNK):
+            yield positions[start:start + RESULTS_CHUNK]
 
     def pending_ids(self) -> Iterator[str]:
         """The ids of the tasks that have no result yet."""
@@ -190,20 +215,19 @@ class TaskBoard:
         The same bytes as ``json.dumps(document, indent=2, sort_keys=True) + "\\n"`` (tested), written
         from the compact store without a dict per result.
         """
-        ids, state, outputs, digests = self.tasks.ids, self.state, self.outputs, self.digests
-        names, numbers = self.worker_names, self.result_worker
-        positions = [position for position in range(len(state)) if state[position] == DONE]
-        positions.sort(key=ids.__getitem__)
-        if not positions:
+        if not self.done:
             yield b'{\n  "results": [],\n  "schemaVersion": 1\n}\n'
             return
+        ids, digests, output = self.tasks.ids, self.digests, self.output
+        names, numbers = self.worker_names, self.result_worker
         yield b'{\n  "results": [\n'
-        for start in range(0, len(positions), RESULTS_CHUNK):
-            entries = [
-                _RESULT_ENTRY(encode_basestring_ascii(outputs[p]), digests[32 * p:32 * p + 32].hex(), ids[p],
-                              names[numbers[p]])
-                for p in positions[start:start + RESULTS_CHUNK]]
-            yield (",\n" if start else "").encode() + ",\n".join(entries).encode("ascii")
+        separator = b""
+        for positions in self.done_in_id_order():
+            if positions:
+                entries = [_RESULT_ENTRY(encode_basestring_ascii(output(p)), digests[32 * p:32 * p + 32].hex(), ids[p],
+                                         names[numbers[p]]) for p in positions]
+                yield separator + ",\n".join(entries).encode("ascii")
+                separator = b",\n"
         yield b'\n  ],\n  "schemaVersion": 1\n}\n'
 
     def _seen(self, worker: str, now: float) -> WorkerStats:
@@ -222,7 +246,9 @@ class TaskBoard:
 
     def _record(self, position: int, worker: str, output: str, sha256: str) -> None:
         self.state[position] = DONE
-        self.outputs[position] = output
+        self.output_at[position] = len(self.outputs)
+        self.outputs += output.encode("utf-8", _SURROGATES)
+        self.output_size[position] = len(self.outputs) - self.output_at[position]
         self.digests[32 * position:32 * position + 32] = bytes.fromhex(sha256)
         self.result_worker[position] = self._number(worker)
         self.done += 1

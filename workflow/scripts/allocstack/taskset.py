@@ -70,6 +70,11 @@ class TaskSet:
     def __len__(self) -> int:
         return len(self.ids)
 
+    @property
+    def ascending(self) -> bool:
+        """The ids ascend (so positions are found by bisection, and position order is id order)."""
+        return self._index is None
+
     def position(self, task_id: str) -> int | None:
         """The position of ``task_id``, or None when it is not a task of the set (or not a string)."""
         if type(task_id) is not str:
