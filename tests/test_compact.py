@@ -245,3 +245,16 @@ def test_dumps_compact_reads_back_the_same(document, monkeypatch):
     assert jsonio.dumps_compact(document) == json.dumps(document, separators=(",", ":")).encode()
     with pytest.raises(ValueError):
         jsonio.dumps_compact({"x": float("nan")})
+
+
+def test_the_success_marker_is_the_standard_librarys_text(tmp_path):
+    import verify
+
+    results = [{"output": output, "sha256": hashlib.sha256(output.encode()).hexdigest(), "taskId": f"t{i}",
+                "workerId": "worker-01"} for i, output in enumerate(TRICKY_OUTPUTS)]
+    fields = {"schemaVersion": 1, "status": "success", "taskCount": len(results), "inputSha256": "a" * 64,
+              "resultsSha256": "b" * 64}
+    for document in ({**fields, "results": results}, {**fields, "results": []}, {"schemaVersion": 1, "check": "passed"}):
+        verify.write_marker(tmp_path / "result.json", document)
+        assert (tmp_path / "result.json").read_text() == json.dumps(document, indent=2, sort_keys=True) + "\n"
+        assert oct((tmp_path / "result.json").stat().st_mode & 0o777) == "0o600"

@@ -29,10 +29,23 @@ from allocstack import SCHEMA_VERSION, endrecord
 from allocstack.cli import ArgumentParser, argv_list, json_object, run
 from allocstack.errors import EXIT_OK, AllocstackError, report
 from allocstack.events import gate_precedes_workers, read_events
-from allocstack.jsonio import atomic_write_json, read_json, sha256_file, sha256_text
+from allocstack.jsonio import (
+    atomic_write_chunks,
+    atomic_write_json,
+    loads_bytes,
+    read_bytes,
+    read_json,
+    results_document,
+    sha256_file,
+    sha256_text,
+)
 from allocstack.program import expand_argv, program_environment, run_check, service_problem
 from allocstack.scratch import remove_scratch
 from allocstack.taskset import ExpectedResult, TaskSet, load_expected, load_tasks
+
+_RESULT_KEYS = {"taskId", "workerId", "output", "sha256"}
+#: Results written to the success marker per chunk.
+MARKER_CHUNK = 4096
 
 
 def fail(message: str) -> AllocstackError:
@@ -49,8 +62,8 @@ def check_results(document: Any, tasks: TaskSet, expected: dict[str, ExpectedRes
     task_ids = tasks
     seen: set[str] = set()
     for index, result in enumerate(results, start=1):
-        if not isinstance(result, dict) or set(result) != {"taskId", "workerId", "output", "sha256"}:
-            raise fail(f"result {index} must have exactly taskId, workerId, output, sha256")
+        if not isinstance(result, dict) or result.keys() != _RESULT_KEYS or not isinstance(result["workerId"], str):
+            raise fail(f"result {index} must have exactly taskId, workerId (a string), output, sha256")
         task_id = result["taskId"]
         if task_id not in task_ids:
             raise fail(f"result {index}: unexpected task id {str(task_id)[:80]!r}")
@@ -67,6 +80,29 @@ def check_results(document: Any, tasks: TaskSet, expected: dict[str, ExpectedRes
         raise fail(f"results do not cover each task exactly once: no result for {missing!r} "
                    f"({len(seen)} of {len(task_ids)})")
     return sorted(results, key=lambda r: r["taskId"])
+
+
+def read_results(path: Path) -> Any:
+    """results.json, decoded (by msgspec where it reads the same: a million results in a second, not four).
+
+    :raises AllocstackError: ``verification`` when it is missing, unreadable or not JSON.
+    """
+    raw = read_bytes(path, "results", diag="verification")
+    try:
+        return loads_bytes(raw)
+    except (ValueError, RecursionError):
+        return read_json(path, "results", diag="verification")  # the standard library names the problem
+
+
+def write_marker(path: Path, marker: dict[str, Any]) -> None:
+    """The success marker, its results written in chunks (the same text as :func:`atomic_write_json`'s)."""
+    if "results" not in marker:
+        atomic_write_json(path, marker)
+        return
+    results = marker["results"]
+    rows = ([(r["output"], r["sha256"], r["taskId"], r["workerId"]) for r in results[start:start + MARKER_CHUNK]]
+            for start in range(0, len(results), MARKER_CHUNK))
+    atomic_write_chunks(path, results_document({k: v for k, v in marker.items() if k != "results"}, rows))
 
 
 def user_check_environment(tasks_path: Path, results_path: Path, expected_path: Path | None) -> dict[str, str]:
@@ -134,7 +170,7 @@ def verify_tasks(args) -> dict[str, Any]:
     """With the built-in coordinator: its results, checked task by task; the success marker's content."""
     tasks = load_tasks(str(args.input))
     expected = load_expected(str(args.expected), tasks) if args.expected else None
-    document = read_json(args.results, "results", diag="verification")
+    document = read_results(args.results)
     input_sha256, results_sha256 = sha256_file(args.input), sha256_file(args.results)
     if args.end_record:  # first: "the coordinator did not complete" explains a short results file
         endrecord.check_completed(endrecord.read(args.end_record), len(tasks), input_sha256, results_sha256)
@@ -175,7 +211,7 @@ def main(argv: list[str] | None = None) -> int:
     args.output.unlink(missing_ok=True)
     try:
         marker = verify(args)
-        atomic_write_json(args.output, marker)
+        write_marker(args.output, marker)
     except AllocstackError as error:
         args.output.unlink(missing_ok=True)
         code = report(error)

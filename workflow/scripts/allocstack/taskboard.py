@@ -31,21 +31,18 @@ from array import array
 from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from json.encoder import encode_basestring_ascii
 from typing import Any
 
-from .jsonio import sha256_text
+from . import SCHEMA_VERSION
+from .jsonio import Row, results_document, sha256_text
 from .taskset import SHA256_PATTERN, TASK_ID_PATTERN, TaskSet
 
 PENDING, LEASED, DONE, FAILED = 0, 1, 2, 3
 WORKER_ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 MAX_OUTPUT_CHARS = 16 << 20
 ALLOCATION_ENDING = "less than one lease remains before the allocation ends"
-#: results.json entries encoded per chunk (see :meth:`TaskBoard.results_json`).
+#: results.json entries encoded per chunk (see :meth:`TaskBoard.result_rows`).
 RESULTS_CHUNK = 4096
-#: One entry of results.json as ``json.dumps(indent=2, sort_keys=True)`` writes it (ids need no escaping).
-_RESULT_ENTRY = ('    {{\n      "output": {},\n      "sha256": "{}",\n      "taskId": "{}",\n'
-                 '      "workerId": "{}"\n    }}').format
 
 
 @dataclass(slots=True)
@@ -209,26 +206,17 @@ class TaskBoard:
         ids, state = self.tasks.ids, self.state
         return (ids[position] for position in range(len(state)) if state[position] != DONE)
 
-    def results_json(self) -> Iterator[bytes]:
-        """results.json, in chunks: ``{"results": [...], "schemaVersion": 1}`` sorted by task id.
-
-        The same bytes as ``json.dumps(document, indent=2, sort_keys=True) + "\\n"`` (tested), written
-        from the compact store without a dict per result.
-        """
-        if not self.done:
-            yield b'{\n  "results": [],\n  "schemaVersion": 1\n}\n'
-            return
+    def result_rows(self) -> Iterator[list[Row]]:
+        """The results as (output, sha256, taskId, workerId), in task id order, a chunk at a time."""
         ids, digests, output = self.tasks.ids, self.digests, self.output
         names, numbers = self.worker_names, self.result_worker
-        yield b'{\n  "results": [\n'
-        separator = b""
         for positions in self.done_in_id_order():
-            if positions:
-                entries = [_RESULT_ENTRY(encode_basestring_ascii(output(p)), digests[32 * p:32 * p + 32].hex(), ids[p],
-                                         names[numbers[p]]) for p in positions]
-                yield separator + ",\n".join(entries).encode("ascii")
-                separator = b",\n"
-        yield b'\n  ],\n  "schemaVersion": 1\n}\n'
+            yield [(output(p), digests[32 * p:32 * p + 32].hex(), ids[p], names[numbers[p]]) for p in positions]
+
+    def results_json(self) -> Iterator[bytes]:
+        """results.json, in chunks: ``{"results": [...], "schemaVersion": 1}`` sorted by task id (see
+        :func:`results_document`)."""
+        return results_document({"schemaVersion": SCHEMA_VERSION}, self.result_rows())
 
     def _seen(self, worker: str, now: float) -> WorkerStats:
         stats = self.workers.get(worker)
