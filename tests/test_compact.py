@@ -44,6 +44,7 @@ def test_fast_and_standard_parsers_agree_on_a_good_document():
     assert fast is not None  # the fast path took it
     same_tasks(fast, parse_tasks(document))
     assert fast.payload(3) == document["tasks"][3]["payload"] and fast.position("task-000004") == 4
+    assert fast.payload_bytes(3) == json.dumps(document["tasks"][3]["payload"], separators=(",", ":")).encode()
 
 
 @pytest.mark.parametrize("order", ["ascending", "shuffled"])

@@ -51,7 +51,8 @@ _SURELY_SMALL = MAX_PAYLOAD_BYTES // 5
 class TaskSet:
     """A validated task document: ids in input order, each payload as compact raw JSON bytes.
 
-    ``payload_bytes(i)`` is the i-th payload as written in the document (whitespace aside),
+    ``payload_bytes(i)`` is the i-th payload as written in the document (a pretty-printed one's without
+    its whitespace),
     ``payload(i)`` the same decoded, ``task_json(i)`` the task object a worker receives,
     ``position(task_id)`` the task's position. Ids in ascending order (the usual case) are
     found by bisection; others through a table (id -> position: about 60 MB a million).
@@ -263,6 +264,9 @@ def decode_tasks_fast(raw: bytes) -> TaskSet | None:
     payloads = bytearray()
     offsets = array("Q", [0])
     decode = _TASK.decode
+    # A pretty-printed document (make_tasks.py writes one) keeps its payloads without their
+    # indentation: half the bytes, for 0.4 s a million.
+    pretty = b"\n" in raw[raw.find(b"["):raw.find(b"[") + 4096]
     for number in range(len(elements)):
         element, elements[number] = elements[number], None  # its memory serves the next ids
         try:
@@ -270,7 +274,7 @@ def decode_tasks_fast(raw: bytes) -> TaskSet | None:
         except msgspec.MsgspecError:
             return None
         start = len(payloads)
-        payloads += task.payload
+        payloads += msgspec.json.format(task.payload, indent=-1) if pretty else task.payload
         if payloads[start] != 0x7B or len(payloads) - start > _SURELY_SMALL:  # not an object, or maybe too big
             return None
         ids.append(task.id)
