@@ -4,8 +4,10 @@
 #                pyproject.toml), then (as root) the Slurm test cluster, the
 #                Apptainer toolbox and Charliecloud, and run the whole test suite
 #   make lint  - the lint step alone
-#   make bench - the benchmarks (table + plot), see benchmarks/run.py
+#   make bench - the benchmarks (table + plot), see benchmarks/run.py;
+#                make bench BENCH_ARGS=--full adds the million-task rows
 PYTHON ?= python3
+BENCH_ARGS ?=
 VENV := .venv
 STAMP := $(VENV)/.installed
 
@@ -24,7 +26,7 @@ lint: $(STAMP)
 # Benchmarks (prints a table, writes benchmarks/output/benchmarks.png); needs Dask and matplotlib.
 bench: $(STAMP)
 	$(VENV)/bin/pip install --quiet --disable-pip-version-check -r benchmarks/requirements.txt
-	. tests/cluster/env.sh && $(VENV)/bin/python benchmarks/run.py
+	. tests/cluster/env.sh && $(VENV)/bin/python benchmarks/run.py $(BENCH_ARGS)
 
 venv: $(STAMP)
 
