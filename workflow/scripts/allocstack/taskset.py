@@ -226,6 +226,19 @@ if msgspec is not None:
     _TASK_DOCUMENT = msgspec.json.Decoder(_TaskDocument)
     _TASK = msgspec.json.Decoder(_Task)
     _EXPECTED_DOCUMENT = msgspec.json.Decoder(_ExpectedDocument)
+else:
+    _TASK_DOCUMENT = _TASK = _EXPECTED_DOCUMENT = None
+
+
+def _fast_document(raw: bytes, decoder: Any) -> Any:
+    """``raw`` read by msgspec's ``decoder`` when msgspec may read it, does, and finds schemaVersion 1; else None."""
+    if msgspec is None or not plain_json(raw):
+        return None
+    try:
+        document = decoder.decode(raw)
+    except msgspec.MsgspecError:
+        return None
+    return document if document.schemaVersion == SCHEMA_VERSION else None
 
 
 def plain_json(raw: bytes) -> bool:
@@ -251,15 +264,10 @@ def decode_tasks_fast(raw: bytes) -> TaskSet | None:
     Each element is decoded on its own from the list of raw elements, so the document's
     million small objects never exist at once (a third less peak memory than one pass).
     """
-    if msgspec is None or not plain_json(raw):
-        return None
-    try:
-        document = _TASK_DOCUMENT.decode(raw)
-    except msgspec.MsgspecError:
+    document = _fast_document(raw, _TASK_DOCUMENT)
+    if document is None or not 0 < len(document.tasks) <= MAX_TASKS:
         return None
     elements = document.tasks
-    if document.schemaVersion != SCHEMA_VERSION or not 0 < len(elements) <= MAX_TASKS:
-        return None
     ids: list[str] = []
     payloads = bytearray()
     offsets = array("Q", [0])
@@ -309,15 +317,10 @@ class ExpectedResult:
 
 def _expected_fast(raw: bytes, tasks: TaskSet) -> dict[str, ExpectedResult] | None:
     """The expected document when msgspec accepts all of it as valid; None to ask the standard library."""
-    if msgspec is None or not plain_json(raw):
-        return None
-    try:
-        document = _EXPECTED_DOCUMENT.decode(raw)
-    except msgspec.MsgspecError:
+    document = _fast_document(raw, _EXPECTED_DOCUMENT)
+    if document is None or len(document.results) != len(tasks):
         return None
     entries = document.results
-    if document.schemaVersion != SCHEMA_VERSION or len(entries) != len(tasks):
-        return None
     expected = {entry.taskId: ExpectedResult(entry.output, entry.sha256) for entry in entries}
     if len(expected) != len(entries) or expected.keys() != set(tasks.ids):
         return None  # ids are task ids (so valid ones), each once
