@@ -24,11 +24,17 @@
    against a one-rule workflow through the same profile, and where the seconds go:
    the queue, the Snakemake plugin's batch step, the Snakemake it starts inside the
    job, the stack, collection and verification, the job's end, the plugin's polling.
+5. ``multinode``, more than one node (when the 3-node test cluster is up: root,
+   ``tests/cluster/slurm.sh start --nodes 3``): no-op tasks/s with 6 workers on 3
+   namespaced nodes (2 each: the first node's over loopback, the others over the
+   bridge with TLS, and once without) against 6 workers on 1 node, batch 1 and
+   batch k; and what TLS costs per request, on loopback and between nodes.
 
 Numbers are measurements, not assertions: targets are printed beside them, with
 "met" or "NOT met". The default run takes about 8 minutes on 2 CPUs, ``--full``
 adds the million-task rows, batch 1 and Dask at 100,000 (about 6 minutes more),
-``--quick`` is a smoke run. ``--parts cluster`` runs only part 4 (about 2 minutes).
+``--quick`` is a smoke run. ``--parts cluster`` runs only part 4 (about 2 minutes),
+``--parts multinode`` only part 5 (about 8).
 """
 
 from __future__ import annotations
@@ -56,16 +62,16 @@ def task_document(count: int) -> dict:
 
 
 class Coordinator:
-    """A real coordinator process in its own temporary directory."""
+    """A real coordinator process in its own temporary directory (``prefix``: e.g. run it on a test-cluster node)."""
 
-    def __init__(self, count: int, workers: int, *extra: str) -> None:
+    def __init__(self, count: int, workers: int, *extra: str, prefix: tuple[str, ...] = ()) -> None:
         self.dir = Path(tempfile.mkdtemp(prefix="allocstack-bench-"))
         self.tasks = self.dir / "tasks.json"
         self.tasks.write_text(json.dumps(task_document(count)))
         self.scratch = self.dir / "scratch"
         self.started = time.monotonic()
         self.proc = subprocess.Popen(
-            [PYTHON, str(SCRIPTS / "coordinator.py"), "--input", str(self.tasks), "--results",
+            [*prefix, PYTHON, str(SCRIPTS / "coordinator.py"), "--input", str(self.tasks), "--results",
              str(self.dir / "results.json"), "--scratch", str(self.scratch), "--end-record",
              str(self.dir / "end.json"), "--lease-seconds", "600", "--progress-interval", "3600",
              "--workers", str(workers), *extra],
@@ -400,6 +406,142 @@ def print_cluster(runs: int) -> None:
         print(f"| {key} | {value:.2f} | {other} | {targets.get(key, '')} |")
 
 
+# -- 5. more than one node -----------------------------------------------------------------
+SLURM_SH = ROOT / "tests" / "cluster" / "slurm.sh"
+SLURM_STATE = Path(os.environ.get("ALLOCSTACK_SLURM_STATE", "/var/lib/allocstack-slurm"))
+
+
+def cluster_layout() -> dict | None:
+    """The namespaced nodes of the 3-node test cluster when it is up (and we may enter them), else None."""
+    try:
+        layout = json.loads((SLURM_STATE / "multi" / "layout.json").read_text())
+    except (OSError, ValueError):
+        return None
+    return layout if os.geteuid() == 0 and len(layout.get("nodes", {})) >= 3 else None
+
+
+def on_node(node: str) -> tuple[str, ...]:
+    """Run a command inside test-cluster node ``node`` (its network namespace and hostname)."""
+    return ("bash", str(SLURM_SH), "exec", node)
+
+
+def multinode_rate(count: int, placement: list[str], batch: int, tls: bool) -> tuple[float, Coordinator]:
+    """Tasks/s from opening the gate, the coordinator on the first node of ``placement``.
+
+    Workers on the coordinator's node use loopback, the others its network endpoint
+    (the address its hostname resolves to; TLS unless ``tls`` is False), as in a run.
+    """
+    first = placement[0]
+    shared = Path(tempfile.mkdtemp(prefix="allocstack-bench-shared-")) / "run" / "endpoint.json"
+    coordinator = Coordinator(count, len(placement), "--network-endpoint-file", str(shared),
+                              *(() if tls else ("--no-tls",)), prefix=on_node(first))
+    deadline = time.monotonic() + 30
+    while not shared.exists() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    argvs = [[*on_node(node), PYTHON, str(SCRIPTS / "worker.py"), "--worker-id", f"worker-{i:02d}", "--scratch",
+              str(coordinator.scratch), "--gate-record", str(coordinator.gate), "--batch", str(batch),
+              *(() if node == first else ("--endpoint-file", str(shared)))]
+             for i, node in enumerate(placement, start=1)]
+    elapsed, _ = run_warm(coordinator, argvs)
+    coordinator.stop()
+    shutil.rmtree(shared.parent.parent, ignore_errors=True)
+    return count / elapsed, coordinator
+
+
+def request_costs(endpoint_files: list[Path], rounds: int = 7, requests_per_round: int = 1000,
+                  connections: int = 20) -> list[dict]:
+    """Per endpoint: the time of one request on a kept-alive connection (the best of ``rounds``
+    rounds, which run in turn across the endpoints so they share the machine's noise), and the
+    median time of a first request on a new connection (TCP, and the TLS handshake with https)."""
+    sys.path.insert(0, str(SCRIPTS))
+    from allocstack.client import CoordinatorClient
+    from allocstack.endpoint import read_endpoint
+
+    endpoints = [read_endpoint(path) for path in endpoint_files]
+
+    def client(endpoint) -> CoordinatorClient:
+        return CoordinatorClient(endpoint.url, endpoint.token, fingerprint=endpoint.fingerprint)
+
+    warm = [client(endpoint) for endpoint in endpoints]
+    for session in warm:
+        session.heartbeat("bench", [])
+    best = [float("inf")] * len(endpoints)
+    firsts: list[list[float]] = [[] for _ in endpoints]
+    for _ in range(rounds):
+        for i, session in enumerate(warm):
+            started = time.perf_counter()
+            for _ in range(requests_per_round):
+                session.heartbeat("bench", [])
+            best[i] = min(best[i], (time.perf_counter() - started) / requests_per_round)
+    for _ in range(connections):
+        for i, endpoint in enumerate(endpoints):
+            fresh = client(endpoint)
+            started = time.perf_counter()
+            fresh.heartbeat("bench", [])
+            firsts[i].append(time.perf_counter() - started)
+            fresh.close()
+    return [{"requestMicroseconds": best[i] * 1e6, "newConnectionMilliseconds": statistics.median(firsts[i]) * 1e3}
+            for i in range(len(endpoints))]
+
+
+def costs_against(where: tuple[str, ...], client_node: tuple[str, ...], address: str | None) -> list[dict]:
+    """Two coordinators (``where``), plain and TLS; requests to their network endpoints from ``client_node``."""
+    started = []
+    for tls in (False, True):
+        shared = Path(tempfile.mkdtemp(prefix="allocstack-bench-shared-")) / "run" / "endpoint.json"
+        extra = ("--network-endpoint-file", str(shared), *(() if tls else ("--no-tls",)),
+                 *(("--address", address) if address else ()))
+        started.append((Coordinator(10, 1, *extra, prefix=where), shared))
+    for _, shared in started:
+        deadline = time.monotonic() + 30
+        while not shared.exists() and time.monotonic() < deadline:
+            time.sleep(0.01)
+    done = subprocess.run([*client_node, PYTHON, str(Path(__file__).resolve()), "--measure-requests",
+                           *(str(shared) for _, shared in started)],
+                          capture_output=True, text=True, timeout=900, check=True)
+    for coordinator, shared in started:
+        coordinator.stop()
+        shutil.rmtree(shared.parent.parent, ignore_errors=True)
+    return json.loads(done.stdout)
+
+
+def multinode_part(args) -> None:
+    """The multinode part: 6 workers on 3 nodes against 6 on 1 node, and what TLS costs per request."""
+    print("\n| one client, /heartbeat (best of 7 x 1,000, plain and TLS in turn) | per request | first request "
+          "on a new connection (median of 20) |\n|---|---|---|", flush=True)
+    plain, secure = costs_against((), (), address="127.0.0.1")
+    rows = [("loopback, plain HTTP", plain), ("loopback, TLS (the run's certificate, pinned)", secure)]
+    layout = cluster_layout()
+    if layout is not None:
+        first, second = sorted(layout["nodes"])[:2]
+        across = costs_against(on_node(first), on_node(second), address=None)
+        rows += [(f"{second} -> {first} over the bridge, plain HTTP (network.tls: false)", across[0]),
+                 (f"{second} -> {first} over the bridge, TLS", across[1])]
+    for label, cost in rows:
+        print(f"| {label} | {cost['requestMicroseconds']:,.0f} µs | {cost['newConnectionMilliseconds']:.2f} ms |",
+              flush=True)
+    for where, (clear, tls) in (("on loopback", (plain, secure)),
+                                *((("between nodes", tuple(across)),) if layout is not None else ())):
+        print(f"TLS costs {tls['requestMicroseconds'] - clear['requestMicroseconds']:,.0f} µs per request {where} "
+              f"and {tls['newConnectionMilliseconds'] - clear['newConnectionMilliseconds']:.2f} ms per new "
+              "connection (the handshake; a worker keeps its connection for the whole run).", flush=True)
+    if layout is None:
+        print("\n(the rest of the multinode part needs the 3-node test cluster: as root, "
+              "tests/cluster/slurm.sh start --nodes 3)")
+        return
+    nodes = sorted(layout["nodes"])
+    count = {1: 4_000 if args.quick else 20_000, args.batch: 50_000 if args.quick else 200_000}
+    print("\n| 6 workers (no-op tasks/s, median of 3) | batch 1 | batch "
+          f"{args.batch} |\n|---|---|---|", flush=True)
+    layouts = [("on 1 node (loopback)", [nodes[0]] * 6, True),
+               ("on 3 nodes, 2 each, TLS between nodes", [n for n in nodes[:3] for _ in range(2)], True),
+               ("on 3 nodes, 2 each, plain HTTP between nodes", [n for n in nodes[:3] for _ in range(2)], False)]
+    for label, placement, tls in layouts:
+        rates = [statistics.median(multinode_rate(count[batch], placement, batch, tls)[0] for _ in range(3))
+                 for batch in (1, args.batch)]
+        print(f"| {label} | {rates[0]:,.0f} | {rates[1]:,.0f} |", flush=True)
+
+
 def machine() -> str:
     cpuinfo = Path("/proc/cpuinfo").read_text().splitlines()
     cpu = next((line.split(":", 1)[1].strip() for line in cpuinfo if line.startswith("model name")), "unknown CPU")
@@ -543,14 +685,23 @@ def main(argv: list[str] | None = None) -> int:
                       help="also the million-task rows, batch 1 and Dask at 100,000 (about 6 minutes more)")
     parser.add_argument("--batch", type=int, default=256, help="the batch size k compared with batch 1")
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "output")
-    parser.add_argument("--parts", nargs="+", choices=("local", "cluster"), default=["local", "cluster"],
-                        help="local: throughput, memory, Snakemake overhead; cluster: the Slurm profile")
+    parser.add_argument("--parts", nargs="+", choices=("local", "cluster", "multinode"),
+                        default=["local", "cluster", "multinode"],
+                        help="local: throughput, memory, Snakemake overhead; cluster: the Slurm profile; "
+                             "multinode: 3 nodes against 1, and what TLS costs (needs the 3-node test cluster)")
+    parser.add_argument("--measure-requests", type=Path, nargs="+", metavar="ENDPOINT_FILE", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.measure_requests:  # the multinode part runs this on another node
+        print(json.dumps(request_costs(args.measure_requests)))
+        return 0
     args.out.mkdir(parents=True, exist_ok=True)
     print(f"machine: {machine()}; load average {Path('/proc/loadavg').read_text().split()[0]} at the start\n",
           flush=True)
     if "local" not in args.parts:
-        print_cluster(1 if args.quick else CLUSTER_RUNS)
+        if "cluster" in args.parts:
+            print_cluster(1 if args.quick else CLUSTER_RUNS)
+        if "multinode" in args.parts:
+            multinode_part(args)
         return 0
     sizes = (2_000, 10_000) if args.quick else (10_000, 100_000)
     scale = (1_000, 10_000, 50_000) if args.quick else (1_000, 10_000, 100_000, *((1_000_000,) if args.full else ()))
@@ -564,6 +715,8 @@ def main(argv: list[str] | None = None) -> int:
           "shares its CPUs)")
     if plot(args.out / "benchmarks.png", throughput, memory):
         print(f"\nplot: {args.out / 'benchmarks.png'}")
+    if "multinode" in args.parts:
+        multinode_part(args)
     return 0
 
 

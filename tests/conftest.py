@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import pwd
 import signal
 import subprocess
 import sys
@@ -138,3 +139,25 @@ def project(tmp_path):
     for pid in leftovers:
         os.kill(pid, signal.SIGKILL)
     assert not leftovers, f"processes left running: {leftovers}"
+
+
+OTHER_USER = "allocstack-other"
+
+
+def ensure_other_user() -> str:
+    """A second, unprivileged local user (root only: skipped elsewhere), for "nobody else gets in" tests."""
+    if os.geteuid() != 0:
+        pytest.skip("creating a second local user needs root (CI runs this as root)")
+    if not os.path.exists("/usr/bin/python3"):
+        pytest.skip("no system /usr/bin/python3 for the other user")
+    try:
+        pwd.getpwnam(OTHER_USER)
+    except KeyError:
+        subprocess.run(["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", OTHER_USER],
+                       check=True)
+    return OTHER_USER
+
+
+@pytest.fixture
+def other_user() -> str:
+    return ensure_other_user()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -58,3 +59,25 @@ def require_charliecloud() -> str:
     return _require_runtime("ch-run", "as root: tests/cluster/prepare.sh installs Debian's charliecloud-runtime",
                             "ALLOCSTACK_TEST_CHARLIECLOUD_IMAGE", os.path.isdir,
                             {**os.environ, "USER": os.environ.get("USER") or "root"})
+
+
+SLURM_STATE = os.environ.get("ALLOCSTACK_SLURM_STATE", "/var/lib/allocstack-slurm")
+
+
+def require_multinode(nodes: int = 3) -> dict:
+    """The namespaced nodes of ``tests/cluster/slurm.sh start --nodes N`` (its layout file), all usable."""
+    require_slurm()
+    try:
+        with open(os.path.join(SLURM_STATE, "multi", "layout.json"), encoding="utf-8") as handle:
+            layout = json.load(handle)
+    except (OSError, ValueError):
+        unavailable("no multi-node test cluster (as root: tests/cluster/slurm.sh start --nodes 3)")
+    if len(layout["nodes"]) < nodes:
+        unavailable(f"the test cluster has {len(layout['nodes'])} namespaced nodes, not {nodes} "
+                    f"(tests/cluster/slurm.sh start --nodes {nodes})")
+    states = subprocess.run(["sinfo", "--noheader", "--Node", f"--partition={layout['partition']}", "--format=%N %T"],
+                            capture_output=True, text=True, timeout=20, check=False).stdout.split("\n")
+    usable = {line.split()[0] for line in states if line.split()[1:2] and line.split()[1] in ("idle", "mixed", "allocated")}
+    if not set(layout["nodes"]) <= usable:
+        unavailable(f"nodes of partition {layout['partition']} are not all usable: {states}")
+    return layout

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import pwd
 import socket
 import subprocess
 import sys
@@ -126,23 +125,6 @@ def test_claims_stop_when_less_than_a_lease_remains(start_coordinator):
     session.headers["Authorization"] = f"Bearer {coordinator.token}"
     reply = session.post(coordinator.url + "/claim", json={"workerId": "w"}).json()
     assert reply["status"] == "stop" and "allocation ends" in reply["reason"]
-
-
-OTHER_USER = "allocstack-other"
-
-
-@pytest.fixture
-def other_user():
-    if os.geteuid() != 0:
-        pytest.skip("creating a second local user needs root (CI runs this as root)")
-    if not os.path.exists("/usr/bin/python3"):
-        pytest.skip("no system /usr/bin/python3 for the other user")
-    try:
-        pwd.getpwnam(OTHER_USER)
-    except KeyError:
-        subprocess.run(["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", OTHER_USER],
-                       check=True)
-    return OTHER_USER
 
 
 def as_user(user: str, code: str) -> subprocess.CompletedProcess:

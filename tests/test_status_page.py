@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 import subprocess
@@ -18,7 +19,8 @@ TASKS, DONE = 10_000, 4_000
 
 @pytest.fixture
 def half_done(start_coordinator):
-    """A 10,000-task stack with 4,000 results in: a stable state to compare every view against."""
+    """A 10,000-task stack with 4,000 results in, from two workers on two nodes (worker-02 on
+    node-b did the first 500, worker-01 on node-a the rest): a stable state to compare every view against."""
     coordinator = start_coordinator(make_tasks(TASKS))
     session = requests.Session()
     session.headers["Authorization"] = f"Bearer {coordinator.token}"
@@ -26,10 +28,11 @@ def half_done(start_coordinator):
         status = session.get(coordinator.url + "/status").json()
         if status["done"] >= DONE:
             break
-        tasks = session.post(coordinator.url + "/claim", json={"workerId": "worker-01", "max": 500}).json()["tasks"]
+        worker, node = ("worker-02", "node-b") if status["done"] == 0 else ("worker-01", "node-a")
+        tasks = session.post(coordinator.url + "/claim", json={"workerId": worker, "max": 500, "node": node}).json()["tasks"]
         results = [{"taskId": t["id"], "output": o, "sha256": sha256_text(o)}
                    for t in tasks for o in [t["payload"]["message"] * t["payload"]["repeat"]]]
-        session.post(coordinator.url + "/results", json={"workerId": "worker-01", "results": results})
+        session.post(coordinator.url + "/results", json={"workerId": worker, "results": results})
     return coordinator
 
 
@@ -37,9 +40,13 @@ def test_status_command_summarises_the_run(half_done):
     done = run_script("status.py", "--endpoint-file", half_done.endpoint_file)
     assert done.returncode == 0, done.stderr
     assert "4,000 done" in done.stdout and "6,000 pending" in done.stdout and "of 10,000" in done.stdout
-    assert re.search(r"worker-01\s+4,000\s+4,000", done.stdout)
+    assert re.search(r"worker-01\s+3,500\s+3,500\s+\S+ s ago\s+on node-a", done.stdout)
+    assert re.search(r"worker-02\s+500\s+500\s+\S+ s ago\s+on node-b", done.stdout)
+    assert re.search(r"node-a\s+1\s+3,500 .*\(worker-01\)", done.stdout)  # workers per node
+    assert re.search(r"node-b\s+1\s+500 .*\(worker-02\)", done.stdout)
     raw = run_script("status.py", "--endpoint-file", half_done.endpoint_file, "--json")
     assert '"done": 4000' in raw.stdout
+    assert json.loads(raw.stdout)["nodes"]["node-a"]["workers"] == ["worker-01"]
     missing = run_script("status.py", "--run", "nothing-here", "--scratch-root", half_done.tmp / "none",
                          "--results-dir", half_done.tmp / "results")
     assert missing.returncode == 69 and "run 'nothing-here': no stack is serving on this node" in missing.stderr
@@ -79,7 +86,11 @@ def test_page_in_headless_chromium_shows_the_coordinators_numbers(half_done, tmp
     shown = dict(re.findall(r'id="(done|total|pending|leased|failed|expired|state)">([^<]*)<', dom.stdout))
     assert shown == {"state": "running", "done": "4,000", "total": "10,000", "pending": "6,000", "leased": "0",
                      "failed": "0", "expired": "0"}, shown
-    assert 'data-worker="worker-01" data-completed="4000"' in dom.stdout
+    assert 'data-worker="worker-01" data-node="node-a" data-completed="3500"' in dom.stdout
+    # One group per node, its header before its workers' lanes.
+    groups = re.findall(r'class="node" data-node="([^"]+)" data-workers="(\d+)" data-completed="(\d+)"', dom.stdout)
+    assert groups == [("node-a", "1", "3500"), ("node-b", "1", "500")], groups
+    assert dom.stdout.index('data-node="node-b" data-workers') < dom.stdout.index('data-worker="worker-02"')
     assert "<polyline" in dom.stdout or "<svg" in dom.stdout
     shot = tmp_path / "status-page.png"
     picture = headless(browser, tmp_path, f"--screenshot={shot}", "--window-size=1100,760", url)

@@ -1,10 +1,37 @@
 #!/usr/bin/env bash
-# A one-node Slurm test cluster (with accounting) on this machine, for allocstack's
-# real-Slurm end-to-end tests.
+# A Slurm test cluster (with accounting) on this machine, for allocstack's real-Slurm
+# end-to-end tests: one node named after `hostname -s` (partitions debug and short), and on
+# request N more nodes, each a slurmd in its own network, UTS and mount namespace.
 #
-#   tests/cluster/slurm.sh start    install if needed, start every daemon, wait until usable
-#   tests/cluster/slurm.sh stop     cancel jobs, stop the daemons this script started
-#   tests/cluster/slurm.sh status   list daemons, show sinfo
+#   tests/cluster/slurm.sh start              install if needed, start every daemon, wait until
+#                                             usable; the single-node layout (the default)
+#   tests/cluster/slurm.sh start --nodes 3    the same plus 3 namespaced nodes mn1..mn3 in
+#                                             partition `multi`, beside the unchanged default
+#                                             node and partitions
+#   tests/cluster/slurm.sh stop               cancel jobs, stop the daemons this script started
+#   tests/cluster/slurm.sh status             list daemons, show sinfo
+#   tests/cluster/slurm.sh exec NODE CMD...   run CMD inside namespaced node NODE (its network,
+#                                             hostname and mounts), e.g. `exec mn2 ip -br addr`
+#   tests/cluster/slurm.sh crash NODE         kill every process of namespaced node NODE at once
+#                                             (its slurmd, job steps and their programs), as a
+#                                             power failure would; `start --nodes N` revives it
+#
+# The namespaced nodes (see shared/notes/multinode.md): each has its own hostname (mnK), its
+# own address (10.254.1.1K) on a bridge this script creates (asbr0, the controller is
+# 10.254.1.1 there), its own loopback, and no route anywhere else: the nodes only ever talk to
+# each other and to the controller. They share the filesystem (munge's socket, the project
+# directory), as the nodes of a real cluster share theirs. One slurmctld manages all nodes:
+#  - it reads $STATE/multi/slurm.conf, which includes /etc/slurm/slurm.conf (the single-node
+#    configuration every client reads, left exactly as `start` writes it) and adds the nodes and
+#    partition `multi`, so a `start` of another checkout that rewrites /etc/slurm/slurm.conf and
+#    reconfigures never changes the node set (Slurm 22.05's slurmctld exits on a reconfigure
+#    that does: "hostnames inconsistency detected");
+#  - the namespaced slurmds (and every job step on them) read their own view of the same
+#    configuration, bind-mounted over /etc/slurm/slurm.conf in their mount namespace: the
+#    controller's address on the bridge instead of 127.0.0.1, their own spool, PID and log
+#    files; and an /etc/hosts naming every node, bind-mounted the same way;
+#  - adding or removing nodes restarts slurmctld only (running jobs survive; nothing is
+#    cancelled). Going back to one node is refused while jobs run in partition `multi`.
 #
 # Written for Debian 12 as root with no systemd and no cgroups (see
 # shared/notes/slurm.md): apt does not start daemons here, so this script starts
@@ -17,6 +44,9 @@
 #   ALLOCSTACK_SLURM_TIMEOUT  seconds `start` may wait for the daemons (default 60)
 #   ALLOCSTACK_SLURM_DB_PORT  MariaDB TCP port on 127.0.0.1 (default 3307, so a
 #                             system MariaDB on 3306 does not collide)
+#
+#   ALLOCSTACK_SLURM_NET      first three octets of the namespaced nodes' network
+#                             (default 10.254.1: controller .1, node K at .1K)
 #
 # Exit codes: 0 ok; 1 failure (message names the daemon and its log);
 #             2 not root; 3 `status`: the cluster does not answer; 64 usage.
@@ -42,8 +72,9 @@ readonly ACCOUNT=allocstack
 # An account that exists but root may not use: tests of a refused slurm_account.
 readonly OTHER_ACCOUNT=allocstack-other
 readonly CLUSTER=allocstack
-# tini: slurmd runs under it as a child subreaper (see start_slurmd).
-readonly PACKAGES=(slurmctld slurmd slurm-client munge slurmdbd mariadb-server tini)
+# tini: slurmd runs under it as a child subreaper (see start_slurmd). iproute2: `ip` for the
+# namespaced nodes' bridge and links.
+readonly PACKAGES=(slurmctld slurmd slurm-client munge slurmdbd mariadb-server tini iproute2)
 # Start order; `stop` walks it backwards.
 readonly DAEMONS=(munged mariadb slurmdbd slurmctld slurmd)
 # Daemons get a clean environment: nothing from the caller (say SLURM_* of an
@@ -53,6 +84,21 @@ HOST=$(hostname -s)
 readonly HOST
 # Set by cmd_start: one deadline (bash's SECONDS) for all of its waits.
 DEADLINE=0
+
+# The namespaced nodes (start --nodes N): names mn1..mnN, partition `multi`.
+readonly NODE_PREFIX=mn
+readonly MULTI_PARTITION=multi
+readonly MAX_NODES=9
+readonly NET=${ALLOCSTACK_SLURM_NET:-10.254.1}
+readonly BRIDGE=asbr0
+readonly BRIDGE_ADDR=$NET.1
+readonly MULTI_DIR=$STATE/multi
+# What slurmctld reads in the multi-node layout (includes $SLURM_CONF), what the nodes read.
+readonly CONTROLLER_CONF=$MULTI_DIR/slurm.conf
+readonly NODE_CONF=$MULTI_DIR/node-slurm.conf
+readonly NODE_HOSTS=$MULTI_DIR/hosts
+# The layout for tests and benchmarks: partition, bridge, node names and addresses (JSON).
+readonly LAYOUT_FILE=$MULTI_DIR/layout.json
 
 trap 'echo "$PROG: error: line $LINENO: $BASH_COMMAND failed" >&2' ERR
 
@@ -77,6 +123,7 @@ pid_file() { echo "$RUN_DIR/$1.pid"; }
 daemon_binary() {
     case $1 in
         mariadb) echo mariadbd ;;
+        slurmd-*) echo slurmd ;;
         *) echo "$1" ;;
     esac
 }
@@ -322,16 +369,38 @@ ensure_accounting() {
     fi
 }
 
+# slurmctld reads /etc/slurm/slurm.conf, or with namespaced nodes ($WANT_NODES > 1) the
+# controller's configuration that includes it.
 start_slurmctld() {
     running_pid slurmctld >/dev/null && return 0
-    start_daemon slurmctld slurmctld -D
+    if ((WANT_NODES > 1)); then
+        start_daemon slurmctld slurmctld -D -f "$CONTROLLER_CONF"
+    else
+        start_daemon slurmctld slurmctld -D
+    fi
     wait_for slurmctld "scontrol ping to answer UP" \
         bash -c 'scontrol ping | grep -q UP'
 }
 
-# sinfo lists the node once per partition it is in: one state each time.
+# A new node set needs a restart in Slurm 22.05 (a reconfigure would make slurmctld exit).
+# Job state is saved on TERM and recovered on start: running jobs survive, none is cancelled.
+restart_slurmctld() {
+    info "restarting slurmctld for the new node set (running jobs survive)"
+    RESTARTED=1
+    stop_daemon slurmctld
+    DEADLINE=$((SECONDS + TIMEOUT))
+    start_slurmctld
+}
+
+# sinfo prints a node once per partition it is in (the default node is in two): the first line.
+node_state() {
+    local states
+    states=$(sinfo -h -N -n "$1" -o %T)
+    echo "${states%%$'\n'*}"
+}
+
 node_usable() {
-    [[ $(sinfo -h -N -n "$HOST" -o %T | sort -u) =~ ^(idle|mixed|allocated)$ ]]
+    [[ $(node_state "$HOST") =~ ^(idle|mixed|allocated)$ ]]
 }
 
 # slurmd runs under `tini -s`, a child subreaper that reaps every orphan at once, as init
@@ -358,20 +427,26 @@ slurmd_under_tini() {
 # A batch job must reach COMPLETED in sacct: proves slurmctld, slurmd and
 # slurmdbd work together and that --account is accepted.
 smoke_test() {
-    local job state=
+    local job
     job=$(sbatch --parsable --account="$ACCOUNT" --job-name=allocstack-smoke \
         --time=1 --output=/dev/null --wrap=true)
+    await_completed "$job" "smoke job" "$LOG_DIR/slurmd.log"
+    info "smoke job $job COMPLETED"
+}
+
+# await_completed JOB WHAT LOG: wait (until $DEADLINE) for JOB to reach COMPLETED in sacct.
+await_completed() {
+    local job=$1 what=$2 log=$3 state=
     until [[ $state == COMPLETED ]]; do
         state=$(sacct -n -X -P -j "$job" -o State 2>/dev/null || true)
         case $state in
             FAILED* | CANCELLED* | TIMEOUT* | NODE_FAIL* | OUT_OF_MEMORY*)
-                die "smoke job $job ended $state; see $LOG_DIR/slurmd.log" ;;
+                die "$what $job ended $state; see $log" ;;
         esac
         ((SECONDS < DEADLINE)) ||
-            die "timed out after ${TIMEOUT}s waiting for smoke job $job to reach COMPLETED in sacct (state: '${state:-none}'); see $LOG_DIR/slurmctld.log and $LOG_DIR/slurmdbd.log"
+            die "timed out after ${TIMEOUT}s waiting for $what $job to reach COMPLETED in sacct (state: '${state:-none}'); see $LOG_DIR/slurmctld.log and $LOG_DIR/slurmdbd.log"
         sleep 0.5
     done
-    info "smoke job $job COMPLETED"
 }
 
 all_running() {
@@ -383,20 +458,209 @@ all_running() {
 
 cluster_answers() { timeout 15 sinfo >/dev/null 2>&1; }
 
-# A running cluster whose slurm.conf.in changed (say a new partition): write the new
-# conf and have slurmctld and slurmd re-read it. Jobs keep running; nothing is cancelled.
-refresh_running_cluster() {
-    local before after
-    before=$(sha256sum "$SLURM_CONF" 2>/dev/null || true)
-    write_slurm_conf
-    after=$(sha256sum "$SLURM_CONF")
-    if [[ $before != "$after" ]]; then
-        info "slurm.conf changed: scontrol reconfigure"
-        scontrol reconfigure
+# ---------------------------------------------------------------- namespaced nodes
+
+node_names() { # node_names N: mn1 .. mnN
+    local i
+    for ((i = 1; i <= $1; i++)); do
+        echo "$NODE_PREFIX$i"
+    done
+}
+
+node_addr() { echo "$NET.1${1#"$NODE_PREFIX"}"; } # mn3 -> 10.254.1.13
+
+# How many namespaced nodes the running slurmctld manages (0: the single-node layout).
+running_node_count() {
+    local pid
+    local argv=()
+    pid=$(running_pid slurmctld) && mapfile -d '' -t argv <"/proc/$pid/cmdline"
+    if [[ " ${argv[*]} " != *" -f $CONTROLLER_CONF "* ]]; then
+        echo 0
+        return 0
     fi
-    ensure_accounting
-    # A cluster started before slurmd ran under tini: restart slurmd alone. Running jobs
-    # keep running (their slurmstepd does not depend on slurmd).
+    grep -c "^NodeName=$NODE_PREFIX" "$CONTROLLER_CONF" || true
+}
+
+# The node and partition lines both configurations add. SlurmdTimeout: a namespaced node
+# whose slurmd stops answering (the node-loss tests kill everything in one) is DOWN after
+# 30 s instead of Slurm's 300; the single-node configuration keeps the default.
+multi_node_lines() {
+    local name
+    echo "SlurmdTimeout=30"
+    for name in $(node_names "$1"); do
+        echo "NodeName=$name NodeHostname=$name NodeAddr=$(node_addr "$name") CPUs=8 RealMemory=8000 State=UNKNOWN"
+    done
+    echo "PartitionName=$MULTI_PARTITION Nodes=$NODE_PREFIX[1-$1] MaxTime=INFINITE State=UP"
+}
+
+# write_in_place PATH: stdin into PATH, only if changed, keeping PATH's inode (the nodes
+# bind-mount it: a renamed new file would stay invisible to them).
+write_in_place() {
+    local path=$1 tmp
+    tmp=$(mktemp "$path.XXXXXX")
+    cat >"$tmp"
+    if [[ -f $path ]] && cmp -s "$tmp" "$path"; then
+        rm -f "$tmp"
+        return 0
+    fi
+    cat "$tmp" >"$path"
+    chmod 644 "$path"
+    rm -f "$tmp"
+}
+
+write_multi_confs() {
+    local n=$1 name
+    mkdir -p "$MULTI_DIR"
+    for name in $(node_names "$n"); do
+        mkdir -p "$MULTI_DIR/$name/spool"
+    done
+    {
+        echo "# allocstack test cluster: $CONF_MARKER (start --nodes $n). What slurmctld"
+        echo "# reads: the single-node configuration every client reads, plus $n namespaced nodes."
+        echo "Include $SLURM_CONF"
+        echo "# The namespaced nodes read their own view of it (node-slurm.conf): no log line for that."
+        echo "DebugFlags=NO_CONF_HASH"
+        multi_node_lines "$n"
+    } | install_conf "$CONTROLLER_CONF" 644
+    # What the namespaced slurmds and their job steps read (bind-mounted over $SLURM_CONF):
+    # what the host reaches on 127.0.0.1, a node reaches on the bridge.
+    {
+        echo "# allocstack test cluster: $CONF_MARKER (start --nodes $n). The namespaced nodes' view."
+        sed -e "s|127\.0\.0\.1|$BRIDGE_ADDR|g" \
+            -e "s|^SlurmdSpoolDir=.*|SlurmdSpoolDir=$MULTI_DIR/%n/spool|" \
+            -e "s|^SlurmdPidFile=.*|SlurmdPidFile=$MULTI_DIR/%n/slurmd.pid|" \
+            -e "s|^SlurmdLogFile=.*|SlurmdLogFile=$LOG_DIR/slurmd-%n.log|" "$SLURM_CONF"
+        echo "DebugFlags=NO_CONF_HASH"
+        multi_node_lines "$n"
+    } | write_in_place "$NODE_CONF"
+    {
+        echo "127.0.0.1 localhost"
+        echo "$BRIDGE_ADDR $HOST"
+        for name in $(node_names "$n"); do
+            echo "$(node_addr "$name") $name"
+        done
+    } | write_in_place "$NODE_HOSTS"
+    {
+        printf '{"partition": "%s", "bridge": "%s", "controller": {"name": "%s", "address": "%s"}, "nodes": {' \
+            "$MULTI_PARTITION" "$BRIDGE" "$HOST" "$BRIDGE_ADDR"
+        local separator=""
+        for name in $(node_names "$n"); do
+            printf '%s"%s": "%s"' "$separator" "$name" "$(node_addr "$name")"
+            separator=", "
+        done
+        printf '}}\n'
+    } | write_in_place "$LAYOUT_FILE"
+}
+
+ensure_bridge() {
+    ip link show "$BRIDGE" >/dev/null 2>&1 || ip link add name "$BRIDGE" type bridge
+    local addresses
+    addresses=$(ip -4 addr show dev "$BRIDGE")
+    [[ $addresses == *"inet $BRIDGE_ADDR/24 "* ]] || ip addr add "$BRIDGE_ADDR/24" dev "$BRIDGE"
+    ip link set "$BRIDGE" up
+}
+
+# Runs INSIDE the new namespaces (see start_node): wait for the link the host moves in, then
+# become node NAME and exec slurmd, keeping the PID that the PID file names.
+cmd_node_init() {
+    local name=$1 addr=$2 i
+    for ((i = 0; i < 100; i++)); do
+        ip link show eth0 >/dev/null 2>&1 && break
+        sleep 0.1
+    done
+    ip link show eth0 >/dev/null 2>&1 || die "node $name: no eth0 after 10 s"
+    hostname "$name"
+    ip link set lo up
+    ip addr add "$addr/24" dev eth0
+    ip link set eth0 up
+    mount --bind "$NODE_HOSTS" /etc/hosts
+    mount --bind "$NODE_CONF" "$SLURM_CONF"
+    exec tini -s -- slurmd -D -N "$name" # a child subreaper, as the default node's slurmd (start_slurmd)
+}
+
+in_own_netns() {
+    [[ $(readlink "/proc/$1/ns/net") != "$(readlink /proc/self/ns/net)" ]]
+}
+
+node_named_usable() {
+    [[ $(node_state "$1") =~ ^(idle|mixed|allocated)$ ]]
+}
+
+start_node() {
+    local name=$1 daemon=slurmd-$1 pid
+    running_pid "$daemon" >/dev/null && return 0
+    ip link del "h-$name" >/dev/null 2>&1 || true # left by an unclean stop
+    # env: start_daemon clears the environment; node-init needs to find the same state.
+    start_daemon "$daemon" env ALLOCSTACK_SLURM_STATE="$STATE" ALLOCSTACK_SLURM_NET="$NET" \
+        unshare --net --uts --mount --propagation private -- \
+        bash "$SCRIPT_DIR/slurm.sh" node-init "$name" "$(node_addr "$name")"
+    pid=$(<"$(pid_file "$daemon")")
+    # Until unshare has run, the PID is still in this network namespace.
+    wait_for "$daemon" "its own network namespace" in_own_netns "$pid"
+    ip link add name "h-$name" type veth peer name eth0 netns "$pid"
+    ip link set "h-$name" master "$BRIDGE" up
+    wait_for "$daemon" "sinfo to show node $name idle" node_named_usable "$name"
+}
+
+# stop_nodes_from K: stop the namespaced nodes mnK..mn$MAX_NODES that run.
+stop_nodes_from() {
+    local i
+    for ((i = $1; i <= MAX_NODES; i++)); do
+        stop_daemon "slurmd-$NODE_PREFIX$i"
+        ip link del "h-$NODE_PREFIX$i" >/dev/null 2>&1 || true
+    done
+}
+
+# Removing nodes kills what runs on them: refuse while partition `multi` has jobs.
+refuse_if_multi_jobs() {
+    local jobs
+    jobs=$(squeue -h -p "$MULTI_PARTITION" -o %A -t PENDING,RUNNING,SUSPENDED,COMPLETING 2>/dev/null || true)
+    if [[ -n $jobs ]]; then
+        die "jobs ${jobs//$'\n'/ } are in partition $MULTI_PARTITION: removing its nodes would kill them; wait for them (or scancel them yourself), then rerun"
+    fi
+}
+
+# A batch job on the first namespaced node runs one step on every node: proves the nodes
+# reach the controller, each other and accounting, each under its own hostname.
+smoke_test_multi() {
+    local n=$1 job out
+    out=$MULTI_DIR/smoke.out
+    rm -f "$out"
+    job=$(sbatch --parsable --account="$ACCOUNT" --partition="$MULTI_PARTITION" --nodes="$n" \
+        --ntasks="$n" --job-name=allocstack-smoke-multi --time=1 --output="$out" \
+        --wrap='srun hostname | sort | tr "\n" " "')
+    await_completed "$job" "multi-node smoke job" "$out and $LOG_DIR/slurmd-${NODE_PREFIX}1.log"
+    [[ $(<"$out") == "$(node_names "$n" | tr '\n' ' ')" ]] ||
+        die "multi-node smoke job $job ran on '$(<"$out")', not once on every node"
+    info "multi-node smoke job $job COMPLETED on $(<"$out")"
+}
+
+# Bring the namespaced nodes to $WANT_NODES (1: none), restarting slurmctld only when the
+# node set changes.
+apply_layout() {
+    local have name
+    have=$(running_node_count)
+    if ((WANT_NODES > 1)); then
+        ((have <= WANT_NODES)) || refuse_if_multi_jobs
+        ensure_bridge
+        write_multi_confs "$WANT_NODES"
+        stop_nodes_from $((WANT_NODES + 1))
+        ((have == WANT_NODES)) || restart_slurmctld
+        for name in $(node_names "$WANT_NODES"); do
+            start_node "$name"
+        done
+    else
+        ((have == 0)) || refuse_if_multi_jobs
+        stop_nodes_from 1
+        ((have == 0)) || restart_slurmctld
+        ip link del "$BRIDGE" >/dev/null 2>&1 || true
+        rm -f "$LAYOUT_FILE"
+    fi
+}
+
+# A cluster started before slurmd ran under tini: restart slurmd alone. Running jobs keep
+# running (their slurmstepd does not depend on slurmd).
+ensure_slurmd_under_tini() {
     if ! slurmd_under_tini; then
         install_packages
         info "restarting slurmd under tini (running jobs are not affected)"
@@ -406,14 +670,36 @@ refresh_running_cluster() {
     fi
 }
 
+conf_digest() { cat "$SLURM_CONF" "$CONTROLLER_CONF" "$NODE_CONF" 2>/dev/null | sha256sum; }
+
+# Daemons that ran before this `start` re-read a configuration that changed (another
+# checkout's slurm.conf.in with a new partition, say), unless slurmctld was just restarted
+# anyway. Jobs keep running; nothing is cancelled.
+reconfigure_if_changed() {
+    local before=$1
+    if ((!RESTARTED)) && [[ $before != "$(conf_digest)" ]]; then
+        info "configuration changed: scontrol reconfigure"
+        scontrol reconfigure
+    fi
+}
+
 # ---------------------------------------------------------------- commands
 
 cmd_start() {
+    local before
+    before=$(conf_digest)
     if all_running && cluster_answers && node_usable; then
-        refresh_running_cluster
+        write_slurm_conf
+        DEADLINE=$((SECONDS + TIMEOUT))
+        apply_layout
+        reconfigure_if_changed "$before"
+        ensure_accounting
+        ensure_slurmd_under_tini
+        ((WANT_NODES < 2)) || smoke_test_multi "$WANT_NODES"
         cmd_status
         return 0
     fi
+    running_pid slurmctld >/dev/null || before=started # a slurmctld started now reads the new files
     install_packages
     make_dirs
     ensure_munge_key
@@ -425,9 +711,15 @@ cmd_start() {
     start_mariadb
     start_slurmdbd
     ensure_accounting
+    if ((WANT_NODES > 1)); then
+        write_multi_confs "$WANT_NODES"
+    fi
     start_slurmctld
     start_slurmd
+    apply_layout
+    [[ $before == started ]] || reconfigure_if_changed "$before"
     smoke_test
+    ((WANT_NODES < 2)) || smoke_test_multi "$WANT_NODES"
     info "cluster up in ${SECONDS}s (state $STATE)"
 }
 
@@ -446,9 +738,12 @@ cmd_stop() {
             done
         fi
     fi
+    stop_nodes_from 1
     for ((i = ${#DAEMONS[@]} - 1; i >= 0; i--)); do
         stop_daemon "${DAEMONS[i]}"
     done
+    ip link del "$BRIDGE" >/dev/null 2>&1 || true
+    rm -f "$LAYOUT_FILE"
 }
 
 cmd_status() {
@@ -460,6 +755,12 @@ cmd_status() {
             printf '%-10s not running\n' "$name"
         fi
     done
+    for name in $(node_names "$MAX_NODES"); do
+        if pid=$(running_pid "slurmd-$name"); then
+            printf '%-10s running (pid %s): namespaced node %s at %s on %s\n' "slurmd-$name" "$pid" \
+                "$name" "$(node_addr "$name")" "$BRIDGE"
+        fi
+    done
     if ! timeout 15 sinfo 2>&1; then
         echo "$PROG: the cluster does not answer (sinfo failed)" >&2
         # exit, not return: a failing function would also fire the ERR trap.
@@ -467,19 +768,58 @@ cmd_status() {
     fi
 }
 
+# exec NODE CMD...: CMD inside namespaced node NODE (its network, hostname and mounts).
+cmd_exec() {
+    local pid
+    pid=$(running_pid "slurmd-$1") || die "no namespaced node $1 runs (start --nodes N starts them)"
+    shift
+    exec nsenter --target "$pid" --net --uts --mount -- "$@"
+}
+
+# crash NODE: SIGKILL to every process in NODE's network namespace (Slurm finds the node DOWN
+# after SlurmdTimeout; with --no-kill the job goes on without it).
+cmd_crash() {
+    local pid namespace entry victims=()
+    pid=$(running_pid "slurmd-$1") || die "no namespaced node $1 runs"
+    namespace=$(readlink "/proc/$pid/ns/net")
+    for entry in /proc/[0-9]*; do
+        [[ $(readlink "$entry/ns/net" 2>/dev/null) == "$namespace" ]] && victims+=("${entry#/proc/}")
+    done
+    kill -KILL "${victims[@]}" 2>/dev/null || true
+    rm -f "$(pid_file "slurmd-$1")"
+    info "crashed node $1: killed ${#victims[@]} processes (${victims[*]})"
+}
+
 usage() {
-    echo "usage: $PROG start|stop|status" >&2
+    echo "usage: $PROG start [--nodes N] | stop | status | exec NODE CMD... | crash NODE" >&2
     exit 64
 }
 
+# start's layout: 1 = the single node only; N > 1 adds N namespaced nodes.
+WANT_NODES=1
+# Set when this run restarted slurmctld (it then read every configuration file anew).
+RESTARTED=0
+
 main() {
-    (($# == 1)) || usage
-    case $1 in
-        start | stop | status) ;;
+    (($# >= 1)) || usage
+    local command=$1
+    shift
+    case $command in
+        start)
+            if (($# == 2)) && [[ $1 == --nodes && $2 =~ ^[1-9]$ ]]; then
+                WANT_NODES=$2
+            elif (($# != 0)); then
+                usage
+            fi
+            ;;
+        stop | status) (($# == 0)) || usage ;;
+        exec) (($# >= 2)) || usage ;;
+        crash) (($# == 1)) || usage ;;
+        node-init) (($# == 2)) || usage ;; # internal: see start_node
         *) usage ;;
     esac
     require_root
-    "cmd_$1"
+    "cmd_${command//-/_}" "$@"
 }
 
 main "$@"

@@ -11,6 +11,7 @@ rule collect_results:
         service_gates=expand(service_gate("{service}"), service=SERVICES),
         workers=worker_records,
         check=check_record,
+        node_gates=node_gate_records,
         script=script("collect.py"),
     output:
         events="results/{run}/events.jsonl",
@@ -31,7 +32,8 @@ rule collect_results:
         python=PYTHON,
         scratch=config["scratch"] or "",
         options=collect_options,
+        shared=shared_dir,
     shell:
         "{params.python} {input.script} --scratch-root={params.scratch:q} --run {wildcards.run} "
-        "--inputs-summary {input.validated} --events-out {output.events} "
+        "--inputs-summary {input.validated} --shared-dir {params.shared:q} --events-out {output.events} "
         "--provenance-out {output.provenance} --services-out {output.services} {params.options} > {log} 2>&1"

@@ -140,6 +140,8 @@ adopt_service_block()
 
 RUN = config["run"]
 WORKER_IDS = [f"worker-{i:02d}" for i in range(1, config["workers"] + 1)]
+# Nodes of the stack's allocation: 1 = loopback only; more = workers spread over them.
+NODES = config["nodes"]
 # Under --sdm conda the rule's environment provides python; otherwise the
 # interpreter running Snakemake (the venv from requirements.txt) does.
 PYTHON = (
@@ -176,6 +178,7 @@ wildcard_constraints:
     run=r"[A-Za-z0-9][A-Za-z0-9._-]*",
     worker=r"worker-[0-9]+",
     service="|".join(re.escape(name) for name in SERVICES) or "(?!)",
+    node=r"[0-9]+",
 
 
 def submits_to_slurm():
@@ -198,10 +201,14 @@ def check_cluster_settings(cpus):
         components=components,
         cpus=cpus,
         user=getpass.getuser(),
+        nodes=NODES,
     )
     problem = SLURM.submission_problem(submission, SLURM.gather_facts(submission))
     if problem is not None:
-        fail_config("config", f"default-resources {problem[1]}")
+        where = (
+            "" if problem[0] in config else "default-resources "
+        )  # a config key, or the profile's
+        fail_config("config", f"{where}{problem[1]}")
 
 
 def check_allocation_host():
@@ -334,24 +341,79 @@ def check_stack():
             )
 
 
+def node_cpus():
+    """CPUs the busiest node needs: the first node's coordinator and services, plus the most
+    workers a node gets."""
+    return (
+        config["coordinator"]["cpus"]
+        + sum(spec["cpus"] for spec in SERVICES.values())
+        + -(-config["workers"] // NODES) * config["worker"]["cpus"]
+    )
+
+
+def check_nodes():
+    """More than one node: Slurm job steps, a worker for every node, Slurm (the partition's node
+    count is checked with the other cluster settings, check_cluster_settings)."""
+    if NODES == 1:
+        return
+    if not config["slurm"]["job_steps"]:
+        fail_config(
+            "config",
+            f"nodes={NODES} needs slurm.job_steps: true (workers are placed on their node as job steps)",
+        )
+    if not TASKS:
+        fail_config(
+            "config",
+            f"nodes={NODES} needs the built-in coordinator (a task document in tasks): its "
+            "network listener and each node's gate are what spread the workers over the nodes",
+        )
+    if config["volumes"]:
+        fail_config(
+            "config",
+            f"nodes={NODES} with volumes: a named volume is job-scoped scratch on the first node, "
+            "which workers on the other nodes cannot see; use nodes: 1, or files under the project",
+        )
+    if config["workers"] < NODES:
+        fail_config(
+            "config",
+            f"nodes={NODES} but workers={config['workers']}: a node would get no worker; "
+            "use at least as many workers as nodes",
+        )
+    if not submits_to_slurm() and not os.environ.get("SLURM_JOB_ID"):
+        fail_config(
+            "config",
+            f"nodes={NODES} needs a Slurm allocation: run with --profile profiles/slurm "
+            "(or inside an allocation of that many nodes)",
+        )
+
+
 def check_prerequisites():
     check_input_files()
     check_stack()
-    needed = sum(
-        [
-            config["workers"] * config["worker"]["cpus"],
-            config["coordinator"]["cpus"] if TASKS else 0,
-            *(spec["cpus"] for spec in SERVICES.values()),
-        ]
+    check_nodes()
+    if NODES > 1:
+        # sbatch --no-kill for the stack's job (read by sbatch from the environment, so a
+        # profile's or the command line's default-resources cannot drop it): a node that
+        # fails mid-run costs only its workers, whose leased tasks go back to the queue;
+        # without it Slurm would end (and requeue) the whole stack.
+        os.environ.update(SBATCH_NO_KILL="set")
+    needed = (
+        sum(
+            [
+                config["workers"] * config["worker"]["cpus"],
+                config["coordinator"]["cpus"] if TASKS else 0,
+                *(spec["cpus"] for spec in SERVICES.values()),
+            ]
     )
     max_cpus = config["slurm"]["max_cpus"]
     source = "slurm.max_cpus"
     if max_cpus is None and submits_to_slurm():
         max_cpus, source = SLURM.largest_node_cpus(), "the largest node in sinfo"
     if max_cpus is not None and needed > max_cpus:
+        where = "in one allocation" if NODES == 1 else f"on its first of {NODES} nodes"
         fail_config(
             "config",
-            f"workers={config['workers']} needs {needed} CPUs in one allocation (workers x "
+            f"workers={config['workers']} needs {needed} CPUs {where} (workers x "
             f"worker.cpus, plus coordinator.cpus and each service's cpus) but {source} has {max_cpus}: the job "
             "would pend forever; lower workers (or set slurm.max_cpus)",
         )
@@ -423,10 +485,14 @@ def expected_option(wildcards, input):
     return f"--expected {shlex.quote(input.expected[0])}" if input.expected else ""
 
 
-def launch(component, cpus=1, scratch=True, tolerate_kill=None, job_end_time=False):
+def launch(
+    component, cpus=1, scratch=True, tolerate_kill=None, job_end_time=False, node=None
+):
     """Input function: the command that starts ``component`` (see workflow/scripts/launch.py).
 
     ``cpus`` is a number or a function of the wildcards (a service's own cpus).
+    ``node(wildcards)`` is the allocation's node the component runs on (0, the default,
+    is the first: where the group job, the coordinator, the gates and your services run).
     """
 
     def command(wildcards, resources):
@@ -446,6 +512,8 @@ def launch(component, cpus=1, scratch=True, tolerate_kill=None, job_end_time=Fal
             argv.append("--job-end-time")
         if tolerate_kill:
             argv.append(f"--tolerate-kill={tolerate_kill.format(wildcards=wildcards)}")
+        if node is not None and node(wildcards) > 0:
+            argv.append(f"--node-index={node(wildcards)}")
         gpus = int(resources.get("gpu", 0) or 0)
         if config["slurm"]["job_steps"]:
             argv.append("--job-steps")
@@ -470,19 +538,41 @@ def launch(component, cpus=1, scratch=True, tolerate_kill=None, job_end_time=Fal
 
 def decision_facts(wildcards):
     """The run's settings that the decision record lists under its table (JSON)."""
-    return json.dumps(
-        {
-            "image": config["image"],
-            "container runtime": RUNTIME if USE_IMAGE else None,
-            "scratch": config["scratch"] or "$SLURM_TMPDIR, else $TMPDIR",
-            "state_dir": config["state_dir"],
-            "job steps": config["slurm"]["job_steps"],
-            "built-in coordinator": TASKS,
-            "workers": f"{config['workers']} ({config['worker']['mode']})",
-            "services": ", ".join(SERVICE_ORDER) or "none",
-            "volumes": ", ".join(config["volumes"]) or "none",
-        }
-    )
+    facts = {
+        "image": config["image"],
+        "container runtime": RUNTIME if USE_IMAGE else None,
+        "scratch": config["scratch"] or "$SLURM_TMPDIR, else $TMPDIR",
+        "state_dir": config["state_dir"],
+        "job steps": config["slurm"]["job_steps"],
+        "built-in coordinator": TASKS,
+        "workers": f"{config['workers']} ({config['worker']['mode']})",
+        "nodes": NODES,
+        "services": ", ".join(SERVICE_ORDER) or "none",
+        "volumes": ", ".join(config["volumes"]) or "none",
+    }
+    if NODES > 1:
+        interface = config["network"]["interface"]
+        facts["bind address (network.interface)"] = (
+            f"the IPv4 address of interface {interface} on the first node"
+            if interface
+            else "the address the first node's hostname resolves to"
+        )
+        facts["off-node encryption (network.tls)"] = (
+            "TLS, certificate made at start for this run, clients pin its SHA-256 fingerprint"
+            if config["network"]["tls"]
+            else "NONE: plain text with the bearer token only (network.tls: false)"
+        )
+        if SERVICES:
+            facts["your services across nodes"] = (
+                "on the first node's loopback, relayed to the other nodes over TLS with "
+                "their own per-run certificates, pinned (allocstack/tunnel.py)"
+            )
+        facts["how other nodes get the endpoint and token"] = (
+            f"{shared_dir(wildcards)}/{NAMES.ENDPOINT} (and {NAMES.SERVICES}/NAME.json), mode 0600 in a "
+            "0700 directory on the filesystem the nodes share; never in the environment, a "
+            "command line or a Slurm RPC (not encrypted by Slurm)"
+        )
+    return json.dumps(facts)
 
 
 def decision_summary():
@@ -603,9 +693,12 @@ def worker_inputs(wildcards):
 
 
 def gate_records(wildcards):
-    """The gate records a worker waits for: the coordinator's, and every service's."""
+    """The gate records a worker waits for: the coordinator's, every service's, and off the
+    first node its node's (the coordinator is reachable from there)."""
     records = [f"results/{wildcards.run}/readiness.json"] if TASKS else []
     records += [service_gate(name) for name in SERVICES]
+    if NODES > 1 and worker_node(wildcards) > 0:
+        records.append(node_gate_record(wildcards, worker_node(wildcards) + 1))
     return options([("--gate-record", record) for record in records])
 
 
@@ -770,3 +863,94 @@ def end_of_run_summary(outcome):
         check=False,
         timeout=60,
     )
+
+
+def shared_dir(wildcards):
+    """The run's state directory (0700, on the filesystem every node shares): with more
+    than one node, the endpoint document for the other nodes and their event logs."""
+    return f"{config['state_dir']}/{wildcards.run}"
+
+
+def shared_endpoint(wildcards):
+    """The coordinator's endpoint document for the other nodes (see shared_dir)."""
+    return f"{shared_dir(wildcards)}/{NAMES.ENDPOINT}"
+
+
+def node_gate_events(wildcards):
+    """The event log of the gate of node ``wildcards.node`` (see shared_dir)."""
+    events = NAMES.component_events("gate-node-" + wildcards.node)
+    return f"{shared_dir(wildcards)}/{events}"
+
+
+def worker_node(wildcards):
+    """The node (0 = the first) that runs ``wildcards.worker``: balanced blocks, so
+    worker-01.. fill the first node, and the first ``workers % nodes`` nodes get one more.
+    """
+    number = int(wildcards.worker.split("-")[1]) - 1
+    per_node, extra = divmod(config["workers"], NODES)
+    big = extra * (per_node + 1)
+    if number < big:
+        return number // (per_node + 1)
+    return extra + (number - big) // per_node
+
+
+def node_gate_record(wildcards, node):
+    """The gate record of node ``node`` (1-based, above 1): it reached the coordinator."""
+    return f"results/{wildcards.run}/gates/node-{node}.json"
+
+
+def network_options(name):
+    """Input function: with more than one node, a service of the first node also listens on its
+    network address (config network.*) and publishes that for the other nodes as ``name``
+    (in the run's state directory; ``{service}`` is the wildcard)."""
+
+    def options(wildcards):
+        if NODES == 1:
+            return ""
+        published = name.format(**dict(wildcards.items()))
+        return shlex.join(network_arguments(f"{shared_dir(wildcards)}/{published}"))
+
+    return options
+
+
+def network_arguments(published):
+    options = [f"--network-endpoint-file={published}"]
+    if config["network"]["interface"]:
+        options.append(f"--interface={config['network']['interface']}")
+    if not config["network"]["tls"]:
+        options.append("--no-tls")
+    return options
+
+
+def worker_network_options(wildcards):
+    """With more than one node: the worker's event log in the shared directory, and off the
+    first node the endpoints published for the other nodes (the coordinator's, your service's)."""
+    if NODES == 1:
+        return ""
+    options = [f"--events={shared_dir(wildcards)}/{NAMES.component_events(wildcards.worker)}"]
+    if worker_node(wildcards) > 0:
+        options.append(f"--endpoint-file={shared_endpoint(wildcards)}")
+        if SERVICES or LONG_RUNNING:  # (a long-running worker may use the coordinator too)
+            options.append(f"--remote-services={shared_dir(wildcards)}/{NAMES.SERVICES}")
+    return shlex.join(options)
+
+
+def stack_resources():
+    """The stack's allocation, carried by the coordinator's job (Snakemake combines a group's resources).
+
+    One node: the coordinator's CPUs (the workers add theirs). More: the nodes, one task per
+    node, and CPUs per task for the busiest node (the workers then add none).
+    """
+    if NODES == 1:
+        return {"cpus_per_task": config["coordinator"]["cpus"]}
+    return {"cpus_per_task": node_cpus(), "nodes": NODES, "tasks": NODES}
+
+
+def node_gate_records(wildcards):
+    """Every other node's gate record (none with one node)."""
+    return [node_gate_record(wildcards, node) for node in range(2, NODES + 1)]
+
+
+def gate_node(wildcards):
+    """The node (0 = the first) of the gate ``await_network`` runs for node ``wildcards.node`` (1-based)."""
+    return int(wildcards.node) - 1

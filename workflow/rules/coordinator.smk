@@ -9,6 +9,9 @@
 # while srun + Apptainer + Python take about that long to start the coordinator
 # (which rewrites the file with its pid). The gate does the real wait.
 # Only with a task document (config tasks): without one, nothing asks for it.
+# It runs on the allocation's first node; with config nodes above 1 it also listens on
+# that node's network address for the workers on the other nodes (network.smk), and its
+# job carries the whole allocation's shape (nodes, tasks, CPUs per node).
 
 
 rule serve_coordinator:
@@ -28,7 +31,7 @@ rule serve_coordinator:
         STACK_ENV
     threads: 0
     resources:
-        cpus_per_task=config["coordinator"]["cpus"],
+        **stack_resources(),
     params:
         launch=launch(
             "coordinator",
@@ -36,6 +39,7 @@ rule serve_coordinator:
             job_end_time=config["coordinator"]["stop_claims_before_end"],
         ),
         journal=journal_path,
+        network=network_options(NAMES.ENDPOINT),
         lease=config["coordinator"]["lease_seconds"],
         workers=config["workers"],
         attempts=config["coordinator"]["max_attempts"],
@@ -51,4 +55,4 @@ rule serve_coordinator:
         "--results {output.results} --end-record {output.end_record} --inputs-summary {input.validated} "
         "--service-file {output.service} --journal {params.journal:q} "
         "--workers {params.workers} --max-attempts {params.attempts} --lease-seconds {params.lease} --idle-timeout {params.idle} "
-        "--lifetime {params.lifetime} {params.stop_claims} 2> {log}"
+        "--lifetime {params.lifetime} {params.stop_claims} {params.network} 2> {log}"

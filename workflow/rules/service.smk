@@ -7,6 +7,8 @@
 # all of them live until those are done. Snakemake never checks a service's
 # exit status: its supervisor records how it ended, and verification checks it.
 # Its service file is created first thing, as the coordinator's is (coordinator.smk).
+# With config nodes above 1 every service runs on the first node, on its loopback as
+# with one node, and is relayed to the other nodes over TLS (allocstack/tunnel.py).
 
 
 rule serve_service:
@@ -28,9 +30,11 @@ rule serve_service:
     params:
         launch=launch("{wildcards.service}", service_cpus),
         options=service_options,
+        # With more than one node: relayed over TLS to the first node's network address too.
+        network=network_options(NAMES.service_endpoint("{service}")),
     shell:
         ": > {output.service}; exec {params.launch} {input.script} --service-file {output.service} "
-        "{params.options} > {log} 2>&1"
+        "{params.options} {params.network} > {log} 2>&1"
 
 
 rule await_service:

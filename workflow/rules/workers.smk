@@ -9,6 +9,10 @@
 # while the worker waits for it itself every 20 ms (bounded), so the first task
 # is claimed within milliseconds of the gate passing. verify_results checks in
 # events.jsonl that the gate passed before every worker started.
+#
+# With config nodes above 1 the workers are spread over the nodes (worker_node: balanced
+# blocks), each a job step pinned to its node; off the first node a worker also waits for
+# its node's gate (network.smk) and reads the endpoint published for the other nodes.
 
 
 rule run_worker:
@@ -25,7 +29,8 @@ rule run_worker:
         STACK_ENV
     threads: 0
     resources:
-        cpus_per_task=config["worker"]["cpus"],
+        # With more than one node the coordinator's job carries the CPUs per node.
+        cpus_per_task=config["worker"]["cpus"] if NODES == 1 else 0,
         gpu=config["worker"]["gpus"],
     params:
         # A per-task worker killed from outside is tolerated (its tasks go back to the
@@ -38,11 +43,13 @@ rule run_worker:
                 if LONG_RUNNING
                 else "results/{wildcards.run}/workers/{wildcards.worker}.json"
             ),
+            node=worker_node,
         ),
+        network=worker_network_options,
         gates=gate_records,
         gate_timeout=gates_timeout(),
         options=worker_options,
     shell:
         "exec {params.launch} {input.script} --worker-id {wildcards.worker} "
-        "{params.gates} --gate-timeout {params.gate_timeout} --record {output} {params.options} "
+        "{params.gates} --gate-timeout {params.gate_timeout} --record {output} {params.options} {params.network} "
         "> {log} 2>&1"

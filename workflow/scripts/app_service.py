@@ -19,6 +19,11 @@ and it stops by itself if its launcher is gone. A service still running
 ``killed`` (after the grace period) or ``exited`` (by itself, before the stack
 was done). Snakemake never checks a service's exit status: verification does, from this record.
 
+With ``--network-endpoint-file`` (config ``nodes`` above 1) the service still listens on
+127.0.0.1, and this supervisor also relays it to this node's network address over TLS
+with a certificate of its own (``allocstack.tunnel``), published there for the workers
+on the other nodes: neither your service nor your workers' program changes.
+
 Exit code: 0 when stopped cleanly, else your command's.
 """
 
@@ -35,6 +40,7 @@ from allocstack import SCHEMA_VERSION, names
 from allocstack.cli import (
     ArgumentParser,
     add_gate_arguments,
+    add_network_options,
     add_program_arguments,
     non_negative_float,
     run,
@@ -52,9 +58,11 @@ from allocstack.endpoint import (
 from allocstack.errors import DIAGNOSTICS, AllocstackError, report
 from allocstack.events import append_event
 from allocstack.jsonio import atomic_write_json
+from allocstack.network import plan_listener
 from allocstack.program import await_gates, expand_argv, program_environment, service_problem
-from allocstack.scratch import ensure_private_dir
+from allocstack.scratch import ensure_private_dir, private_level
 from allocstack.supervise import Outcome, Supervised
+from allocstack.tunnel import relay_to_loopback
 
 
 def take_port(port: int) -> int:
@@ -94,12 +102,30 @@ def parse_args(argv: list[str] | None):
     parser.add_argument("--stop-grace", type=non_negative_float, default=10.0,
                         help="seconds it may take to stop after SIGTERM before it is killed")
     parser.add_argument("--service-file", type=Path, help="the Snakemake service output, written first thing")
+    add_network_options(parser)
     args = parser.parse_args(argv)
     if args.scratch is None:
         parser.error("--scratch (or $ALLOCSTACK_SCRATCH) is required")
     if not 0 <= args.port <= 65535:
         parser.error("--port must be in 0..65535")
     return args
+
+
+def relay_for_other_nodes(args, name: str, port: int) -> tuple[str, str | None] | None:
+    """With more than one node: relay ``127.0.0.1:port`` to this node's network address (TLS);
+    (its URL, the certificate's fingerprint).
+
+    :raises AllocstackError: ``network`` for a wrong address or one it cannot listen on.
+    """
+    if args.network_endpoint_file is None:
+        return None
+    private_level(args.network_endpoint_file.parent)
+    args.network_endpoint_file.unlink(missing_ok=True)
+    listener = plan_listener(args.interface, args.address, args.no_tls, args.scratch / names.SERVICES, name)
+    try:
+        return listener.url(relay_to_loopback(listener.address, listener.tls, port)), listener.fingerprint
+    except OSError as exc:
+        raise AllocstackError("network", f"cannot relay service {name} to {listener.address}: {exc}") from exc
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -118,6 +144,7 @@ def main(argv: list[str] | None = None) -> int:
             stale.unlink(missing_ok=True)
         await_gates(args.gate_record, args.gate_timeout, log)
         port, token = take_port(args.port), secrets.token_urlsafe(32)
+        relayed = relay_for_other_nodes(args, name, port)
         endpoint = f"http://{LOOPBACK}:{port}"
         stack = {**services_environment(args.scratch, args.uses), **service_variables(name, endpoint, token)}
         env = program_environment(os.environ, stack, args.environment_json, f"services.{name}")
@@ -129,11 +156,17 @@ def main(argv: list[str] | None = None) -> int:
             "endedAt": time.time()})
         return report(error)
     write_endpoint(published, endpoint, token, "")
+    if relayed:
+        url, fingerprint = relayed
+        write_endpoint(args.network_endpoint_file, url, token, "", tls=fingerprint is not None, fingerprint=fingerprint)
+        log(f"relayed to the other nodes on {url}")
     append_event(events, "service-started", service=name, endpoint=endpoint, command=args.command_json[0],
                  **runtime_facts())
     log(f"{args.command_json[0]} started on {endpoint} (pid {pid})")
     outcome = program.wait()
     published.unlink(missing_ok=True)
+    if relayed:
+        args.network_endpoint_file.unlink(missing_ok=True)
     status = end_status(outcome)
     record = {"schemaVersion": SCHEMA_VERSION, "service": name, "status": status, "exitCode": outcome.code,
               "how": outcome.how(), "startedAt": started, "endedAt": time.time()}

@@ -2,7 +2,9 @@
 """Collect a finished stack: merge the event log, record provenance, clean scratch.
 
 Runs after the coordinator and every worker ended. Reads the job-scoped event log
-(``SCRATCH/events.jsonl``), writes it sorted by time to the results directory,
+(``SCRATCH/events.jsonl``) and, with more than one node, the logs of the components
+off the first node (``<state_dir>/<run>/events/*.jsonl``, removed once merged),
+writes them sorted by time to the results directory,
 writes ``provenance.json`` (where each component ran: host, Python, OS release
 as seen by the component, Slurm job/step, container; the Slurm version, the
 container runtime and its version; input and image digests), then removes the
@@ -86,6 +88,8 @@ def parse_args(argv: list[str] | None):
                         help="bound on waiting for your services' end records")
     parser.add_argument("--component", action="append", default=[],
                         help="a component with its own event file, SCRATCH/events/NAME.jsonl (repeatable)")
+    parser.add_argument("--shared-dir", type=Path,
+                        help="the run's state directory: merge (and remove) the event logs in its events/")
     parser.add_argument("--keep-scratch", action="store_true",
                         help="do not remove the scratch directory (verification still needs the volumes)")
     return parser.parse_args(argv)
@@ -98,7 +102,9 @@ def main(argv: list[str] | None = None) -> int:
         ends = service_ends(args.scratch, args.service, args.stop_timeout)
         if args.services_out:
             atomic_write_json(args.services_out, {"schemaVersion": SCHEMA_VERSION, "services": ends}, 0o644)
-        logs = [args.scratch / names.EVENTS, *(args.scratch / names.component_events(name) for name in args.component)]
+        shared = sorted((args.shared_dir / names.EVENTS_DIR).glob("*.jsonl")) if args.shared_dir else []
+        logs = [args.scratch / names.EVENTS, *(args.scratch / names.component_events(name) for name in args.component),
+                *shared]
         events = sorted((e for log in logs for e in read_events(log)), key=lambda e: e.get("t", 0))
         if not events:
             raise AllocstackError("prerequisite", f"no events in {logs[0]}: did the stack run?")
@@ -127,6 +133,8 @@ def main(argv: list[str] | None = None) -> int:
         }, 0o644)
         if not args.keep_scratch:
             remove_scratch(args.scratch)
+            if args.shared_dir:
+                remove_scratch(args.shared_dir / names.EVENTS_DIR)
     except AllocstackError as error:
         return report(error)
     print(f"collect: {len(events)} events merged into {args.events_out}", flush=True)

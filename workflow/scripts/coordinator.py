@@ -5,11 +5,18 @@ Lifecycle: parse -> validate input -> replay journal -> check disk room -> bind
 127.0.0.1:0 -> publish endpoint file (0600, with a fresh bearer token) -> serve
 -> drain -> exit.
 
+With ``--network-endpoint-file`` (config ``nodes`` above 1) it also listens on this
+node's network address (``--interface``, else the address the hostname resolves to)
+for workers on the other nodes: TLS with a certificate made at start, whose
+fingerprint is published with the endpoint and token in that file (``--no-tls``:
+plain HTTP, where the center says so). Every bound of the loopback listener (token
+before body, connection and byte caps, strict parsing) holds there too.
+
 Protocol (JSON bodies; all but /health need ``Authorization: Bearer <token>``,
 checked from the headers before any body byte is read):
 
 * ``GET /health`` -> exactly ``{"status": "ready", "schemaVersion": 1, "taskCount": N}``
-* ``POST /claim {"workerId", "max"?, "results"?}`` -> ``{"status": "task", "task"|"tasks"}``,
+* ``POST /claim {"workerId", "max"?, "results"?, "node"?}`` -> ``{"status": "task", "task"|"tasks"}``,
   ``{"status": "wait", "retryAfter"}``, ``{"status": "done"}`` or ``{"status": "stop", "reason"}``
   (the run is ending, or cannot store more). Results piggybacked on a claim are acknowledged first.
 * ``POST /result {"workerId", "taskId", "output", "sha256"}`` -> 201 accepted,
@@ -18,8 +25,8 @@ checked from the headers before any body byte is read):
 * ``POST /heartbeat {"workerId", "taskIds"}`` -> ``{"held": [...]}`` (renews leases).
 * ``POST /fail {"workerId", "taskId", "reason"}`` -> ``{"status": "requeued"|"failed"}``: the
   task's handler failed; it is handed out again until it has failed ``--max-attempts`` times.
-* ``GET /status`` -> counts, rate, per-worker stats (``?history=1`` adds the progress
-  series); ``GET /ui`` -> the live status page. Both also accept the read-only
+* ``GET /status`` -> counts, rate, per-worker and per-node stats (``?history=1`` adds the
+  progress series); ``GET /ui`` -> the live status page. Both also accept the read-only
   view token as ``?token=`` (a browser cannot send a header through a tunnel URL).
 
 A result is acknowledged only after it is fsync'd in the journal. When the journal
@@ -54,8 +61,9 @@ from allocstack.httpserver import HttpServer, Limits, Request, Response
 from allocstack.journal import Journal, replay
 from allocstack.jsonio import atomic_write_chunks, read_json, sha256_file
 from allocstack.lifeline import launcher_alive, launcher_pid
+from allocstack.network import NetworkListener, plan_listener
 from allocstack.progress import Progress, live_line, progress_line
-from allocstack.scratch import ensure_private_dir
+from allocstack.scratch import ensure_private_dir, private_level
 from allocstack.settings import CoordinatorSettings, parse_settings
 from allocstack.taskboard import ALLOCATION_ENDING, TaskBoard
 from allocstack.taskset import load_tasks
@@ -74,8 +82,12 @@ def log(line: str) -> None:
 class Coordinator:
     """The lifecycle around the protocol (:class:`CoordinatorApi`): serve, keep house, drain, write the outcome."""
 
-    def __init__(self, settings: CoordinatorSettings, board: TaskBoard, journal: Journal, input_sha256: str) -> None:
+    def __init__(self, settings: CoordinatorSettings, board: TaskBoard, journal: Journal, input_sha256: str,
+                 network: NetworkListener | None = None) -> None:
         self.settings = settings
+        self.network = network
+        #: Where the other nodes reach this coordinator, once :meth:`listen_network` listens there.
+        self.network_url: str | None = None
         self.board = board
         self.journal = journal
         self.input_sha256 = input_sha256
@@ -172,18 +184,41 @@ class Coordinator:
         except BrokenPipeError:  # the terminal went away: the line is lost, never the coordinator
             silence_stdout()
 
+    async def listen_network(self) -> None:
+        """Listen on the network address for the other nodes (first: nothing is published if it fails).
+
+        :raises AllocstackError: ``network`` when the address cannot be bound.
+        """
+        if self.network is None:
+            return
+        try:
+            port = await self.server.start(self.network.address, 0, ssl=self.network.tls)
+        except OSError as exc:
+            raise AllocstackError("network", f"cannot listen on {self.network.address}: {exc.strerror}; the bind "
+                                             "address is config network.interface") from exc
+        self.network_url = self.network.url(port)
+
     async def run(self) -> int:
         loop = asyncio.get_running_loop()
         for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             loop.add_signal_handler(signum, self.stop, f"signal:{signal.Signals(signum).name}")
+        network_url = self.network_url
         port = await self.server.start("127.0.0.1", 0)
         url = f"http://127.0.0.1:{port}"
+        if network_url and self.network and self.settings.network_endpoint_file:
+            write_endpoint(self.settings.network_endpoint_file, network_url, self.tokens.token,
+                           self.tokens.view_token, tls=self.network.tls is not None,
+                           fingerprint=self.network.fingerprint)
         write_endpoint(self.settings.endpoint_file, url, self.tokens.token, self.tokens.view_token)
         self.progress.listening()
         self.event("coordinator-listening", endpoint=url, taskCount=len(self.board),
-                   restored=self.board.restored, **runtime_facts())
+                   restored=self.board.restored, networkEndpoint=network_url, **runtime_facts())
         log(f"coordinator: listening on {url} with {len(self.board)} tasks "
             f"({self.board.restored} restored from the journal)")
+        if network_url and self.network:
+            how = (f"TLS, certificate SHA-256 {self.network.fingerprint}" if self.network.tls else
+                   "PLAIN TEXT (config network.tls: false)")
+            log(f"coordinator: listening for the other nodes on {network_url} ({how})")
         log(f"coordinator: status page: {tunnel_command(port, os.environ)} ; then open the URL that "
             f"`python workflow/scripts/status.py --url` prints (with {TUNNEL_PORT} as the port)")
         self.finish_if_finished()  # everything restored from the journal: nothing left to hand out
@@ -248,7 +283,9 @@ class Coordinator:
         keeper.cancel()
         await self.journal.drain()
         self.journal.close()
-        self.settings.endpoint_file.unlink(missing_ok=True)
+        for published in (self.settings.endpoint_file, self.settings.network_endpoint_file):
+            if published:
+                published.unlink(missing_ok=True)
         if not self.outcome_written:  # why the run is incomplete: a storage fault, the allocation's end, ...
             self.write_outcome(f"storage: {self.fault.message}" if self.fault else
                                ALLOCATION_ENDING if self.board.allocation_ending else self.stop_reason)
@@ -271,7 +308,9 @@ def start_fresh(settings: CoordinatorSettings) -> None:
         settings.end_record.unlink(missing_ok=True)
     if settings.scratch:
         ensure_private_dir(settings.scratch)
-    for stale in (settings.endpoint_file, settings.events):
+    if settings.network_endpoint_file:  # the run's state directory: the other nodes read the endpoint there
+        private_level(settings.network_endpoint_file.parent)
+    for stale in (settings.endpoint_file, settings.events, settings.network_endpoint_file):
         if stale:
             stale.unlink(missing_ok=True)
 
@@ -315,18 +354,45 @@ def prepare(settings: CoordinatorSettings) -> tuple[TaskBoard, Journal, str]:
     return board, journal, input_sha256
 
 
+def network_listener(settings: CoordinatorSettings) -> NetworkListener | None:
+    """The address for the other nodes (config network.*) and the run's TLS context, before anything listens.
+
+    :raises AllocstackError: ``network`` for a wrong or unreachable address, ``prerequisite``
+        when the certificate cannot be made.
+    """
+    if settings.network_endpoint_file is None:
+        return None
+    return plan_listener(settings.interface, settings.address, settings.no_tls, settings.endpoint_file.parent,
+                         "coordinator")
+
+
+def startup_failed(settings: CoordinatorSettings, error: AllocstackError) -> int:
+    """Before serving: record why in the end record, so the gate fails at once with the reason."""
+    if settings.end_record:
+        try:
+            endrecord.write_startup_failure(settings.end_record, error, time.time())
+        except AllocstackError as unwritable:
+            report(unwritable)
+    return report(error)
+
+
+async def serve(coordinator: Coordinator) -> int:
+    """Listen for the other nodes first (a wrong address is a startup failure), then run."""
+    try:
+        await coordinator.listen_network()
+    except AllocstackError as error:
+        return startup_failed(coordinator.settings, error)
+    return await coordinator.run()
+
+
 def main(argv: list[str] | None = None) -> int:
     settings = parse_settings(argv, __doc__.split("\n\n")[0])
     try:
         board, journal, input_sha256 = prepare(settings)
+        network = network_listener(settings)
     except AllocstackError as error:
-        if settings.end_record:  # so the gate fails at once with the reason
-            try:
-                endrecord.write_startup_failure(settings.end_record, error, time.time())
-            except AllocstackError as unwritable:
-                report(unwritable)
-        return report(error)
-    return asyncio.run(Coordinator(settings, board, journal, input_sha256).run())
+        return startup_failed(settings, error)
+    return asyncio.run(serve(Coordinator(settings, board, journal, input_sha256, network)))
 
 
 if __name__ == "__main__":

@@ -9,7 +9,10 @@ scratch (creating it 0700), then runs and supervises::
 
 * ``srun`` is used when ``--job-steps`` is on and ``$SLURM_JOB_ID`` is set, so
   ``sacct -j JOB`` lists the component as its own step with its own state and
-  CPU time. Outside Slurm the component is a plain process.
+  CPU time. Outside Slurm the component is a plain process. The step is pinned to
+  one node: this launcher's (where the group job and the coordinator run), or with
+  ``--node-index K`` (config ``nodes`` above 1: a worker's place) the allocation's
+  K-th other node.
 * the container runtime (``--runtime``: Apptainer's ``apptainer exec`` or
   Charliecloud's ``ch-run``, see allocstack/containers.py) is used when
   ``--image`` is given; paths are bound at the same location inside the
@@ -18,13 +21,20 @@ scratch (creating it 0700), then runs and supervises::
 * ``--volume NAME`` (a Compose named volume) is the directory ``SCRATCH/volumes/NAME``,
   named to the component in ``$ALLOCSTACK_VOLUME_NAME``.
 
+A step on another node writes its output on that node, into a file beside this
+launcher's log (``srun --output=LOG-STEM.%N.log``, on the filesystem the nodes share),
+appended to the log when the step ends: srun would otherwise forward it over the network,
+which Slurm does not encrypt (measured on the test cluster's bridge), and a task's failure
+message may quote its data.
+
 Supervision: SIGTERM, SIGINT and SIGHUP are forwarded to the component (so a
 drain reaches it through srun and the container runtime); if launch.py itself is
 killed, the kernel kills the component too (``PR_SET_PDEATHSIG``), so nothing is
 orphaned. With ``--tolerate-kill RECORD`` (workers), a component killed by a
-signal that did not come through launch.py (``kill -9``, the OOM killer) is
-recorded in RECORD and the job succeeds: its leased tasks return to the queue and
-the other workers finish them; verification still decides whether the run succeeded.
+signal that did not come through launch.py (``kill -9``, the OOM killer, its job
+step cancelled, its node lost) is recorded in RECORD and the job succeeds: its
+leased tasks return to the queue and the other workers finish them; verification
+still decides whether the run succeeded.
 """
 
 from __future__ import annotations
@@ -48,6 +58,7 @@ from allocstack.errors import AllocstackError, report
 from allocstack.jsonio import atomic_write_json
 from allocstack.lifeline import ENV as LIFELINE_ENV
 from allocstack.names import VOLUME_PREFIX
+from allocstack.network import node_for
 from allocstack.program import volume_environment
 from allocstack.runtimes import PROGRAMS
 from allocstack.scratch import ensure_private_dir, resolve_root, run_scratch
@@ -59,9 +70,9 @@ def step_prefix(component: str, cpus: int, step_args: list[str], node: str | Non
 
     ``--overlap`` and ``--mem=0`` (from ``step_args``) because Snakemake's group job already
     runs inside one step that holds the allocation's CPUs and memory; ``--exact`` so the step
-    gets exactly ``cpus`` CPUs. ``--nodes=1 --nodelist=NODE`` pins every component to the node
-    this launcher runs on: the stack talks over loopback, so in an allocation of several nodes
-    a step placed elsewhere could never reach the coordinator.
+    gets exactly ``cpus`` CPUs. ``--nodes=1 --nodelist=NODE`` pins the component to one node:
+    the one this launcher runs on (the coordinator's, whose loopback the stack uses), or the
+    node a worker was placed on when the stack spans several (``--node-index``).
     """
     pin = ["--nodes=1", f"--nodelist={node}"] if node else ["--nodes=1"]
     return ["srun", f"--job-name={component}", "--ntasks=1", *pin, f"--cpus-per-task={cpus}", *step_args]
@@ -105,15 +116,58 @@ def component_env(args, scratch: Path | None, environ: Mapping[str, str]) -> dic
 
 
 def build_argv(args, scratch: Path | None, environ: Mapping[str, str], mount_tree: Path | None = None) -> list[str]:
+    in_step = bool(args.job_steps and environ.get("SLURM_JOB_ID"))
+    if args.node_index and not in_step:
+        raise AllocstackError("config", f"{args.component} is placed on node {args.node_index + 1}, but more than "
+                                        "one node needs Slurm job steps (slurm.job_steps: true, inside an allocation)")
+    node = node_for(args.node_index, this_node(environ), environ.get("SLURM_JOB_ID", "")) if args.node_index \
+        else this_node(environ)
     script = Path(args.command[0]).absolute()
     python = "python3" if args.image else sys.executable
     argv = [python, str(script), *args.command[1:]]
     if args.image:
+        env = component_env(args, scratch, environ)
+        if in_step:
+            env["SLURMD_NODENAME"] = node  # the node the step runs on, not this launcher's
         argv = container_prefix(args.runtime, args.image, args.runtime_arg, component_binds(args, scratch),
-                                component_env(args, scratch, environ), os.getcwd(), mount_tree) + argv
-    if args.job_steps and environ.get("SLURM_JOB_ID"):
-        argv = step_prefix(args.component, args.cpus, args.step_arg, this_node(environ)) + argv
+                                env, os.getcwd(), mount_tree) + argv
+    if in_step:
+        argv = step_prefix(args.component, args.cpus, [*args.step_arg, *step_output(args.node_index)], node) + argv
     return argv
+
+
+def log_file() -> Path | None:
+    """The regular file this launcher's stderr goes to (the rule's log), or None."""
+    try:
+        path = Path(os.readlink("/proc/self/fd/2"))
+    except OSError:
+        return None
+    return path if path.is_file() else None
+
+
+def step_output(node_index: int) -> list[str]:
+    """srun arguments that keep the output of a step on another node off the network (see above).
+
+    ``%N`` (the node's name) makes slurmstepd write the file on that node; a plain file name
+    would have srun receive the output over the network and write it here.
+    """
+    log = log_file()
+    if not node_index or log is None:
+        return []
+    pattern = log.with_name(f"{log.stem}.%N{log.suffix}")
+    return [f"--output={pattern}", f"--error={pattern}"]
+
+
+def collect_step_output() -> None:
+    """Append what a step on another node wrote beside the log (see :func:`step_output`) to the log."""
+    log = log_file()
+    if log is None:
+        return
+    sys.stderr.flush()
+    for written in sorted(log.parent.glob(f"{log.stem}.*{log.suffix}")):
+        with open(written, "rb") as handle:
+            os.write(2, handle.read())
+        written.unlink()
 
 
 def prepare_binds(args, scratch: Path | None, environ: Mapping[str, str]) -> Path | None:
@@ -151,7 +205,21 @@ def check_programs(argv: list[str], runtime: str, hint: str) -> None:
             raise AllocstackError("prerequisite", f"{program} is not on PATH{fix}")
 
 
-def supervise(command: list[str], env: dict[str, str], component: str, kill_record: Path | None) -> int:
+def killed_by(code: int, in_step: bool) -> int | None:
+    """The signal that ended the component, from its exit code (None: it exited).
+
+    A process killed by signal N is ``-N`` to Popen; srun reports a step whose task was killed
+    (``kill -9``, the OOM killer, ``scancel`` of the step) as exit code 128 + N.
+    """
+    if code < 0:
+        return -code
+    if in_step and code > 128 and code - 128 in {int(s) for s in signal.Signals}:
+        return code - 128
+    return None
+
+
+def supervise(command: list[str], env: dict[str, str], component: str, kill_record: Path | None,
+              off_node: bool = False) -> int:
     """Run ``command``, forward signals to it, and return the job's exit code.
 
     :raises AllocstackError: ``prerequisite`` when ``command`` cannot be started.
@@ -166,17 +234,25 @@ def supervise(command: list[str], env: dict[str, str], component: str, kill_reco
     supervised = Supervised(component, deliver, keep_tail=False)
     supervised.start(command, env)
     outcome = supervised.wait()
-    if outcome.code >= 0:
+    if off_node:
+        collect_step_output()
+    signum = killed_by(outcome.code, in_step)
+    lost = in_step and outcome.code == 0 and kill_record is not None and not kill_record.exists()
+    if signum is None and not lost:
         return outcome.code
-    killer = signal.Signals(-outcome.code).name
-    if kill_record is not None and not outcome.ended_by_us:
+    killer = signal.Signals(signum).name if signum else "the loss of its node"
+    if kill_record is not None and not outcome.forwarded:
+        # srun exits 0 when the step's node failed (after Slurm's SlurmdTimeout): the worker wrote no record.
         print(f"launch: {component} was killed by {killer} from outside; tolerated: its leased tasks "
               "return to the queue when their lease expires", file=sys.stderr, flush=True)
         atomic_write_json(kill_record, {"schemaVersion": 1, "workerId": component, "status": "killed",
-                                        "signal": killer, "tasksCompleted": None, "endedAt": time.time()}, 0o644)
+                                        "signal": signal.Signals(signum).name if signum else None,
+                                        "reason": killer, "tasksCompleted": None, "endedAt": time.time()}, 0o644)
         return 0
+    if signum is None:
+        return outcome.code
     print(f"launch: {component} ended by {killer}", file=sys.stderr, flush=True)
-    return outcome.status
+    return 128 + signum
 
 
 def parse_args(argv: list[str] | None):
@@ -197,6 +273,9 @@ def parse_args(argv: list[str] | None):
     parser.add_argument("--cpus", type=positive_int, default=1, help="CPUs of the job step")
     parser.add_argument("--volume", action="append", default=[],
                         help="a named volume: SCRATCH/volumes/NAME, given to the component as $ALLOCSTACK_VOLUME_NAME")
+    parser.add_argument("--node-index", type=int, default=0,
+                        help="run the step on the allocation's node number K (0 = this launcher's node; "
+                             "1.. = the others in Slurm's order)")
     parser.add_argument("--job-end-time", action="store_true",
                         help="export $SLURM_JOB_END_TIME (from squeue if Slurm does not set it) to the component")
     parser.add_argument("--tolerate-kill", type=Path, metavar="RECORD",
@@ -228,7 +307,7 @@ def main(argv: list[str] | None = None) -> int:
         return report(error)
     print(f"launch: {args.component}: {shlex.join(command)}", file=sys.stderr, flush=True)
     try:
-        return supervise(command, env, args.component, args.tolerate_kill)
+        return supervise(command, env, args.component, args.tolerate_kill, off_node=args.node_index > 0)
     except AllocstackError as error:
         return report(error)
     finally:

@@ -9,7 +9,13 @@ ONE total deadline on the monotonic clock. With ``--endpoint-file`` (or
 ``--scratch``) it first waits, within the same deadline, for the coordinator to
 publish its endpoint.
 
-Exit codes: 0 ready, 24 timed out, 64 bad arguments (e.g. a non-loopback URL).
+With ``--off-node`` (config ``nodes`` above 1) it is the gate of another node than the
+coordinator's: it reads the endpoint published for the other nodes (https, the run's
+certificate pinned by fingerprint) and proves the coordinator is reachable from here. Not
+reachable within the deadline, or a certificate that is not the run's: ``[network]``.
+
+Exit codes: 0 ready, 24 timed out, 64 bad arguments (e.g. a non-loopback URL), 69 the
+coordinator's network address is unreachable from this node (``--off-node``).
 """
 
 from __future__ import annotations
@@ -28,8 +34,9 @@ import requests
 
 from allocstack import SCHEMA_VERSION, endrecord, names
 from allocstack.cli import ArgumentParser, argv_list, positive_float, run, runtime_facts
-from allocstack.client import loopback_session
+from allocstack.client import NoHttps, PinnedAdapter, loopback_session
 from allocstack.endpoint import (
+    Endpoint,
     read_endpoint,
     require_loopback,
     service_end_path,
@@ -37,7 +44,7 @@ from allocstack.endpoint import (
     services_environment,
 )
 from allocstack.errors import EXIT_OK, AllocstackError, report
-from allocstack.events import append_event
+from allocstack.events import append_event, ensure_log_dir
 from allocstack.jsonio import atomic_write_json, read_json
 from allocstack.program import ProgramError, describe, expand_argv, program_environment, run_program
 
@@ -56,40 +63,41 @@ def while_alive(check: Check, record: Path | None, service: str | None) -> Check
     return alive
 
 
-def following(path: Path, url: str, make: Callable[[str], tuple[Check, str]]) -> tuple[Check, Callable[[], tuple[str, str]]]:
-    """``make(url)``'s check, made again whenever the endpoint file at ``path`` names another URL; and a function
-    telling the URL in use and how its check is named.
+def following(path: Path, endpoint: Endpoint,
+              make: Callable[[Endpoint], tuple[Check, str]]) -> tuple[Check, Callable[[], tuple[str, str]]]:
+    """``make(endpoint)``'s check, made again whenever the endpoint file at ``path`` names another endpoint
+    (URL, or certificate to pin); and a function telling the URL in use and how its check is named.
 
     An endpoint file an earlier run left in scratch (a crash, ``kill -9``) stays until the
     new service clears it and publishes its own, and the gate may read it first: probing
     that dead port until the deadline would fail a run whose service is up.
     """
-    current = {"url": url, "made": make(url)}
+    current = {"endpoint": endpoint, "made": make(endpoint)}
 
     def check(timeout: float) -> tuple[bool, str]:
         try:
-            latest = read_endpoint(path)[0] if path.exists() else None
+            latest = read_endpoint(path) if path.exists() else None
         except AllocstackError as error:
             if error.diag == "usage":
                 raise
             latest = None  # being replaced
         if latest is None:
             return False, f"no endpoint file at {path} (an earlier run's was cleared): waiting for the new one"
-        if latest != current["url"]:
-            current.update(url=latest, made=make(latest))
+        if (latest.url, latest.fingerprint) != (current["endpoint"].url, current["endpoint"].fingerprint):
+            current.update(endpoint=latest, made=make(latest))
         return current["made"][0](timeout)
 
-    return check, lambda: (current["url"], current["made"][1])
+    return check, lambda: (current["endpoint"].url, current["made"][1])
 
 
 def wait_for_endpoint(path: Path, deadline: float, interval: float, record: Path | None = None,
-                      service: str | None = None) -> str | None:
-    """Wait for the endpoint file; return its URL, or None at the deadline."""
+                      service: str | None = None) -> Endpoint | None:
+    """Wait for the endpoint file; return its endpoint, or None at the deadline."""
     while True:
         endrecord.ended_before_ready(record, service)
         if path.exists():
             try:
-                return read_endpoint(path)[0]
+                return read_endpoint(path)
             except AllocstackError as error:
                 if error.diag == "usage":
                     raise
@@ -164,6 +172,8 @@ def probe(check: Check, deadline: float, interval: float, probe_timeout: float =
             ready, last = check(max(0.05, min(probe_timeout, remaining)))
             if ready:
                 return True, attempts, "ready"
+        except requests.exceptions.SSLError:
+            raise  # not transient: the server there does not present the pinned certificate
         except (requests.RequestException, ValueError, OSError) as exc:
             last = type(exc).__name__
         time.sleep(max(0.0, min(interval, deadline - time.monotonic())))
@@ -226,6 +236,8 @@ def parse_args(argv: list[str] | None):
     parser.add_argument("--events", type=Path,
                         help=f"event log to append to (default SCRATCH/{names.EVENTS}; with --service NAME: "
                              f"SCRATCH/{names.component_events('NAME')})")
+    parser.add_argument("--off-node", action="store_true",
+                        help="the gate of a node other than the coordinator's: unreachable is a [network] error")
     args = parser.parse_args(argv)
     if args.mode == "health" and args.task_count is None and args.inputs_summary is None:
         parser.error("health mode needs --task-count or --inputs-summary")
@@ -254,8 +266,15 @@ def parse_args(argv: list[str] | None):
         args.coordinator_record = service_end_path(args.scratch, args.service)
     if args.scratch and not args.events:
         args.events = args.scratch / (names.component_events(args.service) if args.service else names.EVENTS)
-        args.events.parent.mkdir(mode=0o700, exist_ok=True)
+    ensure_log_dir(args.events)
     return args
+
+
+def unreachable(url: str, why: str) -> AllocstackError:
+    """This node cannot reach the coordinator's network endpoint: the center's network policy is at fault."""
+    return AllocstackError("network", f"{socket.gethostname()} cannot reach the coordinator at {url}: {why}; the "
+                                      "address it listens on for the other nodes is config network.interface "
+                                      "(null = the address the first node's hostname resolves to)")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -264,23 +283,37 @@ def main(argv: list[str] | None = None) -> int:
     deadline = started + args.timeout
     named = {"service": args.service} if args.service else {}
     try:
-        url = args.endpoint or wait_for_endpoint(args.endpoint_file, started + (args.start_timeout or args.timeout),
-                                                 min(args.interval, 0.02), args.coordinator_record, args.service)
-        if url is None:
+        endpoint = (Endpoint(args.endpoint, "") if args.endpoint else
+                    wait_for_endpoint(args.endpoint_file, started + (args.start_timeout or args.timeout),
+                                      min(args.interval, 0.02), args.coordinator_record, args.service))
+        if endpoint is None:
             raise AllocstackError("readiness-timeout", f"no endpoint file at {args.endpoint_file} within "
                                                        f"{args.start_timeout or args.timeout:g} s")
+        url = endpoint.url
         if args.start_timeout:  # the service started only now (after its dependencies' gates)
             started, started_wall = time.monotonic(), time.time()
             deadline = started + args.timeout
-        with loopback_session() as session:
+        with loopback_session(endpoint.fingerprint) as session:
+
+            def pinned_check(latest: Endpoint) -> tuple[Check, str]:
+                # off the first node, a newer run's endpoint comes with its own certificate to pin
+                session.mount("https://", PinnedAdapter(latest.fingerprint) if latest.fingerprint else NoHttps())
+                return make_check(args, session, latest.url)
+
             check, wanted = make_check(args, session, url)
             in_use = lambda: (url, wanted)  # noqa: E731
             if args.endpoint_file:
-                check, in_use = following(args.endpoint_file, url, lambda latest: make_check(args, session, latest))
+                check, in_use = following(args.endpoint_file, endpoint, pinned_check)
             if args.service:  # (the coordinator may complete, and write its end record, before its gate passes)
                 check = while_alive(check, args.coordinator_record, args.service)
-            ready, attempts, last = probe(check, deadline, args.interval, args.probe_timeout)
+            try:
+                ready, attempts, last = probe(check, deadline, args.interval, args.probe_timeout)
+            except requests.exceptions.SSLError as exc:
+                raise unreachable(in_use()[0], f"TLS failed ({str(exc)[-160:]}): the server there does not "
+                                               "present this run's certificate") from exc
             url, wanted = in_use()
+        if not ready and args.off_node:
+            raise unreachable(url, f"no {wanted} within {args.timeout:g} s ({attempts} probes; last: {last})")
         if not ready:
             what = f"service {args.service}: " if args.service else ""
             raise AllocstackError(
@@ -295,6 +328,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.record:
         atomic_write_json(args.record, {
             "schemaVersion": SCHEMA_VERSION, "status": "ready", "endpoint": url, "taskCount": args.task_count,
+            "host": socket.gethostname(),
             "secondsToReady": round(seconds, 4), "attempts": attempts, "startedAt": started_wall,
             "passedAt": event["t"], **named,
         }, 0o644)

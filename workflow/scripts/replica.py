@@ -7,7 +7,9 @@ program talks to your own services itself) with ``ALLOCSTACK_WORKER_ID``
 (``worker-01``...), ``ALLOCSTACK_REPLICA_INDEX`` (0..N-1), ``ALLOCSTACK_WORKERS`` (N),
 every service's ``ALLOCSTACK_<NAME>_*`` variables, the named volumes'
 ``ALLOCSTACK_VOLUME_*`` and ``worker.environment`` (see allocstack/program.py).
-Signals are passed on to it; it is stopped when its launcher is gone.
+Signals are passed on to it; it is stopped when its launcher is gone. Off the
+first node (config ``nodes`` above 1) the services' variables name the local ends
+of their TLS tunnels (``allocstack/tunnel.py``): your program does not change.
 
 Exit codes: 0 your program exited 0 (the worker's record is written); 75 it
 exited otherwise or was stopped, with one line naming the replica, how it
@@ -30,6 +32,7 @@ from allocstack.jsonio import atomic_write_json
 from allocstack.program import await_gates, describe, expand_argv, program_environment
 from allocstack.scratch import ensure_private_dir
 from allocstack.supervise import Supervised
+from allocstack.tunnel import remote_services_environment
 
 
 def replica_variables(worker: str, index: int, workers: int) -> dict[str, str]:
@@ -46,6 +49,11 @@ def parse_args(argv: list[str] | None):
                         help="also the built-in coordinator's variables (ALLOCSTACK_COORDINATOR_*)")
     add_gate_arguments(parser)
     parser.add_argument("--record", type=Path, help="this worker's record (JSON), written when it exited 0")
+    parser.add_argument("--events", type=Path, help=f"event log (default SCRATCH/{names.component_events('WORKER')})")
+    parser.add_argument("--endpoint-file", type=Path,
+                        help="off the first node: the coordinator's endpoint published for the other nodes")
+    parser.add_argument("--remote-services", type=Path,
+                        help="off the first node: where your services are published for the other nodes")
     args = parser.parse_args(argv)
     if args.scratch is None:
         parser.error("--scratch (or $ALLOCSTACK_SCRATCH) is required")
@@ -58,14 +66,18 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     worker = args.worker_id
     log = lambda message: print(f"{worker}: {message}", file=sys.stderr, flush=True)  # noqa: E731
-    events = args.scratch / names.component_events(worker)
+    events = args.events or args.scratch / names.component_events(worker)
     program = Supervised(worker)
     try:
         ensure_private_dir(events.parent)
         events.unlink(missing_ok=True)
         await_gates(args.gate_record, args.gate_timeout, log)
-        stack = {**services_environment(args.scratch, args.uses, args.uses_coordinator),
-                 **replica_variables(worker, args.index, args.workers)}
+        if args.remote_services:  # off the first node: through the TLS tunnels
+            services = remote_services_environment(args.remote_services, args.uses,
+                                                   args.endpoint_file if args.uses_coordinator else None)
+        else:
+            services = services_environment(args.scratch, args.uses, args.uses_coordinator)
+        stack = {**services, **replica_variables(worker, args.index, args.workers)}
         env = program_environment(os.environ, stack, args.environment_json, "worker")
         argv = expand_argv(args.command_json, env, "worker")
         started = time.time()

@@ -7,11 +7,13 @@
     srun --jobid JOB --overlap python workflow/scripts/status.py --run baseline   # from a login node
 
 While the stack runs it reads the run's endpoint file in job-scoped scratch (only
-you can read it) and asks the coordinator for ``/status``. Once it ended it shows
-the run from ``results/<run>/`` (the verdict, counts, workers, where the marker
-is). ``--run`` may be left out when there is exactly one run. Snakemake calls it
-with ``--end-of-run`` for the summary it prints when a run ends. Exit 0, or 69
-when there is no such run.
+you can read it) and asks the coordinator for ``/status``; with more than one node
+it works from any node of the allocation (off the coordinator's node it reads the
+endpoint published for the other nodes in the run's state directory: TLS, pinned).
+Once it ended it shows the run from ``results/<run>/`` (the verdict, counts,
+workers, where the marker is). ``--run`` may be left out when there is exactly one
+run. Snakemake calls it with ``--end-of-run`` for the summary it prints when a run
+ends. Exit 0, or 69 when there is no such run.
 """
 
 from __future__ import annotations
@@ -47,9 +49,17 @@ def render(status: dict[str, Any], url: str) -> str:
         "  workers   claimed   completed  last seen",
     ]
     for worker, stats in status["workers"].items():
-        lines.append(f"  {worker:<12}{stats['claimed']:>7,} {stats['completed']:>11,}  {stats['lastSeenSecondsAgo']:.1f} s ago")
+        node = f"  on {stats['node']}" if stats.get("node") else ""
+        lines.append(f"  {worker:<12}{stats['claimed']:>7,} {stats['completed']:>11,}  "
+                     f"{stats['lastSeenSecondsAgo']:.1f} s ago{node}")
     if not status["workers"]:
         lines.append("  (no worker has claimed yet)")
+    nodes = status.get("nodes") or {}
+    if nodes:
+        lines.append("  nodes     workers   completed  last seen")
+        for node, stats in nodes.items():
+            lines.append(f"  {node:<12}{len(stats['workers']):>7,} {stats['completed']:>11,}  "
+                         f"{stats['lastSeenSecondsAgo']:.1f} s ago  ({', '.join(stats['workers'])})")
     return "\n".join(lines)
 
 
@@ -61,6 +71,8 @@ def parse_args(argv: list[str] | None):
     parser.add_argument("--scratch-root", default="", help="config `scratch` if you set one")
     parser.add_argument("--results-dir", type=Path, default=Path("results"), help="where runs leave their records")
     parser.add_argument("--logs-dir", type=Path, default=Path("logs"), help="where the components' logs are")
+    parser.add_argument("--state-dir", type=Path, default=Path("state"),
+                        help="config `state_dir`: off the coordinator's node (more than one node), the endpoint is there")
     parser.add_argument("--url", action="store_true", help="print the live page's URL and the SSH tunnel command")
     parser.add_argument("--json", action="store_true", help="print the raw /status document")
     parser.add_argument("--end-of-run", choices=["success", "error"],
@@ -104,11 +116,13 @@ def live_status(path: Path) -> tuple[str, dict[str, Any]]:
 
     from allocstack.client import CoordinatorClient
 
-    url, token = read_endpoint(path)
+    endpoint = read_endpoint(path)
+    client = CoordinatorClient(endpoint.url, endpoint.token, timeout=10, fingerprint=endpoint.fingerprint)
     try:
-        return url, CoordinatorClient(url, token, timeout=10).status()
+        return endpoint.url, client.status()
     except requests.RequestException as exc:
-        raise AllocstackError("prerequisite", f"the coordinator at {url} does not answer ({type(exc).__name__})") from exc
+        raise AllocstackError("prerequisite", f"the coordinator at {endpoint.url} does not answer "
+                                              f"({type(exc).__name__})") from exc
 
 
 def show_finished(args, run: str) -> int:
@@ -143,16 +157,23 @@ def main(argv: list[str] | None = None) -> int:
             run = choose_run(args)
             scratch = user_scratch(args.scratch_root)
             path = scratch / run / names.ENDPOINT if scratch else None
+            shared = args.state_dir / run / names.ENDPOINT
+            if (path is None or not path.exists()) and shared.exists():
+                path = shared  # another node of a multi-node stack
         if args.end_of_run or path is None or not path.exists():
             if run is None:
                 raise AllocstackError("prerequisite", f"no endpoint file at {path}: is the stack running on this node?")
             return show_finished(args, run)
         if args.url:
-            url, _ = read_endpoint(path)
-            port, view = url.rsplit(":", 1)[1], read_view_token(path)
-            print(f"{url}/ui?token={view}")
-            print(f"from your laptop: {tunnel_command(port, os.environ)}"
-                  f"  then open http://127.0.0.1:{TUNNEL_PORT}/ui?token={view}")
+            endpoint = read_endpoint(path)
+            port, view = endpoint.url.rsplit(":", 1)[1], read_view_token(path)
+            print(f"{endpoint.url}/ui?token={view}")
+            if endpoint.fingerprint:  # the endpoint for the other nodes (more than one node)
+                print(f"TLS with the run's own certificate, SHA-256 {endpoint.fingerprint}; from your laptop, "
+                      "run this command on the first node for an SSH tunnel to its loopback page")
+            else:
+                print(f"from your laptop: {tunnel_command(port, os.environ)}"
+                      f"  then open http://127.0.0.1:{TUNNEL_PORT}/ui?token={view}")
             return EXIT_OK
         url, status = live_status(path)
     except AllocstackError as error:

@@ -202,6 +202,7 @@ def verify(args) -> dict[str, Any]:
         ok, reason = gate_precedes_workers(read_events(args.events))
         if not ok:
             raise fail(f"event log {args.events}: {reason}")
+        print(f"verify: {reason}", flush=True)
     return marker
 
 

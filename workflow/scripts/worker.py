@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import sys
 import threading
 import time
@@ -48,13 +49,14 @@ from allocstack.cli import (
     scratch_defaults,
 )
 from allocstack.client import CoordinatorClient
-from allocstack.endpoint import read_endpoint, require_loopback, services_environment
+from allocstack.endpoint import Endpoint, read_endpoint, require_loopback, services_environment
 from allocstack.errors import EXIT_OK, EXIT_TEMPFAIL, AllocstackError, report
-from allocstack.events import append_event
+from allocstack.events import append_event, ensure_log_dir
 from allocstack.handlers import TaskFailure, baseline, command_handler
 from allocstack.jsonio import atomic_write_json, sha256_text
 from allocstack.lifeline import watch_launcher
 from allocstack.program import await_gates, expand_argv, program_environment
+from allocstack.tunnel import remote_services_environment
 
 Handler = Callable[[str, dict[str, Any]], str]
 
@@ -89,9 +91,10 @@ def simulated(handler: Handler, seconds: float) -> Handler:
 class Heartbeat(threading.Thread):
     """Renews the leases of the batch in hand when it has run longer than a third of a lease."""
 
-    def __init__(self, url: str, token: str, worker: str, tally: Tally, lease: float) -> None:
+    def __init__(self, endpoint: Endpoint, worker: str, tally: Tally, lease: float) -> None:
         super().__init__(daemon=True, name="heartbeat")
-        self.client = CoordinatorClient(url, token, timeout=max(1.0, lease / 3))
+        self.client = CoordinatorClient(endpoint.url, endpoint.token, timeout=max(1.0, lease / 3),
+                                        fingerprint=endpoint.fingerprint)
         self.worker, self.tally, self.period = worker, tally, lease / 3
         self.stopped = threading.Event()
 
@@ -105,6 +108,11 @@ class Heartbeat(threading.Thread):
                     pass  # the main loop notices a dead coordinator; leases just expire
 
 
+def node_name() -> str:
+    """This worker's node as Slurm names it (the status shows workers per node)."""
+    return os.environ.get("SLURMD_NODENAME") or socket.gethostname()
+
+
 def claim_with_retry(client: CoordinatorClient, worker: str, batch: int, results: list[dict[str, Any]],
                      connect_timeout: float) -> dict[str, Any]:
     """One claim round trip, retried on connection errors for at most ``connect_timeout`` seconds.
@@ -115,7 +123,7 @@ def claim_with_retry(client: CoordinatorClient, worker: str, batch: int, results
     delay = 0.05
     while True:
         try:
-            return client.claim(worker, batch, results)
+            return client.claim(worker, batch, results, node=node_name())
         except (requests.ConnectionError, requests.Timeout) as exc:
             if time.monotonic() + delay > deadline:
                 raise AllocstackError(
@@ -251,6 +259,9 @@ def parse_args(argv: list[str] | None):
                         help=f"job-scoped scratch (default $ALLOCSTACK_SCRATCH): {names.ENDPOINT} and {names.EVENTS}")
     parser.add_argument("--endpoint-file", help=f"endpoint file (default SCRATCH/{names.ENDPOINT})")
     parser.add_argument("--events", type=Path, help=f"event log (default SCRATCH/{names.EVENTS})")
+    parser.add_argument("--remote-services", type=Path,
+                        help="off the first node (more than one node): where your services are published for the "
+                             "other nodes; each is reached through a local end of its TLS tunnel")
     add_gate_arguments(parser)
     parser.add_argument("--record", type=Path, help="write this worker's record (JSON) here at the end")
     parser.add_argument("--batch", type=positive_int, default=1, help="tasks claimed per round trip")
@@ -272,15 +283,17 @@ def parse_args(argv: list[str] | None):
     if not args.endpoint_file and not os.environ.get("ALLOCSTACK_COORDINATOR_ENDPOINT"):
         parser.error("--endpoint-file is required when no --scratch (or $ALLOCSTACK_SCRATCH) is given "
                      "(or $ALLOCSTACK_COORDINATOR_ENDPOINT, as a long-running worker gets it)")
+    ensure_log_dir(args.events)
     return args
 
 
-def coordinator(endpoint_file: str | None) -> tuple[str, str]:
-    """The coordinator's URL and token: from its endpoint file, else (run as a long-running worker of yours)
+def coordinator(endpoint_file: str | None) -> Endpoint:
+    """The coordinator's endpoint: from its endpoint file, else (run as a long-running worker of yours)
     from ``$ALLOCSTACK_COORDINATOR_ENDPOINT`` and ``_TOKEN``."""
     if endpoint_file:
         return read_endpoint(endpoint_file)
-    return require_loopback(os.environ["ALLOCSTACK_COORDINATOR_ENDPOINT"]), os.environ["ALLOCSTACK_COORDINATOR_TOKEN"]
+    return Endpoint(require_loopback(os.environ["ALLOCSTACK_COORDINATOR_ENDPOINT"]),
+                    os.environ["ALLOCSTACK_COORDINATOR_TOKEN"])
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -297,19 +310,23 @@ def main(argv: list[str] | None = None) -> int:
     watch_launcher(orphaned)
     try:
         await_gates(args.gate_record, args.gate_timeout, log)
-        if args.scratch:  # your own services' variables (config services), for your program
+        if args.remote_services:  # off the first node: your services through their TLS tunnels
+            os.environ.update(remote_services_environment(args.remote_services, args.uses))
+        elif args.scratch:  # your own services' variables (config services), for your program
             os.environ.update(services_environment(args.scratch, args.uses))
-        url, token = coordinator(args.endpoint_file)
-        append_event(args.events, "worker-start", worker=worker, **runtime_facts())
-        client = CoordinatorClient(url, token)
-        heartbeat = Heartbeat(url, token, worker, tally, args.lease_seconds)
+        endpoint = coordinator(args.endpoint_file)
+        append_event(args.events, "worker-start", worker=worker, node=node_name(), **runtime_facts())
+        client = CoordinatorClient(endpoint.url, endpoint.token, fingerprint=endpoint.fingerprint)
+        heartbeat = Heartbeat(endpoint, worker, tally, args.lease_seconds)
         heartbeat.start()
         try:
             if args.command_json:
                 env = program_environment(os.environ, {}, args.environment_json, "worker")
                 os.environ.update(env)
+                # Off the first node the run's scratch may not exist here: then the node's own temp dir.
+                private = str(args.scratch) if args.scratch and args.scratch.is_dir() else None
                 handler = command_handler(expand_argv(args.command_json, env, "worker"), args.task_timeout or None,
-                                          str(args.scratch) if args.scratch else None)
+                                          private)
             else:
                 handler = lambda _task_id, payload: baseline(payload)  # noqa: E731
             handler = simulated(handler, args.simulate_seconds)

@@ -10,6 +10,7 @@ claims. See ``workflow/scripts/coordinator.py`` for the protocol itself.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from typing import Any
 from urllib.parse import parse_qs
@@ -27,6 +28,8 @@ WAIT_HINT_SECONDS = 0.1
 MAX_CLAIM_BATCH = 10_000
 #: A failure reason is kept up to this many characters (its tail).
 MAX_REASON_CHARS = 2000
+#: What a worker may call its node (a host name as Slurm and DNS spell them).
+NODE_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 _PAGE = Response(200, PAGE.encode("utf-8"), content_type="text/html; charset=utf-8")
 
 Event = Callable[..., None]
@@ -126,11 +129,14 @@ class CoordinatorApi:
         max_tasks = body.get("max", 1)
         if type(max_tasks) is not int or not 1 <= max_tasks <= MAX_CLAIM_BATCH:
             raise ClientError(f"max must be an integer in 1..{MAX_CLAIM_BATCH}")
+        node = body.get("node")
+        if node is not None and not (isinstance(node, str) and NODE_PATTERN.match(node)):
+            raise ClientError("node must be a host name")
         reply: dict[str, Any] = {}
         if "results" in body:
             ids, rejected = await self.submit(worker, body["results"])
             reply.update(accepted=ids, rejected=rejected)
-        claim = self.board.claim(worker, max_tasks, self.clock())
+        claim = self.board.claim(worker, max_tasks, self.clock(), node)
         reply["status"] = claim.status
         if claim.status == "task":
             if claim.first:

@@ -194,3 +194,15 @@ def tool_version(argv: list[str], env: Mapping[str, str] | None = None) -> str |
         return None
     text = (done.stdout or done.stderr).strip().splitlines()
     return text[0] if text else None
+def add_network_options(parser: argparse.ArgumentParser) -> None:
+    """The options of a service of the first node that also listens for the other nodes (config ``nodes`` > 1)."""
+    parser.add_argument("--network-endpoint-file", type=Path,
+                        help="also listen on this node's network address, for workers on other nodes, and publish "
+                             "that endpoint here (0600)")
+    parser.add_argument("--interface", default="",
+                        help="network policy: bind this interface's IPv4 address ('' = the hostname's address)")
+    parser.add_argument("--address", default="",
+                        help="bind exactly this address for the other nodes, unchecked (tests and benchmarks: TLS on "
+                             "loopback); overrides --interface")
+    parser.add_argument("--no-tls", action="store_true",
+                        help="plain text on the network address (only where the center's config says so)")

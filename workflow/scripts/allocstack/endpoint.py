@@ -4,6 +4,13 @@ The endpoint file is ``{"schemaVersion": 1, "endpoint": "http://127.0.0.1:PORT",
 "token": "...", "viewToken": "..."}``, written atomically with mode 0600 inside the
 0700 job-scoped scratch. The coordinator and your own service (``app_service.py``)
 publish the same way.
+
+With more than one node the coordinator publishes a second document for the other nodes'
+workers, in the run's state directory (``<state_dir>/<run>/endpoint.json``, 0600 in a 0700
+directory on the filesystem the nodes already share): the same fields with the network
+address, plus ``"tls": true`` and the ``"tlsFingerprint"`` of the run's certificate that
+clients pin, or ``"tls": false`` where the center's config turned encryption off. A document
+without ``"tls"`` may only name a loopback address.
 """
 
 from __future__ import annotations
@@ -11,9 +18,11 @@ from __future__ import annotations
 import ipaddress
 import os
 import pwd
+import re
 import socket
 import time
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -46,10 +55,18 @@ def require_loopback(url: str) -> str:
     return url.rstrip("/")
 
 
-def write_endpoint(path: str | os.PathLike, url: str, token: str, view_token: str) -> None:
-    """``token`` may claim and post; ``view_token`` may only read /status and the /ui page."""
-    atomic_write_json(path, {"schemaVersion": SCHEMA_VERSION, "endpoint": url, "token": token,
-                             "viewToken": view_token})
+def write_endpoint(path: str | os.PathLike, url: str, token: str, view_token: str,
+                   tls: bool | None = None, fingerprint: str | None = None) -> None:
+    """``token`` may claim and post; ``view_token`` may only read /status and the /ui page.
+
+    ``tls`` is None for a loopback endpoint; for a network endpoint True (with the certificate's
+    ``fingerprint``) or False (plain text, where the center's config says so).
+    """
+    document: dict[str, Any] = {"schemaVersion": SCHEMA_VERSION, "endpoint": url, "token": token,
+                                "viewToken": view_token}
+    if tls is not None:
+        document.update(tls=tls, tlsFingerprint=fingerprint)
+    atomic_write_json(path, document)
 
 
 def write_service_file(path: str | os.PathLike) -> None:
@@ -94,7 +111,8 @@ def services_environment(scratch: Path, services: list[str], coordinator: bool =
     if coordinator:
         published.append(("coordinator", scratch / names.ENDPOINT))
     for name, path in published:
-        env.update(service_variables(name, *read_endpoint(path)))
+        endpoint = read_endpoint(path)
+        env.update(service_variables(name, endpoint.url, endpoint.token))
     return env
 
 
@@ -127,15 +145,49 @@ def read_view_token(path: str | os.PathLike) -> str:
     return str(document.get("viewToken", "")) if isinstance(document, dict) else ""
 
 
-def read_endpoint(path: str | os.PathLike) -> tuple[str, str]:
-    """Return ``(url, token)`` from an endpoint file.
+@dataclass(frozen=True)
+class Endpoint:
+    """Where a service listens: ``url``, the bearer ``token``, and for a TLS endpoint the
+    SHA-256 ``fingerprint`` of the one certificate to accept."""
 
-    :raises AllocstackError: ``prerequisite`` when missing/malformed, ``usage`` when not loopback.
+    url: str
+    token: str
+    fingerprint: str | None = None
+
+
+FINGERPRINT = re.compile(r"^[0-9a-f]{64}$")
+
+
+def network_url(url: str, tls: bool, fingerprint: Any, path: str | os.PathLike) -> str:
+    """Check a network endpoint: https with a SHA-256 fingerprint to pin, or http where ``tls`` is False.
+
+    :raises AllocstackError: ``prerequisite`` when the document is inconsistent.
+    """
+    parts = urlsplit(url)
+    scheme = "https" if tls else "http"
+    if parts.scheme != scheme or not parts.hostname or parts.port is None or parts.path not in ("", "/"):
+        raise AllocstackError("prerequisite", f"endpoint file {path}: {url!r} must look like {scheme}://ADDRESS:PORT")
+    if tls and not (isinstance(fingerprint, str) and FINGERPRINT.match(fingerprint)):
+        raise AllocstackError("prerequisite", f"endpoint file {path}: an https endpoint needs the certificate's "
+                                              "SHA-256 tlsFingerprint to pin")
+    return url.rstrip("/")
+
+
+def read_endpoint(path: str | os.PathLike) -> Endpoint:
+    """The endpoint published in ``path``.
+
+    :raises AllocstackError: ``prerequisite`` when missing/malformed, ``usage`` when a document
+        without ``"tls"`` names an address that is not loopback.
     """
     document: Any = read_json(path, "endpoint", diag="prerequisite")
     if not isinstance(document, dict) or document.get("schemaVersion") != SCHEMA_VERSION:
         raise AllocstackError("prerequisite", f"endpoint file {path} is not a schemaVersion 1 endpoint document")
-    url, token = document.get("endpoint"), document.get("token")
+    url, token, tls = document.get("endpoint"), document.get("token"), document.get("tls")
     if not isinstance(url, str) or not isinstance(token, str) or not token:
         raise AllocstackError("prerequisite", f"endpoint file {path} lacks 'endpoint' or 'token'")
-    return require_loopback(url), token
+    if tls is None:
+        return Endpoint(require_loopback(url), token)
+    if not isinstance(tls, bool):
+        raise AllocstackError("prerequisite", f"endpoint file {path}: 'tls' must be true or false")
+    fingerprint = document.get("tlsFingerprint")
+    return Endpoint(network_url(url, tls, fingerprint, path), token, fingerprint if tls else None)

@@ -50,6 +50,11 @@ def ended_before_ready(path: str | os.PathLike | None, service: str | None = Non
     ``coordinator-exit`` with the reason in the coordinator's end record; for your own
     ``service``, ``service-exit`` with how its supervisor recorded its end
     (``SCRATCH/services/<name>.end.json``, see app_service.py).
+
+    A coordinator that served writes its end record the moment every task has a result and
+    goes on serving until it is told to stop: with more than one node, the first node's
+    workers can finish a small task set before another node's gate runs, and that gate must
+    still pass (its workers then hear "done").
     """
     if path is None or not os.path.exists(path):
         return
@@ -57,7 +62,10 @@ def ended_before_ready(path: str | os.PathLike | None, service: str | None = Non
         record = read_json(path, "end record", diag="coordinator-exit")
         reason = (record.get("reason") or record.get("how") or "?") if isinstance(record, dict) else "unreadable end record"
     except AllocstackError:
-        reason = "unreadable end record"
+        record, reason = None, "unreadable end record"
+    served = isinstance(record, dict) and record.get("listeningAt") and record.get("status") in (COMPLETED, FAILED)
+    if served and not service:
+        return  # finished the work, still serving
     if service:
         raise AllocstackError("service-exit", f"service {service} ended before it was ready: {reason}")
     raise AllocstackError("coordinator-exit", f"the coordinator ended before it was ready: {reason}")

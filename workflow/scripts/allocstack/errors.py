@@ -36,6 +36,7 @@ DIAGNOSTICS: dict[str, tuple[int, str]] = {
     "coordinator-exit": (EXIT_SOFTWARE, "the coordinator ended without completing every task"),
     "worker-exit": (EXIT_TEMPFAIL, "a worker stopped before the run was done, or a long-running worker failed"),
     "service-exit": (EXIT_SOFTWARE, "a service of yours ended by itself, or did not stop cleanly"),
+    "network": (EXIT_UNAVAILABLE, "with more than one node: the coordinator's network address is wrong or unreachable"),
     "auth": (EXIT_NOPERM, "the coordinator refused the token"),
     "task-failed": (EXIT_DATA, "a task's handler or command failed"),
     "verification": (EXIT_DATA, "the results are not correct"),

@@ -28,7 +28,9 @@ what a coordinator on a shared node needs:
 Speed: each response is ONE write and sockets have TCP_NODELAY (a keep-alive
 client otherwise hits Nagle + delayed ACK, ~40 ms a request); timeouts are a
 deadline per connection checked by one sweeper task, not a timer per read.
-``start(host, port, ssl=...)`` takes an SSL context for transports that need one.
+``start(host, port, ssl=...)`` takes an SSL context: the coordinator's listener for the other
+nodes (more than one node) is TLS; every bound above holds there too (h11 is sans-IO: it
+parses what the TLS transport decrypted).
 """
 
 from __future__ import annotations
@@ -181,7 +183,7 @@ class HttpServer:
         self.admit = admit
         self.limits = limits
         self.log = log
-        self.server: asyncio.base_events.Server | None = None
+        self.servers: list[asyncio.base_events.Server] = []
         self.connections: dict[asyncio.Task[None], _Connection] = {}
         self.requests = 0
         self.internal_errors = 0
@@ -193,14 +195,22 @@ class HttpServer:
 
     async def start(self, host: str = "127.0.0.1", port: int = 0,
                     ssl: ssl_module.SSLContext | None = None) -> int:
-        """Listen on ``host:port`` (with TLS when ``ssl`` is given); return the bound port."""
-        self.server = await asyncio.start_server(self._serve, host, port, limit=READ_CHUNK, backlog=512, ssl=ssl)
-        self._sweeper = asyncio.get_running_loop().create_task(self._sweep())
-        return self.server.sockets[0].getsockname()[1]
+        """Listen on ``host:port`` (with TLS when ``ssl`` is given); return the bound port.
+
+        Callable more than once (the coordinator listens on loopback and, with more than one
+        node, on the network address with TLS): every listener shares the one set of bounds.
+        A TLS handshake not done within ``idle_timeout`` is abandoned (before any request).
+        """
+        server = await asyncio.start_server(self._serve, host, port, limit=READ_CHUNK, backlog=512, ssl=ssl,
+                                            ssl_handshake_timeout=self.limits.idle_timeout if ssl else None)
+        self.servers.append(server)
+        if self._sweeper is None:
+            self._sweeper = asyncio.get_running_loop().create_task(self._sweep())
+        return server.sockets[0].getsockname()[1]
 
     async def close(self) -> None:
-        if self.server is not None:
-            self.server.close()
+        for server in self.servers:
+            server.close()
         if self._sweeper is not None:
             self._sweeper.cancel()
         for task in list(self.connections):

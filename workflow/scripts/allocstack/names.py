@@ -2,7 +2,11 @@
 
 Job-scoped scratch (``ROOT/allocstack-UID/RUN``, see :mod:`scratch`) holds what a
 running stack publishes; the run's state directory (config ``state_dir``) holds
-what must outlive the job. Standard library only: the rules load this file by its
+what must outlive the job. With more than one node (config ``nodes``), the state
+directory, on the filesystem every node shares, also holds what the other nodes
+read: ``ENDPOINT`` and ``SERVICES/<name>.json`` as published for them (network
+address, TLS fingerprint; 0600), and the event logs written there
+(``EVENTS_DIR/<name>.jsonl``), the same names as in scratch. Standard library only: the rules load this file by its
 path (common.smk), the scripts import it.
 """
 

@@ -57,6 +57,16 @@ class Progress:
         counts = board.counts()
         rate = self.rate()
         remaining = counts["total"] - counts["done"]
+        workers = {
+            worker: {
+                "node": stats.node,
+                "claimed": stats.claimed,
+                "completed": stats.completed,
+                "rejected": stats.rejected,
+                "lastSeenSecondsAgo": round(now - stats.last_seen, 3),
+            }
+            for worker, stats in sorted(board.workers.items())
+        }
         return {
             "schemaVersion": SCHEMA_VERSION,
             **counts,
@@ -69,16 +79,23 @@ class Progress:
             "elapsedSeconds": round(self.wall() - self.started_at, 3),
             "readySeconds": round(self.listening_at - self.started_at, 3) if self.listening_at else None,
             "draining": bool(board.closed),
-            "workers": {
-                worker: {
-                    "claimed": stats.claimed,
-                    "completed": stats.completed,
-                    "rejected": stats.rejected,
-                    "lastSeenSecondsAgo": round(now - stats.last_seen, 3),
-                }
-                for worker, stats in sorted(board.workers.items())
-            },
+            "workers": workers,
+            "nodes": per_node(workers),
         }
+
+
+def per_node(workers: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Workers per node, from the per-worker status (pure): counts, what they did, who was seen last."""
+    nodes: dict[str, dict[str, Any]] = {}
+    for worker, stats in workers.items():
+        node = nodes.setdefault(stats.get("node") or "?", {"workers": [], "claimed": 0, "completed": 0,
+                                                             "lastSeenSecondsAgo": None})
+        node["workers"].append(worker)
+        node["claimed"] += stats["claimed"]
+        node["completed"] += stats["completed"]
+        seen = stats["lastSeenSecondsAgo"]
+        node["lastSeenSecondsAgo"] = seen if node["lastSeenSecondsAgo"] is None else min(seen, node["lastSeenSecondsAgo"])
+    return dict(sorted(nodes.items()))
 
 
 def progress_line(summary: dict[str, Any]) -> str:

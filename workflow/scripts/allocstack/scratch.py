@@ -51,19 +51,27 @@ def ensure_private_dir(path: Path) -> Path:
     :raises AllocstackError: ``prerequisite`` when a level exists but is a symlink,
         not ours, or accessible to group/others (someone else could read the token).
     """
-    for level in (path.parent, path):
-        try:
-            level.mkdir(mode=PRIVATE_DIR, parents=True, exist_ok=True)
-        except OSError as exc:
-            raise AllocstackError("prerequisite", f"cannot create scratch directory {level}: {exc.strerror}") from exc
-        info = os.lstat(level)
-        if stat.S_ISLNK(info.st_mode) or not stat.S_ISDIR(info.st_mode):
-            raise AllocstackError("prerequisite", f"scratch path {level} is not a plain directory")
-        if info.st_uid != os.getuid():
-            raise AllocstackError("prerequisite", f"scratch directory {level} belongs to uid {info.st_uid}, not to you")
-        if info.st_mode & 0o077:
-            os.chmod(level, PRIVATE_DIR)
-    return path
+    private_level(path.parent)
+    return private_level(path)
+
+
+def private_level(level: Path) -> Path:
+    """Create the one directory ``level`` (parents as needed, untouched) as 0700 and ours, or refuse.
+
+    :raises AllocstackError: ``prerequisite`` when it is a symlink, not a directory or not ours.
+    """
+    try:
+        level.mkdir(mode=PRIVATE_DIR, parents=True, exist_ok=True)
+    except OSError as exc:
+        raise AllocstackError("prerequisite", f"cannot create scratch directory {level}: {exc.strerror}") from exc
+    info = os.lstat(level)
+    if stat.S_ISLNK(info.st_mode) or not stat.S_ISDIR(info.st_mode):
+        raise AllocstackError("prerequisite", f"scratch path {level} is not a plain directory")
+    if info.st_uid != os.getuid():
+        raise AllocstackError("prerequisite", f"scratch directory {level} belongs to uid {info.st_uid}, not to you")
+    if info.st_mode & 0o077:
+        os.chmod(level, PRIVATE_DIR)
+    return level
 
 
 def remove_scratch(path: Path) -> None:

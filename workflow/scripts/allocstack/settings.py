@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from . import names, slurm
-from .cli import ArgumentParser, non_negative_float, positive_float, positive_int
+from .cli import ArgumentParser, add_network_options, non_negative_float, positive_float, positive_int
 from .journal import MAX_WINDOW
 
 
@@ -39,6 +39,14 @@ class CoordinatorSettings:
     connection_timeout: float = 120.0
     max_connections: int = 512
     max_buffered_bytes: int = 256 << 20
+    #: More than one node: also listen on the network address and publish that endpoint here (None: loopback only).
+    network_endpoint_file: Path | None = None
+    #: The network policy: the interface whose address to bind ('' = the hostname's address).
+    interface: str = ""
+    #: Bind exactly this address for the other nodes, unchecked (tests and benchmarks).
+    address: str = ""
+    #: Plain text on the network address (where the center's config says so).
+    no_tls: bool = False
 
 
 def parse_settings(argv: list[str] | None, description: str = "") -> CoordinatorSettings:
@@ -85,6 +93,7 @@ def parse_settings(argv: list[str] | None, description: str = "") -> Coordinator
                         help="connections served at once; more are answered 503 and closed")
     parser.add_argument("--max-buffered-bytes", type=positive_int, default=256 << 20,
                         help="request body bytes held at once over all connections; more are answered 503")
+    add_network_options(parser)
     args = parser.parse_args(argv)
     scratch = args.scratch
     endpoint_file = args.endpoint_file or (scratch / names.ENDPOINT if scratch else None)

@@ -7,7 +7,8 @@ so they are tested on captured output.
 
 :func:`submission_problem` is the check the workflow runs before it submits anything: an
 account that does not exist or that the user may not use, a partition that does not exist,
-a runtime above the partition's MaxTime, memory above the largest node's. Each of these
+a runtime above the partition's MaxTime, memory above the largest node's, more nodes
+(config ``nodes``) than the partition has. Each of these
 either hangs the Snakemake Slurm plugin (an invalid account) or leaves the job pending
 for ever (a time limit the partition refuses), so they are refused up front, in one line
 naming the profile key.
@@ -163,6 +164,7 @@ class Submission:
     memory_detail: str = ""  # how ``memory`` was computed, for the message
     user: str = ""
     runtime_text: str = ""  # ``runtime`` as the profile spells it
+    nodes: int = 1  # config ``nodes``: the job's --nodes
 
 
 @dataclass
@@ -187,7 +189,7 @@ def gather_facts(submission: Submission, ask: Query = query) -> ClusterFacts:
     if submission.partition or submission.runtime or submission.memory:
         partitions = ask(["scontrol", "--oneliner", "show", "partition"])
         facts.partitions = parse_partitions(partitions) if partitions is not None else None
-    if submission.memory:
+    if submission.memory or submission.nodes > 1:
         nodes = ask(["scontrol", "--oneliner", "show", "node"])
         facts.nodes = parse_nodes(nodes) if nodes is not None else None
     return facts
@@ -197,7 +199,8 @@ def submission_problem(submission: Submission, facts: ClusterFacts) -> tuple[str
     """The first setting Slurm would refuse or never run, as (profile key, why); None if none.
 
     Checked in this order: the account exists, the user may use it, the partition exists,
-    the runtime fits the partition's MaxTime, the memory fits the partition's largest node.
+    the runtime fits the partition's MaxTime, the partition has the nodes (key ``nodes``, a
+    config key), the memory fits the partition's largest node.
     A fact Slurm did not give (None) skips its check.
     """
     account = submission.account
@@ -228,6 +231,10 @@ def submission_problem(submission: Submission, facts: ClusterFacts) -> tuple[str
         return "runtime", (f"runtime={spelled}{minutes}: above the {partition.max_time}-minute MaxTime of "
                            f"partition {partition.name}, so the job would pend for ever; lower runtime or "
                            "choose another partition")
+    members = [node for node in (facts.nodes or {}).values() if partition.name in node.partitions]
+    if submission.nodes > 1 and facts.nodes is not None and len(members) < submission.nodes:
+        return "nodes", (f"nodes={submission.nodes} but partition {partition.name} has {len(members)} node(s), so "
+                         "the job would pend for ever; lower nodes or choose another partition")
     if submission.memory and facts.nodes is not None:
         sizes = [node.real_memory for node in facts.nodes.values() if partition.name in node.partitions]
         limit = max(sizes) if sizes else None
@@ -282,7 +289,7 @@ def parse_int(text: str) -> int:
 
 
 def submission_from_resources(resources: Mapping[str, object], components: int, cpus: int,
-                              user: str) -> Submission:
+                              user: str, nodes: int = 1) -> Submission:
     """The stack job's request from the profile's default-resources (raw values).
 
     Snakemake sums ``mem_mb`` over the components that run at the same time (``components``)
@@ -302,7 +309,7 @@ def submission_from_resources(resources: Mapping[str, object], components: int, 
     return Submission(account=as_text(resources.get("slurm_account")),
                       partition=as_text(resources.get("slurm_partition")),
                       runtime=runtime, memory=memory, memory_detail=detail, user=user,
-                      runtime_text=as_text(resources.get("runtime")) or "")
+                      runtime_text=as_text(resources.get("runtime")) or "", nodes=nodes)
 
 
 # -- an allocation you already hold (salloc) --------------------------------------------

@@ -3,8 +3,10 @@
 Self-contained: inline CSS, JavaScript and SVG, no external assets, so it works on
 an air-gapped cluster through an SSH tunnel. It polls ``/status?history=1`` every
 two seconds with the same view token and redraws: counts, a progress bar, a
-throughput chart and one lane per worker. Elements carry ids (``done``,
-``total``, ``pending``, ``leased``, ``rate``...) so tests can read them.
+throughput chart and one lane per worker, grouped by node (a header per node with
+its workers and what they completed). Elements carry ids (``done``, ``total``,
+``pending``, ``leased``, ``rate``...) and data attributes (``data-worker``,
+``data-node``) so tests can read them.
 """
 
 PAGE = """<!doctype html>
@@ -24,6 +26,7 @@ PAGE = """<!doctype html>
  .lane .name{width:90px} .lane .track{flex:1;background:#edf2f7;height:12px;border-radius:6px;overflow:hidden}
  .lane .fill{height:100%;background:#38a169} .lane .num{width:220px;white-space:nowrap;text-align:right;color:#4a5568}
  .stale .fill{background:#d69e2e} #error{color:#c53030}
+ .node{margin:10px 0 4px;font-size:13px;color:#2d3748} .node:first-child{margin-top:0}
 </style></head><body>
 <h1>allocstack run <span id="state">loading</span></h1>
 <div class="sub">elapsed <span id="elapsed">-</span> s &middot; ready after <span id="ready">-</span> s
@@ -41,7 +44,7 @@ PAGE = """<!doctype html>
 <div class="bar"><div id="progress" style="width:0%"></div></div>
 <div class="panel"><h2>Throughput (tasks/s)</h2><svg id="chart" width="100%" height="160" viewBox="0 0 800 160"
  preserveAspectRatio="none"></svg></div>
-<div class="panel"><h2>Workers</h2><div id="lanes"></div></div>
+<div class="panel"><h2>Workers, by node</h2><div id="lanes"></div></div>
 <script>
 const token = new URLSearchParams(location.search).get("token") || "";
 const fmt = n => n === null || n === undefined ? "-" : Number(n).toLocaleString("en-US");
@@ -60,15 +63,21 @@ function chart(history) {
     xy.map(p => p[0].toFixed(1) + "," + p[1].toFixed(1)).join(" ") + '"/>' +
     '<text x="6" y="14" font-size="11" fill="#718096">peak ' + fmt(Math.round(peak)) + '/s</text>';
 }
-function lanes(workers) {
+function lanes(workers, nodes) {
   const names = Object.keys(workers), most = Math.max(1, ...names.map(n => workers[n].completed));
-  document.getElementById("lanes").innerHTML = names.map(n => {
+  const lane = n => {
     const w = workers[n], stale = w.lastSeenSecondsAgo > 10 ? " stale" : "";
-    return '<div class="lane' + stale + '" data-worker="' + n + '" data-completed="' + w.completed + '">' +
+    return '<div class="lane' + stale + '" data-worker="' + n + '" data-node="' + (w.node || "") +
+      '" data-completed="' + w.completed + '">' +
       '<span class="name">' + n + '</span><span class="track"><span class="fill" style="display:block;width:' +
       (w.completed / most * 100).toFixed(1) + '%"></span></span><span class="num">' + fmt(w.completed) +
       ' done, seen ' + w.lastSeenSecondsAgo.toFixed(1) + ' s ago</span></div>';
-  }).join("") || "no worker yet";
+  };
+  const groups = Object.keys(nodes || {}).map(node => '<div class="node" data-node="' + node + '" data-workers="' +
+    nodes[node].workers.length + '" data-completed="' + nodes[node].completed + '"><b>' + node + '</b> &middot; ' +
+    nodes[node].workers.length + ' workers, ' + fmt(nodes[node].completed) + ' done</div>' +
+    nodes[node].workers.map(lane).join(""));
+  document.getElementById("lanes").innerHTML = (groups.length ? groups : names.map(lane)).join("") || "no worker yet";
 }
 async function refresh() {
   try {
@@ -82,7 +91,7 @@ async function refresh() {
     set("elapsed", s.elapsedSeconds.toFixed(1)); set("ready", s.readySeconds === null ? "-" : s.readySeconds);
     set("updated", new Date().toLocaleTimeString()); set("error", "");
     document.getElementById("progress").style.width = (s.done / Math.max(1, s.total) * 100).toFixed(2) + "%";
-    chart(s.history || []); lanes(s.workers);
+    chart(s.history || []); lanes(s.workers, s.nodes);
   } catch (e) { set("error", "(" + e.message + ")"); }
 }
 refresh(); setInterval(refresh, 2000);

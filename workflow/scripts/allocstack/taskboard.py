@@ -53,12 +53,14 @@ class Lease:
 
 @dataclass(slots=True)
 class WorkerStats:
-    """What one worker did: tasks claimed and completed, results rejected, when it was last heard from."""
+    """What one worker did: tasks claimed and completed, results rejected, when it was last heard from,
+    and the node it said it runs on (None: it did not say; one node)."""
 
     claimed: int = 0
     completed: int = 0
     rejected: int = 0
     last_seen: float = 0.0
+    node: str | None = None
 
 
 @dataclass
@@ -290,14 +292,17 @@ class TaskBoard:
                 return position
         return None
 
-    def claim(self, worker: str, max_tasks: int, now: float) -> Claim:
-        """Lease up to a fair share of ``max_tasks`` pending tasks to ``worker``, or say why not."""
+    def claim(self, worker: str, max_tasks: int, now: float, node: str | None = None) -> Claim:
+        """Lease up to a fair share of ``max_tasks`` pending tasks to ``worker`` (on ``node``, when it
+        says), or say why not."""
         if self.closed:
             return Claim("stop", reason=self.closed)
         if now + self.lease_seconds > self.claims_until:
             self.allocation_ending = True
             return Claim("stop", reason=ALLOCATION_ENDING)
         stats = self._seen(worker, now)
+        if node is not None:
+            stats.node = node
         wanted = self.share(stats, max_tasks, now)
         granted: list[int] = []
         deadline = now + self.lease_seconds
