@@ -404,6 +404,9 @@ def check_prerequisites():
                 config["coordinator"]["cpus"] if TASKS else 0,
                 *(spec["cpus"] for spec in SERVICES.values()),
             ]
+        )
+        if NODES == 1
+        else node_cpus()
     )
     max_cpus = config["slurm"]["max_cpus"]
     source = "slurm.max_cpus"
@@ -924,14 +927,17 @@ def network_arguments(published):
 
 def worker_network_options(wildcards):
     """With more than one node: the worker's event log in the shared directory, and off the
-    first node the endpoints published for the other nodes (the coordinator's, your service's)."""
+    first node the endpoints published for the other nodes (the coordinator's, your service's).
+    """
     if NODES == 1:
         return ""
-    options = [f"--events={shared_dir(wildcards)}/{NAMES.component_events(wildcards.worker)}"]
+    shared = shared_dir(wildcards)
+    options = [f"--events={shared}/{NAMES.component_events(wildcards.worker)}"]
     if worker_node(wildcards) > 0:
         options.append(f"--endpoint-file={shared_endpoint(wildcards)}")
-        if SERVICES or LONG_RUNNING:  # (a long-running worker may use the coordinator too)
-            options.append(f"--remote-services={shared_dir(wildcards)}/{NAMES.SERVICES}")
+        # (a long-running worker may use the coordinator too)
+        if SERVICES or LONG_RUNNING:
+            options.append(f"--remote-services={shared}/{NAMES.SERVICES}")
     return shlex.join(options)
 
 
