@@ -335,8 +335,8 @@ def observed_run():
                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     assert "listening on" in capture.stderr.readline()
     run = start_run(project, ["--configfile", str(config), *cluster_args(layout, image)])
-    shared, service = project / "state/wire/endpoint.json", project / "state/wire/app.json"
-    ready = project / "results/wire/app-readiness.json"  # your service answers (its own gate passed)
+    shared, service = project / "state/wire/endpoint.json", project / "state/wire/services/app.json"
+    ready = project / "results/wire/services/app-readiness.json"  # your service answers (its own gate passed)
     document = wait_for(lambda: shared.exists() and service.exists() and ready.exists() and
                         json.loads(shared.read_text()), what="the endpoints for other nodes")
     service_document = json.loads(service.read_text())

@@ -250,7 +250,7 @@ def test_workers_are_spread_over_the_nodes_in_balanced_blocks(project):
                       "worker-06": 2, "worker-07": 2}
     assert "--network-endpoint-file=state/baseline/endpoint.json" in done.stdout
     assert done.stdout.count("--off-node") == 2  # a gate on each other node
-    assert "--gate-record results/baseline/gates/node-3.json" in done.stdout
+    assert "--gate-record=results/baseline/gates/node-3.json" in done.stdout
 
 
 @pytest.mark.parametrize("config, words", [
@@ -332,7 +332,7 @@ def test_your_service_reaches_other_nodes_through_a_pinned_tls_tunnel(tmp_path):
             time.sleep(0.05)
         endpoint = read_endpoint(shared)
         assert endpoint.url.startswith("https://127.0.0.1:") and endpoint.fingerprint
-        assert endpoint.token == read_endpoint(tmp_path / "scratch" / "app.json").token
+        assert endpoint.token == read_endpoint(tmp_path / "scratch" / "services" / "app.json").token
         host, port = endpoint.url.removeprefix("https://").rsplit(":", 1)
         forward = LocalForward(host, int(port), endpoint.fingerprint)
         headers = {"Authorization": f"Bearer {endpoint.token}"}

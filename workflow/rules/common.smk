@@ -907,13 +907,13 @@ def network_options(name):
     network address (config network.*) and publishes that for the other nodes as ``name``
     (in the run's state directory; ``{service}`` is the wildcard)."""
 
-    def options(wildcards):
+    def arguments(wildcards):
         if NODES == 1:
             return ""
         published = name.format(**dict(wildcards.items()))
         return shlex.join(network_arguments(f"{shared_dir(wildcards)}/{published}"))
 
-    return options
+    return arguments
 
 
 def network_arguments(published):
