@@ -355,3 +355,36 @@ def test_your_service_reaches_other_nodes_through_a_pinned_tls_tunnel(tmp_path):
         proc.terminate()
         proc.wait(timeout=15)
     assert not shared.exists()  # unpublished when the service ends
+
+
+def test_a_long_running_worker_off_the_first_node_reaches_your_service_through_the_tunnel(tmp_path):
+    """replica.py with --remote-services: the variables name the local end of the service's tunnel."""
+    service = tmp_path / "service.py"
+    service.write_text(SERVICE)
+    client = tmp_path / "client.py"
+    client.write_text("import os, urllib.request\n"
+                      "request = urllib.request.Request(os.environ['ALLOCSTACK_APP_ENDPOINT'] + '/word/replica',\n"
+                      "    headers={'Authorization': 'Bearer ' + os.environ['ALLOCSTACK_APP_TOKEN']})\n"
+                      "print(os.environ['ALLOCSTACK_APP_HOST'], urllib.request.urlopen(request, timeout=5).read().decode())\n")
+    shared = tmp_path / "state" / "services" / "app.json"
+    proc = subprocess.Popen([sys.executable, str(SCRIPTS / "app_service.py"), "--command-json",
+                             json.dumps([sys.executable, str(service)]), "--scratch", str(tmp_path / "scratch"),
+                             "--network-endpoint-file", str(shared), "--address", "127.0.0.1"])
+    try:
+        ready = time.monotonic() + 20
+        while not shared.exists():
+            assert time.monotonic() < ready
+            time.sleep(0.05)
+        time.sleep(1)  # the service starts slowly on purpose
+        gate = tmp_path / "gate.json"
+        gate.write_text('{"status": "ready"}')
+        done = run_script("replica.py", "--worker-id", "worker-03", "--index", 2, "--workers", 3, "--command-json",
+                          json.dumps([sys.executable, str(client)]), "--scratch", tmp_path / "other-node",
+                          "--uses", "app", "--gate-record", gate, "--remote-services", shared.parent,
+                          "--record", tmp_path / "worker-03.json", env={"ALLOCSTACK_SCRATCH": ""})
+    finally:
+        proc.terminate()
+        proc.wait(timeout=15)
+    assert done.returncode == 0, done.stderr
+    assert '127.0.0.1 {"value": "REPLICA"}' in done.stdout  # a loopback endpoint here, the service there
+    assert json.loads((tmp_path / "worker-03.json").read_text())["status"] == "done"
