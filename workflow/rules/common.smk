@@ -341,13 +341,13 @@ def check_stack():
             )
 
 
-def node_cpus():
-    """CPUs the busiest node needs: the first node's coordinator and services, plus the most
-    workers a node gets."""
+def node_cpus(services=True):
+    """CPUs the busiest node (the first) needs: the coordinator's, the most workers a node gets,
+    and (``services``) your services'."""
     return (
         config["coordinator"]["cpus"]
-        + sum(spec["cpus"] for spec in SERVICES.values())
         + -(-config["workers"] // NODES) * config["worker"]["cpus"]
+        + (sum(spec["cpus"] for spec in SERVICES.values()) if services else 0)
     )
 
 
@@ -917,12 +917,13 @@ def network_options(name):
 
 
 def network_arguments(published):
-    options = [f"--network-endpoint-file={published}"]
+    """coordinator.py / app_service.py arguments: listen for the other nodes as config network.* says."""
+    argv = [f"--network-endpoint-file={published}"]
     if config["network"]["interface"]:
-        options.append(f"--interface={config['network']['interface']}")
+        argv.append(f"--interface={config['network']['interface']}")
     if not config["network"]["tls"]:
-        options.append("--no-tls")
-    return options
+        argv.append("--no-tls")
+    return argv
 
 
 def worker_network_options(wildcards):
@@ -932,24 +933,25 @@ def worker_network_options(wildcards):
     if NODES == 1:
         return ""
     shared = shared_dir(wildcards)
-    options = [f"--events={shared}/{NAMES.component_events(wildcards.worker)}"]
+    argv = [f"--events={shared}/{NAMES.component_events(wildcards.worker)}"]
     if worker_node(wildcards) > 0:
-        options.append(f"--endpoint-file={shared_endpoint(wildcards)}")
-        # (a long-running worker may use the coordinator too)
+        argv.append(f"--endpoint-file={shared_endpoint(wildcards)}")
+        # A long-running worker may use the coordinator through a tunnel too.
         if SERVICES or LONG_RUNNING:
-            options.append(f"--remote-services={shared}/{NAMES.SERVICES}")
-    return shlex.join(options)
+            argv.append(f"--remote-services={shared}/{NAMES.SERVICES}")
+    return shlex.join(argv)
 
 
 def stack_resources():
     """The stack's allocation, carried by the coordinator's job (Snakemake combines a group's resources).
 
-    One node: the coordinator's CPUs (the workers add theirs). More: the nodes, one task per
-    node, and CPUs per task for the busiest node (the workers then add none).
+    One node: the coordinator's CPUs (the workers and your services add theirs). More: the
+    nodes, one task per node, and CPUs per task for the busiest node (the workers then add
+    none; your services, all on the first node, add theirs).
     """
     if NODES == 1:
         return {"cpus_per_task": config["coordinator"]["cpus"]}
-    return {"cpus_per_task": node_cpus(), "nodes": NODES, "tasks": NODES}
+    return {"cpus_per_task": node_cpus(services=False), "nodes": NODES, "tasks": NODES}
 
 
 def node_gate_records(wildcards):
