@@ -18,12 +18,15 @@ from allocstack.errors import EXIT_OK
 from allocstack.jsonio import atomic_write_text
 
 THINGS = {
-    "allocation": ("Allocation", "profiles/slurm/config.yaml `default-resources`; config `workers`, `*.cpus`, `slurm.max_cpus`"),
+    "allocation": ("Allocation", ("profiles/slurm/config.yaml `default-resources`; config `workers`, `nodes`, "
+                                  "`*.cpus`, `slurm.max_cpus`")),
     "startup_order": ("Startup order", ("workflow/rules: serve_coordinator, serve_service (services) -> "
-                                        "await_readiness, await_service -> run_worker (-> run_check); config "
-                                        "`readiness`, `services`")),
+                                        "await_readiness, await_service (and await_network on each other node) -> "
+                                        "run_worker (-> run_check); config `readiness`, `services`")),
     "runtime_state": ("Runtime state", "config `scratch` (job-scoped, 0700; `volumes` in it) and `state_dir` (journal)"),
-    "service_access": ("Access to the service", "127.0.0.1 + bearer token; `status.py --url` and an SSH tunnel"),
+    "service_access": ("Access to the service", ("127.0.0.1 + bearer token; `status.py --url` and an SSH tunnel; with "
+                                                 "`nodes` above 1 config `network.interface` and `network.tls` (TLS, "
+                                                 "pinned per-run certificate)")),
     "accelerators": ("Accelerators", "config `worker.gpus` -> sbatch/srun `--gpus`; `--nv` and CUDA_VISIBLE_DEVICES in the image"),
 }
 
