@@ -1,9 +1,11 @@
 """Hostile and malformed requests on a raw socket, each answered as RFC 9112 / 9110 say (a table).
 
-Against one real coordinator process. Each row: the bytes sent, the status of the
-first response, whether the server closes the connection after it, and the
-statuses of every response on the connection (so a smuggled second request would
-show up as an extra one).
+Against one real coordinator process, on its loopback listener and on the TLS
+listener it opens for the other nodes (more than one node; bound to 127.0.0.1 here):
+the same answers both ways. Each row: the bytes sent, the status of the first
+response, whether the server closes the connection after it, and the statuses of
+every response on the connection (so a smuggled second request would show up as
+an extra one).
 """
 
 from __future__ import annotations
@@ -11,7 +13,9 @@ from __future__ import annotations
 import json
 import re
 import socket
+import ssl
 import time
+from contextlib import contextmanager
 
 import pytest
 
@@ -102,21 +106,40 @@ CASES = [
 ]
 
 
-@pytest.fixture(scope="module")
-def coordinator(tmp_path_factory):
-    started = RunningCoordinator(tmp_path_factory.mktemp("rfc"), make_tasks(1000), "--max-body-bytes", "1000000")
+@pytest.fixture(scope="module", params=["loopback", "tls"])
+def coordinator(request, tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("rfc")
+    network = ["--network-endpoint-file", str(tmp / "state" / "endpoint.json"), "--address", "127.0.0.1"]
+    started = RunningCoordinator(tmp, make_tasks(1000), "--max-body-bytes", "1000000",
+                                 *(network if request.param == "tls" else []))
+    started.tls = request.param == "tls"
+    url = json.loads((tmp / "state" / "endpoint.json").read_text())["endpoint"] if started.tls else started.url
+    started.port = int(url.rsplit(":", 1)[1])
     yield started
     started.stop()
 
 
+#: The test talks TLS without checking the certificate: what is tested is the HTTP inside.
+CLIENT_TLS = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+CLIENT_TLS.check_hostname = False
+CLIENT_TLS.verify_mode = ssl.CERT_NONE
+
+
+@contextmanager
+def connect(coordinator):
+    """A connection to the listener under test: plain TCP, or TLS over it."""
+    raw = socket.create_connection(("127.0.0.1", coordinator.port), timeout=5)
+    with CLIENT_TLS.wrap_socket(raw) if coordinator.tls else raw as connection:
+        yield connection
+
+
 def exchange(coordinator, data: bytes, wait: float = 0.4) -> tuple[bytes, bool]:
     """Send ``data``; return everything answered and whether the server closed the connection."""
-    port = int(coordinator.url.rsplit(":", 1)[1])
     received = b""
-    with socket.create_connection(("127.0.0.1", port), timeout=5) as raw:
+    with connect(coordinator) as raw:
         try:
             raw.sendall(data.replace(TOKEN.encode(), coordinator.token.encode()))
-        except (BrokenPipeError, ConnectionResetError):
+        except (BrokenPipeError, ConnectionResetError, ssl.SSLEOFError):
             pass
         raw.settimeout(wait)
         deadline = time.monotonic() + 5
@@ -125,7 +148,7 @@ def exchange(coordinator, data: bytes, wait: float = 0.4) -> tuple[bytes, bool]:
                 chunk = raw.recv(65536)
             except TimeoutError:
                 return received, False
-            except ConnectionResetError:
+            except (ConnectionResetError, ssl.SSLEOFError, ssl.SSLZeroReturnError):
                 return received, True
             if not chunk:
                 return received, True
@@ -157,10 +180,9 @@ def test_405_names_the_allowed_methods(coordinator):
 
 
 def test_expect_100_continue_is_answered_before_the_body(coordinator):
-    port = int(coordinator.url.rsplit(":", 1)[1])
     head = (b"POST /claim HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " + coordinator.token.encode()
             + b"\r\nExpect: 100-continue\r\nContent-Length: " + LENGTH + b"\r\n\r\n")
-    with socket.create_connection(("127.0.0.1", port), timeout=5) as raw:
+    with connect(coordinator) as raw:
         raw.sendall(head)
         assert raw.recv(1000) == b"HTTP/1.1 100 Continue\r\n\r\n"  # at once: no 1 s client wait
         raw.sendall(BODY)

@@ -3,8 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+import ssl
 
 from allocstack.httpserver import ClientError, HttpServer, Limits, Request, Response
+from allocstack.tls import tls_context
+
+#: Tests talk TLS without checking the certificate: what is tested is the server behind it.
+CLIENT_TLS = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+CLIENT_TLS.check_hostname = False
+CLIENT_TLS.verify_mode = ssl.CERT_NONE
 
 
 class Server:
@@ -172,5 +179,46 @@ def test_idle_and_stalled_connections_are_closed_but_a_slow_handler_is_not_the_c
             writer.close()
             idle.close()
             stalled.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_tls_listener_has_the_same_front_door_and_shares_the_bounds(tmp_path):
+    """The coordinator's listener for the other nodes (more than one node) is this server with TLS: admission
+    before the body holds there, and one connection cap covers both listeners."""
+    server_tls, _ = tls_context("127.0.0.1", "test", tmp_path)
+    refusal = Response(401, b'{"error":"no"}', close=True)
+
+    async def scenario():
+        async with Server(limits=Limits(max_body_bytes=64 << 20, max_connections=2),
+                          admit=lambda r: None if r.headers.get("authorization") == "ok" else refusal) as server:
+            port = await server.http.start("127.0.0.1", 0, ssl=server_tls)
+            reader, writer = await asyncio.open_connection("127.0.0.1", port, ssl=CLIENT_TLS)
+            writer.write(b"POST /ok HTTP/1.1\r\nHost: x\r\nContent-Length: 33554432\r\n\r\n" + b"x" * 100)
+            assert (await answer(reader))[0] == 401 and await closed(reader)
+            assert server.seen == [] and server.http.buffered == 0
+            writer.close()
+            held = [await server.connect(), await asyncio.open_connection("127.0.0.1", port, ssl=CLIENT_TLS)]
+            await asyncio.sleep(0.05)
+            reader, writer = await asyncio.open_connection("127.0.0.1", port, ssl=CLIENT_TLS)
+            status, head, _ = await answer(reader)
+            assert status == 503 and b"Retry-After: 1" in head  # one loopback + one TLS connection: the cap
+            writer.close()
+            for _, held_writer in held:
+                held_writer.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_tls_client_that_never_completes_its_handshake_is_dropped(tmp_path):
+    server_tls, _ = tls_context("127.0.0.1", "test", tmp_path)
+
+    async def scenario():
+        async with Server(limits=Limits(idle_timeout=0.3)) as server:
+            port = await server.http.start("127.0.0.1", 0, ssl=server_tls)
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)  # TCP only: no ClientHello
+            assert await closed(reader, 3.0)
+            writer.close()
+            assert server.seen == [] and not server.http.connections
 
     asyncio.run(scenario())

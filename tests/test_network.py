@@ -20,7 +20,6 @@ import time
 
 import pytest
 import requests
-from coordinator import per_node
 from launch import killed_by
 from test_own_service import SERVICE
 
@@ -30,6 +29,7 @@ from allocstack.endpoint import read_endpoint, write_endpoint
 from allocstack.errors import AllocstackError
 from allocstack.events import gate_precedes_workers
 from allocstack.network import bind_address, interface_address, node_for
+from allocstack.progress import per_node
 from allocstack.tls import certificate_command, fingerprint, tls_context
 from allocstack.tunnel import LocalForward
 from conftest import SCRIPTS, make_tasks, run_script
@@ -195,6 +195,26 @@ def test_a_wrong_certificate_fails_the_off_node_gate_at_once(tls_coordinator, tm
     write_endpoint(forged, document["endpoint"], document["token"], "", tls=True, fingerprint="cd" * 32)
     done = run_script("readiness.py", "--off-node", "--endpoint-file", forged, "--task-count", 6, "--timeout", 20)
     assert done.returncode == 69 and "does not present this run's certificate" in done.stderr
+
+
+def test_the_off_node_gate_moves_to_a_newer_runs_endpoint_and_pins_its_certificate(tls_coordinator, tmp_path):
+    """An earlier run's document (a dead port, another certificate) is read first; the gate follows the file to
+    the new one and pins the new certificate (pinning the old one would fail it with [network])."""
+    with socket.socket() as probe:  # a port nothing listens on
+        probe.bind(("127.0.0.1", 0))
+        dead = probe.getsockname()[1]
+    shared = tmp_path / "endpoint.json"
+    write_endpoint(shared, f"https://127.0.0.1:{dead}", "old", "", tls=True, fingerprint="ab" * 32)
+    record = tmp_path / "node-2.json"
+    gate = subprocess.Popen([sys.executable, str(SCRIPTS / "readiness.py"), "--off-node", "--endpoint-file",
+                             str(shared), "--task-count", "6", "--timeout", "20", "--record", str(record)],
+                            stderr=subprocess.PIPE, text=True)
+    time.sleep(0.5)
+    current = json.loads(tls_coordinator.shared.read_text())
+    write_endpoint(shared, current["endpoint"], current["token"], "", tls=True, fingerprint=current["tlsFingerprint"])
+    _, stderr = gate.communicate(timeout=30)
+    assert gate.returncode == 0, stderr
+    assert json.loads(record.read_text())["endpoint"] == current["endpoint"]
 
 
 # -- per-node proofs, placement, kills ------------------------------------------------------

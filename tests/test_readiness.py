@@ -7,7 +7,7 @@ import time
 
 from readiness import following
 
-from allocstack.endpoint import write_endpoint
+from allocstack.endpoint import Endpoint, write_endpoint
 from conftest import make_tasks, run_script
 
 
@@ -67,7 +67,9 @@ def test_the_gate_follows_the_endpoint_file_past_an_earlier_runs(tmp_path):
     path = tmp_path / "endpoint.json"
     old, new = "http://127.0.0.1:9", "http://127.0.0.1:8"
     write_endpoint(path, old, "t0", "")
-    check, in_use = following(path, old, lambda url: ((lambda _timeout: (url == new, f"probed {url}")), f"{url}/health"))
+    check, in_use = following(path, Endpoint(old, "t0"),
+                              lambda latest: ((lambda _timeout: (latest.url == new, f"probed {latest.url}")),
+                                              f"{latest.url}/health"))
     assert check(1.0) == (False, f"probed {old}")
     path.unlink()  # what the new coordinator does first thing
     assert check(1.0)[0] is False and "no endpoint file" in check(1.0)[1]
