@@ -344,11 +344,9 @@ def check_stack():
 def node_cpus(services=True):
     """CPUs the busiest node (the first) needs: the coordinator's, the most workers a node gets,
     and (``services``) your services'."""
-    return (
-        config["coordinator"]["cpus"]
-        + -(-config["workers"] // NODES) * config["worker"]["cpus"]
-        + (sum(spec["cpus"] for spec in SERVICES.values()) if services else 0)
-    )
+    most_workers = -(-config["workers"] // NODES)
+    own = sum(spec["cpus"] for spec in SERVICES.values()) if services else 0
+    return config["coordinator"]["cpus"] + most_workers * config["worker"]["cpus"] + own
 
 
 def check_nodes():
@@ -881,7 +879,8 @@ def shared_endpoint(wildcards):
 
 def node_gate_events(wildcards):
     """The event log of the gate of node ``wildcards.node`` (see shared_dir)."""
-    events = NAMES.component_events("gate-node-" + wildcards.node)
+    gate = f"gate-node-{wildcards.node}"
+    events = NAMES.component_events(gate)
     return f"{shared_dir(wildcards)}/{events}"
 
 
