@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import ssl
 import time
 from typing import Any
 
@@ -12,6 +11,7 @@ from urllib3.util import SKIP_HEADER
 
 from .errors import AllocstackError
 from .jsonio import dumps_compact, loads_bytes
+from .tls import client_context
 
 _JSON = {"Content-Type": "application/json"}
 
@@ -29,10 +29,7 @@ class PinnedAdapter(HTTPAdapter):
 
     def __init__(self, fingerprint: str, **kwargs: Any) -> None:
         self.fingerprint = fingerprint  # read by init_poolmanager, which HTTPAdapter.__init__ calls
-        self.context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
-        self.context.minimum_version = ssl.TLSVersion.TLSv1_2
-        self.context.check_hostname = False
-        self.context.verify_mode = ssl.CERT_NONE
+        self.context = client_context()
         super().__init__(**kwargs)
 
     def init_poolmanager(self, *args: Any, **kwargs: Any) -> None:

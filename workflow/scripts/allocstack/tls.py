@@ -44,6 +44,16 @@ def fingerprint(certificate_pem: str) -> str:
     return hashlib.sha256(ssl.PEM_cert_to_DER_cert(certificate_pem)).hexdigest()
 
 
+def client_context() -> ssl.SSLContext:
+    """A TLS client context without CA verification: the caller pins the run's certificate by its
+    fingerprint (``client.PinnedAdapter``, ``tunnel.pinned_connection``), which is the verification."""
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    context.check_hostname = False
+    context.verify_mode = ssl.CERT_NONE
+    return context
+
+
 def tls_context(address: str, common_name: str, private_dir: Path) -> tuple[ssl.SSLContext, str]:
     """A TLS server context with a new certificate for ``address``, and the fingerprint clients pin.
 

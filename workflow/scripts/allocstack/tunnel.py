@@ -26,6 +26,7 @@ import threading
 from pathlib import Path
 
 from .endpoint import read_endpoint, service_variables
+from .tls import client_context
 
 CHUNK = 64 * 1024
 
@@ -94,15 +95,6 @@ def relay_to_loopback(address: str, context: ssl.SSLContext | None, target_port:
                                           ssl_handshake_timeout=30 if context else None)
 
     return in_thread(listen)[1]
-
-
-def client_context() -> ssl.SSLContext:
-    """TLS without CA verification: the pin (:func:`pinned_connection`) is the verification."""
-    context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
-    context.minimum_version = ssl.TLSVersion.TLSv1_2
-    context.check_hostname = False
-    context.verify_mode = ssl.CERT_NONE
-    return context
 
 
 async def pinned_connection(host: str, port: int, fingerprint: str,
