@@ -93,6 +93,9 @@ def test_bad_requests_get_4xx_and_the_server_stays_up(start_coordinator):
     assert s.post(url + "/claim", json=[1, 2]).status_code == 400
     assert s.post(url + "/claim", json={"workerId": ""}).status_code == 400
     assert s.post(url + "/claim", json={"workerId": "w", "max": 0}).status_code == 400
+    for node in ("", "a b", "-x", "n" * 65, 7):  # the node a worker names (more than one node): a host name
+        bad = s.post(url + "/claim", json={"workerId": "w", "node": node})
+        assert bad.status_code == 400 and bad.json()["error"] == "node must be a host name", node
     assert s.post(url + "/result", json={"workerId": "w", "taskId": "task-000000", "output": 3,
                                          "sha256": "0" * 64}).status_code == 400
     claimed = s.post(url + "/claim", json={"workerId": "w"}).json()["task"]["id"]
