@@ -205,9 +205,8 @@ def check_cluster_settings(cpus):
     )
     problem = SLURM.submission_problem(submission, SLURM.gather_facts(submission))
     if problem is not None:
-        where = (
-            "" if problem[0] in config else "default-resources "
-        )  # a config key, or the profile's
+        # config nodes, or a default resource of the profile (its runtime is not config runtime)
+        where = "" if problem[0] == "nodes" else "default-resources "
         fail_config("config", f"{where}{problem[1]}")
 
 
