@@ -21,6 +21,7 @@ from allocstack.lifeline import ENV as LIFELINE_ENV
 from allocstack.lifeline import FORWARDED_SIGNALS
 from allocstack.program import ProgramError, run_program
 from allocstack.supervise import Outcome, Supervised, exit_status
+from conftest import SCRIPTS
 
 # Each child touches the file named by its argument once its SIGTERM handler is in place.
 DRAINS = ("import pathlib, signal, sys, time\n"
@@ -111,3 +112,38 @@ def test_run_program_gets_exactly_its_environment_stdin_and_a_bound():
         run_program([sys.executable, "-c", "import time; time.sleep(30)"], env, timeout=0.5)
     with pytest.raises(ProgramError, match="cannot run /nonexistent/check"):
         run_program(["/nonexistent/check"], env)
+
+
+# A component whose Ctrl-C cleanup runs a finalizer (a worker closing its connection pool) when the
+# second copy of Ctrl-C (its launcher passes it on) arrives.
+TWICE = """
+import os, signal, sys, weakref
+sys.path.insert(0, sys.argv[1])
+from allocstack.cli import run
+
+class Pool:
+    pass
+
+def close_connections():
+    os.kill(os.getpid(), signal.SIGINT)  # the launcher's copy of Ctrl-C, arriving now
+    sum(range(100_000))
+
+def main():
+    pool = Pool()
+    weakref.finalize(pool, close_connections)
+    try:
+        os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C from the terminal
+        while True:
+            pass
+    finally:
+        del pool
+
+sys.exit(run(main))
+"""
+
+
+def test_a_second_ctrl_c_during_the_cleanup_of_the_first_prints_no_traceback():
+    done = subprocess.run([sys.executable, "-c", TWICE, str(SCRIPTS)], capture_output=True, text=True, timeout=30,
+                          check=False)
+    assert done.returncode == 130
+    assert "Traceback" not in done.stderr and done.stderr.strip().endswith("interrupted (SIGINT)"), done.stderr

@@ -155,14 +155,28 @@ def echo(line: str) -> None:
         silence_stdout()
 
 
+def interrupt_once(signum: int, frame: object) -> NoReturn:
+    """SIGINT in a component: ignore every further SIGINT, then raise KeyboardInterrupt.
+
+    Ctrl-C reaches a component twice: from the terminal's process group, and passed on by
+    its launcher. The second must not land in the cleanup the first one started (a worker
+    closing its connections, where it surfaced as a traceback from a finalizer).
+    """
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    raise KeyboardInterrupt
+
+
 def run(main: Callable[[], int]) -> int:
     """A component's entry point: ``main()``, ending quietly on Ctrl-C and on a closed stdout.
 
     Ctrl-C reaches every process in the terminal's process group: a component ends with one
-    line and exit code 130 instead of a traceback (a second Ctrl-C during that is ignored).
+    line and exit code 130 instead of a traceback (a second Ctrl-C is ignored from the first
+    on: :func:`interrupt_once`; components that pass signals on install their own handler).
     A stdout whose reader is gone is pointed at /dev/null, also for the final flush at exit.
     """
     name = os.path.basename(sys.argv[0]) or "allocstack"
+    if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+        signal.signal(signal.SIGINT, interrupt_once)
     try:
         code = main()
     except KeyboardInterrupt:
