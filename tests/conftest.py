@@ -144,18 +144,23 @@ def project(tmp_path):
 OTHER_USER = "allocstack-other"
 
 
-def ensure_other_user() -> str:
-    """A second, unprivileged local user (root only: skipped elsewhere), for "nobody else gets in" tests."""
+def local_user(name: str) -> pwd.struct_passwd:
+    """The unprivileged local user ``name``, created once without a home or a shell (root only: skipped elsewhere)."""
     if os.geteuid() != 0:
         pytest.skip("creating a second local user needs root (CI runs this as root)")
+    try:
+        return pwd.getpwnam(name)
+    except KeyError:
+        subprocess.run(["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", name], check=True)
+    return pwd.getpwnam(name)
+
+
+def ensure_other_user() -> str:
+    """A second, unprivileged local user (root only: skipped elsewhere), for "nobody else gets in" tests."""
+    user = local_user(OTHER_USER).pw_name
     if not os.path.exists("/usr/bin/python3"):
         pytest.skip("no system /usr/bin/python3 for the other user")
-    try:
-        pwd.getpwnam(OTHER_USER)
-    except KeyError:
-        subprocess.run(["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", OTHER_USER],
-                       check=True)
-    return OTHER_USER
+    return user
 
 
 @pytest.fixture

@@ -27,7 +27,7 @@ from test_containers import make_image
 from test_faults import component_pids, journaled, slow_run, wait_for
 from test_slurm import TEST_RESOURCES, assert_a_completed_step_per_component, submitted_jobs
 
-from conftest import SCRIPTS, make_tasks, pids_mentioning, run_script, write_json
+from conftest import SCRIPTS, local_user, make_tasks, pids_mentioning, run_script, write_json
 from real_parts import require_charliecloud, require_slurm
 from workflow_helpers import SNAKEMAKE, copy_project, snakemake
 
@@ -229,18 +229,11 @@ def venv_site_packages() -> str:
 
 @pytest.fixture
 def other_user():
-    if os.geteuid() != 0:
-        pytest.skip("creating a second local user needs root (CI runs this as root)")
     probe = subprocess.run([SYSTEM_PYTHON, "-c", "import sys; print(sys.version_info[:2])"], capture_output=True,
                            text=True, check=False)
     if probe.stdout.strip() != str(sys.version_info[:2]):
         pytest.skip(f"{SYSTEM_PYTHON} is not Python {sys.version_info[0]}.{sys.version_info[1]} like the venv")
-    try:
-        pwd.getpwnam(OTHER_USER)
-    except KeyError:
-        subprocess.run(["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", OTHER_USER],
-                       check=True)
-    return pwd.getpwnam(OTHER_USER)
+    return local_user(OTHER_USER)
 
 
 def test_an_unprivileged_user_runs_the_baseline(image, other_user):

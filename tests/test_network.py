@@ -45,6 +45,13 @@ def tls_coordinator(start_coordinator, tmp_path):
     return coordinator
 
 
+def dead_port() -> int:
+    """A loopback port nothing listens on."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
 # -- the bind-address policy ---------------------------------------------------------------
 def test_a_missing_interface_is_one_line_naming_the_key_and_what_exists():
     with pytest.raises(AllocstackError) as error:
@@ -177,9 +184,7 @@ def test_the_off_node_gate_passes_over_tls(tls_coordinator, tmp_path):
 
 
 def test_an_unreachable_coordinator_fails_the_off_node_gate_with_one_network_line(tmp_path):
-    with socket.socket() as probe:  # a port nothing listens on
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = dead_port()
     shared = tmp_path / "endpoint.json"
     write_endpoint(shared, f"https://127.0.0.1:{port}", "t", "v", tls=True, fingerprint="ab" * 32)
     done = run_script("readiness.py", "--off-node", "--endpoint-file", shared, "--task-count", 1, "--timeout", 1)
@@ -200,9 +205,7 @@ def test_a_wrong_certificate_fails_the_off_node_gate_at_once(tls_coordinator, tm
 def test_the_off_node_gate_moves_to_a_newer_runs_endpoint_and_pins_its_certificate(tls_coordinator, tmp_path):
     """An earlier run's document (a dead port, another certificate) is read first; the gate follows the file to
     the new one and pins the new certificate (pinning the old one would fail it with [network])."""
-    with socket.socket() as probe:  # a port nothing listens on
-        probe.bind(("127.0.0.1", 0))
-        dead = probe.getsockname()[1]
+    dead = dead_port()
     shared = tmp_path / "endpoint.json"
     write_endpoint(shared, f"https://127.0.0.1:{dead}", "old", "", tls=True, fingerprint="ab" * 32)
     record = tmp_path / "node-2.json"
