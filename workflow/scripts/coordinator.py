@@ -59,14 +59,14 @@ from allocstack.errors import EXIT_IO, EXIT_TEMPFAIL, AllocstackError, report
 from allocstack.events import append_event
 from allocstack.httpserver import HttpServer, Limits, Request, Response
 from allocstack.journal import Journal, replay
-from allocstack.jsonio import atomic_write_chunks, read_json, sha256_file
+from allocstack.jsonio import atomic_write_chunks, read_json
 from allocstack.lifeline import launcher_alive, launcher_pid
 from allocstack.network import NetworkListener, plan_listener
 from allocstack.progress import Progress, live_line, progress_line
 from allocstack.scratch import ensure_private_dir, private_level
 from allocstack.settings import CoordinatorSettings, parse_settings
 from allocstack.taskboard import ALLOCATION_ENDING, TaskBoard
-from allocstack.taskset import load_tasks
+from allocstack.taskset import load_tasks_and_digest
 
 #: Seconds between housekeeping ticks (lease expiry, progress samples, own bounds).
 TICK_SECONDS = 0.25
@@ -338,8 +338,7 @@ def prepare(settings: CoordinatorSettings) -> tuple[TaskBoard, Journal, str]:
     :raises AllocstackError: on bad input, a corrupt journal, or no room.
     """
     start_fresh(settings)
-    tasks = load_tasks(str(settings.input))
-    input_sha256 = sha256_file(settings.input)
+    tasks, input_sha256 = load_tasks_and_digest(str(settings.input))
     try:
         settings.journal.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
     except OSError as exc:

@@ -20,7 +20,7 @@ from allocstack.errors import EXIT_OK, AllocstackError, report
 from allocstack.handlers import baseline_output_bytes, check_baseline_payload
 from allocstack.jsonio import atomic_write_json, check_sidecar, sha256_file
 from allocstack.runtimes import PROGRAMS
-from allocstack.taskset import load_expected, load_tasks
+from allocstack.taskset import load_expected, load_tasks_and_digest
 
 
 def mismatch_hint(tasks: Path, expected: Path) -> str:
@@ -48,7 +48,7 @@ def check_tasks(args) -> dict[str, Any]:
     """The task document (and its expected results): the summary's task facts."""
     if args.tasks is None:
         return {"taskCount": None, "inputSha256": None, "expectedSha256": None, "outputBytes": None}
-    tasks = load_tasks(str(args.tasks))
+    tasks, tasks_sha256 = load_tasks_and_digest(str(args.tasks))
     output_bytes = None  # unknown: the user's program decides
     if args.handler == "baseline":
         output_bytes = 0
@@ -58,7 +58,7 @@ def check_tasks(args) -> dict[str, Any]:
             output_bytes += baseline_output_bytes(payload)
     if args.expected:
         load_expected(str(args.expected), tasks, mismatch_hint=mismatch_hint(args.tasks, args.expected))
-    return {"taskCount": len(tasks), "inputSha256": sha256_file(args.tasks),
+    return {"taskCount": len(tasks), "inputSha256": tasks_sha256,
             "expectedSha256": sha256_file(args.expected) if args.expected else None, "outputBytes": output_bytes}
 
 

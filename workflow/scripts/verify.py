@@ -41,7 +41,7 @@ from allocstack.jsonio import (
 )
 from allocstack.program import expand_argv, program_environment, run_check, service_problem
 from allocstack.scratch import remove_scratch
-from allocstack.taskset import ExpectedResult, TaskSet, load_expected, load_tasks
+from allocstack.taskset import ExpectedResult, TaskSet, load_expected, load_tasks_and_digest
 
 _RESULT_KEYS = {"taskId", "workerId", "output", "sha256"}
 #: Results written to the success marker per chunk.
@@ -168,10 +168,10 @@ def parse_args(argv: list[str] | None):
 
 def verify_tasks(args) -> dict[str, Any]:
     """With the built-in coordinator: its results, checked task by task; the success marker's content."""
-    tasks = load_tasks(str(args.input))
+    tasks, input_sha256 = load_tasks_and_digest(str(args.input))
     expected = load_expected(str(args.expected), tasks) if args.expected else None
     document = read_results(args.results)
-    input_sha256, results_sha256 = sha256_file(args.input), sha256_file(args.results)
+    results_sha256 = sha256_file(args.results)
     if args.end_record:  # first: "the coordinator did not complete" explains a short results file
         endrecord.check_completed(endrecord.read(args.end_record), len(tasks), input_sha256, results_sha256)
     results = check_results(document, tasks, expected)

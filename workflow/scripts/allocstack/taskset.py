@@ -16,6 +16,7 @@ built before it was pinned) every document takes the standard library's path.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 from array import array
@@ -307,6 +308,16 @@ def decode_tasks(raw: bytes, what: str = "tasks", path: str = "") -> TaskSet:
 def load_tasks(path: str, what: str = "tasks") -> TaskSet:
     """Read and validate a task document from ``path``."""
     return decode_tasks(read_bytes(path, what), what, str(path))
+
+
+def load_tasks_and_digest(path: str, what: str = "tasks") -> tuple[TaskSet, str]:
+    """Read and validate a task document; also the SHA-256 (hex) of exactly the bytes validated.
+
+    One read for both: the digest the summary, the journal and the marker record is of the
+    document the tasks came from, even if the file is replaced meanwhile.
+    """
+    raw = read_bytes(path, what)
+    return decode_tasks(raw, what, str(path)), hashlib.sha256(raw).hexdigest()
 
 
 @dataclass(frozen=True, slots=True)
