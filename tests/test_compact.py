@@ -259,3 +259,149 @@ def test_the_success_marker_is_the_standard_librarys_text(tmp_path):
         verify.write_marker(tmp_path / "result.json", document)
         assert (tmp_path / "result.json").read_text() == json.dumps(document, indent=2, sort_keys=True) + "\n"
         assert oct((tmp_path / "result.json").stat().st_mode & 0o777) == "0o600"
+
+
+# -- the coordinator's batch path: whole batches at a time, the same outcome as result by result ----------
+
+def digest_of(text: str) -> str:
+    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()  # (a lone surrogate too, for the test)
+
+
+@pytest.mark.parametrize("outputs", [TRICKY_OUTPUTS, ["x"]])
+def test_result_lines_are_the_journal_lines_of_each_result(outputs):
+    from json.encoder import encode_basestring_ascii
+
+    from allocstack.journal import result_lines
+
+    ids = [f"t-{i}" for i in range(len(outputs))]
+    digests = [digest_of(output) for output in outputs]
+    assert result_lines(ids, "w.2", [encode_basestring_ascii(o) for o in outputs], digests) == b"".join(
+        result_line(task_id, "w.2", output, digest) for task_id, output, digest in zip(ids, outputs, digests, strict=True))
+
+
+@pytest.mark.parametrize("order", ["ascending", "shuffled"])
+def test_tasks_json_of_a_run_is_each_tasks_json(order):
+    document = make_tasks(12)
+    document["tasks"][5]["payload"] = {"message": "ü \"q\"", "repeat": 2, "extra": [1, 2.5, None]}
+    if order == "shuffled":
+        document["tasks"].reverse()
+    tasks = decode_tasks_fast(raw(document))
+    for positions in (range(12), range(3, 7), range(11, 12), [7, 2, 9], range(0, 12, 2)):
+        expected = b"[" + b",".join(tasks.task_json(p) for p in positions) + b"]"
+        assert tasks.tasks_json(positions) == expected
+        assert json.loads(expected) == [tasks.task(p) for p in positions]
+
+
+def test_results_json_of_a_board_partly_done_in_chunks(monkeypatch):
+    monkeypatch.setattr("allocstack.taskboard.RESULTS_CHUNK", 4)
+    board = TaskBoard(parse_tasks({"schemaVersion": 1, "tasks": [{"id": f"t{i:02d}", "payload": {}}
+                                                                 for i in range(11)]}), lease_seconds=60)
+    claim = board.claim("w-1", 11, now=0)
+    assert claim.positions == range(11)  # one run, granted whole
+    done = [0, 1, 2, 3, 5, 8, 9, 10]  # chunk 0 whole (a range), chunks 1 and 2 in part (lists)
+    staged, rejected = board.stage("w-1", [{"taskId": f"t{p:02d}", "output": TRICKY_OUTPUTS[p % 8],
+                                            "sha256": digest_of(TRICKY_OUTPUTS[p % 8])} for p in done], now=1)
+    assert not rejected
+    board.commit(staged, now=1)
+    results = [board.result(f"t{p:02d}") for p in done]
+    assert [r["output"] for r in results] == [TRICKY_OUTPUTS[p % 8] for p in done]
+    assert b"".join(board.results_json()).decode("ascii") == json.dumps(
+        {"schemaVersion": 1, "results": results}, indent=2, sort_keys=True) + "\n"
+
+
+def test_a_claims_tasks_share_a_lease_and_a_heartbeat_renews_only_the_tasks_it_names():
+    board = TaskBoard(parse_tasks(make_tasks(4)), lease_seconds=10)
+    claim = board.claim("a", 3, now=0)
+    ids = [board.tasks.ids[p] for p in claim.positions]
+    assert board.heartbeat("a", ids[:1], now=8) == ids[:1]
+    assert sorted(board.expire(now=11)) == ids[1:]  # the others' lease was not moved
+    assert board.expire(now=17) == [] and board.expire(now=18) == ids[:1]
+
+
+class _Api:
+    """The coordinator's protocol over a real journal, called as the HTTP server calls it."""
+
+    def __init__(self, path, count: int = 12) -> None:
+        from allocstack.api import CoordinatorApi
+        from allocstack.progress import Progress
+
+        self.board = TaskBoard(parse_tasks(make_tasks(count)), lease_seconds=60, expected_workers=2)
+        self.journal = Journal(path, "in", group=1, window=0)
+        self.api = CoordinatorApi(self.board, self.journal, Progress(), event=lambda *a, **k: None,
+                                  on_fault=lambda error: None, on_change=lambda: None, log=lambda line: None)
+
+    async def post(self, path: str, body) -> tuple[int, object]:
+        from allocstack.httpserver import ClientError, Request
+
+        handler = {"/claim": self.api.claim, "/results": self.api.results, "/result": self.api.result}[path]
+        data = body if isinstance(body, bytes) else json.dumps(body).encode()
+        try:
+            response = await handler(Request("POST", path, "", {}, data))
+        except ClientError as error:
+            return error.status, error.message
+        return response.status, json.loads(response.body)
+
+
+def result_of(task: dict, output: str | None = None) -> dict:
+    output = task["payload"]["message"] * task["payload"]["repeat"] if output is None else output
+    return {"taskId": task["id"], "output": output, "sha256": digest_of(output)}
+
+
+async def _conversation(api: _Api) -> list:
+    """Claims and batches of results through every branch: a whole good batch, a batch with a bad result,
+    a duplicate, a lone surrogate, requeued tasks, a single-task claim, bad bodies."""
+    said = []
+
+    async def post(path, body):
+        said.append(await api.post(path, body))
+        return said[-1][1]
+
+    a = (await post("/claim", {"workerId": "a", "max": 4}))["tasks"]
+    b = (await post("/claim", {"workerId": "b", "max": 4, "node": "n1"}))["tasks"]
+    a2 = (await post("/claim", {"workerId": "a", "max": 2, "results": [result_of(t) for t in a]}))["tasks"]
+    bad = [result_of(t) for t in b]
+    bad[2]["sha256"] = digest_of("not it")
+    await post("/claim", {"workerId": "b", "max": 1, "results": bad})
+    await post("/results", {"workerId": "b", "results": [result_of(b[2]), result_of(a[0])]})  # one good, a duplicate
+    await post("/results", {"workerId": "a", "results": [result_of(a2[0], "\ud800 lone")]})
+    await post("/results", {"workerId": "a", "results": [result_of(a2[1]), result_of(a2[0])]})  # not in claim order
+    single = (await post("/claim", {"workerId": "a"}))["task"]
+    await post("/claim", {"workerId": "a", "results": [result_of(single)]})
+    await post("/claim", {"workerId": "b", "max": 3, "results": []})
+    # b holds task-000010 (its claim of one above): its lease expires, and it is handed out again
+    api.board.expire(max(lease.deadline for lease in api.board.leases.values()) + 1)
+    requeued = await post("/claim", {"workerId": "b", "max": 10})
+    while requeued.get("tasks"):
+        requeued = await post("/claim", {"workerId": "b", "max": 10, "results": [result_of(t) for t in requeued["tasks"]]})
+    for body in ({"workerId": "a", "max": True}, {"workerId": "a", "results": None}, {"workerId": "a", "extra": 1},
+                 {"workerId": "a", "max": 2, "results": [{"taskId": "x", "output": 1, "sha256": "0"}]},
+                 {"workerId": "a b"}, b'{"workerId":"a","max":1,"max":0}'):
+        await post("/claim", body)
+    return said
+
+
+def test_the_batch_path_and_the_result_by_result_path_agree(tmp_path, monkeypatch):
+    """Whatever the batches hold, the typed batch path gives the same answers, journal, board and results.json
+    as the general path (msgspec absent); and it did take whole good batches at once."""
+    from allocstack import api as api_module
+
+    taken = []
+    stage_run = TaskBoard.stage_run
+    monkeypatch.setattr(TaskBoard, "stage_run", lambda self, *args: taken.append(stage_run(self, *args)) or taken[-1])
+    outcomes = {}
+    for mode in ("batch", "general"):
+        if mode == "general":
+            monkeypatch.setattr(api_module, "_POST", None)
+        api = _Api(tmp_path / f"{mode}.jsonl")
+        said = asyncio.run(_conversation(api))
+        api.journal.close()
+        workers = {name: (stats.claimed, stats.completed, stats.rejected, stats.node)
+                   for name, stats in api.board.workers.items()}
+        outcomes[mode] = (said, (tmp_path / f"{mode}.jsonl").read_bytes(), b"".join(api.board.results_json()),
+                          api.board.counts(), workers, api.board.complete)
+    assert outcomes["batch"] == outcomes["general"]
+    said = outcomes["batch"][0]
+    assert outcomes["batch"][5] and sum(run is not None for run in taken) >= 3 and None in taken
+    assert any(status == 200 and isinstance(reply, dict) and any(
+        r["code"] == 400 and "lone surrogate" in r["reason"] for r in reply.get("rejected", [])) for status, reply in said)
+    assert [status for status, _ in said].count(400) == 4  # the bad bodies, each named by the general path

@@ -101,10 +101,19 @@ def test_bad_requests_get_4xx_and_the_server_stays_up(start_coordinator):
     claimed = s.post(url + "/claim", json={"workerId": "w"}).json()["task"]["id"]
     wrong = s.post(url + "/result", json={"workerId": "w", "taskId": claimed, "output": "x", "sha256": digest("y")})
     assert wrong.status_code == 400 and "digest" in wrong.json()["error"]
+    # JSON's "\ud800" reads as a lone surrogate, which has no UTF-8 bytes to digest: a clear 400, never a 500
+    lone = hashlib.sha256("x\ud800".encode("utf-8", "surrogatepass")).hexdigest()
+    for path, body in (("/result", {"workerId": "w", "taskId": claimed, "output": "x\ud800", "sha256": lone}),
+                       ("/claim", {"workerId": "w", "max": 2, "results": [
+                           {"taskId": claimed, "output": "x\ud800", "sha256": lone}]})):
+        answer = s.post(url + path, json=body)
+        error = answer.json()["error"] if path == "/result" else answer.json()["rejected"][0]["reason"]
+        assert answer.status_code == (400 if path == "/result" else 200) and "lone surrogate at character 1" in error
     assert s.get(url + "/nope").status_code == 404
     assert s.get(url + "/claim").status_code == 405
     assert s.post(url + "/claim", data=b"x" * (33 << 20)).status_code == 413
     assert requests.get(url + "/health", timeout=5).status_code == 200
+    assert "internal error" not in coordinator.log_text()
 
 
 def test_raw_socket_garbage_and_slow_clients_do_not_hurt(start_coordinator):

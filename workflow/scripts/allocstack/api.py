@@ -17,8 +17,9 @@ from urllib.parse import parse_qs
 
 from . import SCHEMA_VERSION
 from .errors import AllocstackError
-from .httpserver import ClientError, HttpError, Request, Response, encode_json
-from .journal import Journal, result_line
+from .httpserver import ClientError, HttpError, Request, Response
+from .journal import Journal, result_line, result_lines
+from .jsonio import dumps_compact, msgspec
 from .progress import Clock, Progress
 from .routing import Router
 from .statuspage import PAGE
@@ -33,6 +34,41 @@ NODE_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 _PAGE = Response(200, PAGE.encode("utf-8"), content_type="text/html; charset=utf-8")
 
 Event = Callable[..., None]
+
+if msgspec is not None:
+    class _Result(msgspec.Struct, forbid_unknown_fields=True, gc=False):
+        taskId: str
+        output: str
+        sha256: str
+        workerId: str | msgspec.UnsetType = msgspec.UNSET
+
+    class _Post(msgspec.Struct, forbid_unknown_fields=True, gc=False):
+        """A /claim or /results body as a worker sends it, every value of the type the protocol asks."""
+
+        workerId: str
+        max: int | msgspec.UnsetType = msgspec.UNSET
+        results: list[_Result] | msgspec.UnsetType = msgspec.UNSET
+        node: str | None = None
+
+    _POST = msgspec.json.Decoder(_Post)
+else:
+    _POST = None
+
+
+def typed_post(request: Request) -> Any:
+    """The body as a typed record when msgspec reads it as one (a claim or a batch of results as a worker
+    sends them, with a well-formed workerId); else None, and the body takes the general path.
+
+    Only what the general path reads the same way gets here: no unknown key (nothing is skipped
+    unread), each value of its type; msgspec refuses what the standard library reads otherwise.
+    """
+    if _POST is None or not request.body:
+        return None
+    try:
+        post = _POST.decode(request.body)
+    except (msgspec.MsgspecError, RecursionError):
+        return None
+    return post if WORKER_ID_PATTERN.match(post.workerId) else None
 
 
 def worker_body(request: Request) -> dict[str, Any]:
@@ -91,6 +127,28 @@ class CoordinatorApi:
             summary["history"] = list(self.progress.history)
         return Response.json(200, summary)
 
+    async def submit_batch(self, worker: str, results: list[Any]) -> list[str] | None:
+        """:meth:`submit` of a typed batch whose results are all accepted (see :meth:`TaskBoard.stage_run`), in
+        a few operations over the whole batch; None (nothing done) when :meth:`submit` must judge it.
+
+        :raises HttpError: 507 when the journal cannot store them (none of them is accepted).
+        """
+        task_ids = [result.taskId for result in results]
+        outputs = [result.output for result in results]
+        digests = [result.sha256 for result in results]
+        run = self.board.stage_run(worker, task_ids, outputs, digests, self.clock())
+        if run is None:
+            return None
+        try:
+            await self.journal.append_lines([result_lines(task_ids, worker, run.escaped, digests)], len(task_ids))
+        except AllocstackError as error:
+            self.board.abort_run(run)
+            self.on_fault(error)
+            raise HttpError(507, f"not stored, nothing accepted: {error.message}") from error
+        self.board.commit_run(run, self.clock())
+        self.on_change()
+        return task_ids
+
     async def submit(self, worker: str, results: Any) -> tuple[list[str], list[dict[str, Any]]]:
         """Check ``results``, journal the good ones durably, then count them done.
 
@@ -119,11 +177,25 @@ class CoordinatorApi:
         return Response.json(rejected[0]["code"], {"error": rejected[0]["reason"], "taskId": rejected[0]["taskId"]})
 
     async def results(self, request: Request) -> Response:
+        post = typed_post(request)
+        if post is not None and post.results:
+            ids = await self.submit_batch(post.workerId, post.results)
+            if ids is not None:
+                return Response(200, dumps_compact({"accepted": ids, "rejected": []}))
         body = worker_body(request)
         ids, rejected = await self.submit(body["workerId"], body.get("results"))
         return Response.json(200, {"accepted": ids, "rejected": rejected})
 
     async def claim(self, request: Request) -> Response:
+        post = typed_post(request)
+        if post is not None and self.plain_claim(post):
+            reply: dict[str, Any] = {}
+            if post.results is not msgspec.UNSET:
+                ids = await self.submit_batch(post.workerId, post.results) if post.results else []
+                if ids is not None:
+                    reply.update(accepted=ids, rejected=[])
+            if reply or post.results is msgspec.UNSET:
+                return self.grant(post.workerId, post.max, post.node, reply)
         body = worker_body(request)
         worker = body["workerId"]
         max_tasks = body.get("max", 1)
@@ -132,27 +204,41 @@ class CoordinatorApi:
         node = body.get("node")
         if node is not None and not (isinstance(node, str) and NODE_PATTERN.match(node)):
             raise ClientError("node must be a host name")
-        reply: dict[str, Any] = {}
+        reply = {}
         if "results" in body:
             ids, rejected = await self.submit(worker, body["results"])
             reply.update(accepted=ids, rejected=rejected)
-        claim = self.board.claim(worker, max_tasks, self.clock(), node)
+        return self.grant(worker, max_tasks if "max" in body else None, node, reply)
+
+    @staticmethod
+    def plain_claim(post: Any) -> bool:
+        """A typed claim whose max and node are good (else the general path names the problem)."""
+        return ((post.max is msgspec.UNSET or 1 <= post.max <= MAX_CLAIM_BATCH)
+                and (post.node is None or NODE_PATTERN.match(post.node) is not None))
+
+    def grant(self, worker: str, max_tasks: Any, node: str | None, reply: dict[str, Any]) -> Response:
+        """Claim for ``worker`` and answer with ``reply`` (a submission's outcome) and the claim's.
+
+        :param max_tasks: the claim's ``max``; None or UNSET when it has none (one task, as ``"task"``).
+        """
+        batch = type(max_tasks) is int
+        claim = self.board.claim(worker, max_tasks if batch else 1, self.clock(), node)
         reply["status"] = claim.status
         if claim.status == "task":
             if claim.first:
                 self.event("first-claim", worker=worker)
             reply["leaseSeconds"] = self.board.lease_seconds
             # The tasks as the document holds them (raw payload bytes), spliced into the reply.
-            task_json = self.board.tasks.task_json
-            tasks = b"[" + b",".join(map(task_json, claim.positions)) + b"]" if "max" in body else \
-                task_json(claim.positions[0])
-            head = encode_json(reply).encode("utf-8")[:-1]
-            return Response(200, head + (b',"tasks":' if "max" in body else b',"task":') + tasks + b"}")
+            tasks = self.board.tasks
+            head = dumps_compact(reply)[:-1]
+            if batch:
+                return Response(200, head + b',"tasks":' + tasks.tasks_json(claim.positions) + b"}")
+            return Response(200, head + b',"task":' + tasks.task_json(claim.positions[0]) + b"}")
         elif claim.status == "wait":
             reply["retryAfter"] = WAIT_HINT_SECONDS
         elif claim.status == "stop":
             reply["reason"] = claim.reason
-        return Response.json(200, reply)
+        return Response(200, dumps_compact(reply))
 
     async def fail(self, request: Request) -> Response:
         body = worker_body(request)

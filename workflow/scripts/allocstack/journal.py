@@ -48,6 +48,16 @@ def result_line(task_id: str, worker: str, output: str, sha256: str) -> bytes:
         encode_basestring_ascii(output).encode("ascii"), sha256.encode(), task_id.encode(), worker.encode())
 
 
+def result_lines(task_ids: list[str], worker: str, escaped: list[str], sha256: list[str]) -> bytes:
+    """The journal lines of a batch of results by one worker, one string operation per result: the bytes of
+    :func:`result_line` for each (tested).
+
+    :param escaped: the outputs as JSON text (``encode_basestring_ascii``).
+    """
+    template = '{"kind":"result","output":%s,"sha256":"%s","taskId":"%s","workerId":"' + worker + '"}\n'
+    return "".join(map(template.__mod__, zip(escaped, sha256, task_ids, strict=True))).encode("ascii")
+
+
 def replay(path: Path, input_sha256: str) -> tuple[list[dict[str, Any]], str]:
     """Read the journal at ``path`` for an input with digest ``input_sha256``.
 
@@ -117,6 +127,7 @@ class Journal:
                 path.unlink(missing_ok=True)
                 raise write_error("journal", path, exc) from exc
         self._buffer: list[bytes] = []
+        self._pending_records = 0
         self._waiters: list[asyncio.Future[None]] = []
         self._flushing = False
         self._flusher: asyncio.Task[None] | None = None  # held: the loop keeps only weak references to tasks
@@ -131,8 +142,9 @@ class Journal:
         """
         await self.append_lines([_line({"kind": "result", **r}) for r in results])
 
-    async def append_lines(self, lines: list[bytes]) -> None:
-        """Append whole journal lines (see :func:`result_line`); return once they are on disk (fsync'd).
+    async def append_lines(self, lines: list[bytes], records: int | None = None) -> None:
+        """Append whole journal lines (see :func:`result_line`; an item may hold several lines, ``records``
+        in all); return once they are on disk (fsync'd).
 
         :raises AllocstackError: ``storage`` (no room) or ``io``: then none of ``lines`` is durable,
             and every later append raises the same error.
@@ -143,6 +155,7 @@ class Journal:
             raise self.failed
         loop = asyncio.get_running_loop()
         self._buffer.extend(lines)
+        self._pending_records += len(lines) if records is None else records
         waiter: asyncio.Future[None] = loop.create_future()
         self._waiters.append(waiter)
         gathering = self._gathering
@@ -172,8 +185,8 @@ class Journal:
             while self._buffer:
                 await self._gather(loop)
                 data, waiters = b"".join(self._buffer), self._waiters
-                count = len(self._buffer)
-                self._buffer, self._waiters = [], []
+                count = self._pending_records
+                self._buffer, self._waiters, self._pending_records = [], [], 0
                 try:
                     if self.failed is not None:
                         raise self.failed

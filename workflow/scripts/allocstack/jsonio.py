@@ -283,8 +283,11 @@ def dumps_compact(document: Any) -> bytes:
     return json.dumps(document, separators=(",", ":"), allow_nan=False).encode("utf-8")
 
 
-#: One result as ``json.dumps(indent=2, sort_keys=True)`` writes it in a top-level "results" list.
-_RESULT_ENTRY = '    {{\n      "output": {},\n      "sha256": {},\n      "taskId": {},\n      "workerId": {}\n    }}'.format
+#: One result as ``json.dumps(indent=2, sort_keys=True)`` writes it in a top-level "results" list: the
+#: output, the digest, the task id and the worker id, each as its JSON text (``encode_basestring_ascii``).
+RESULT_ENTRY = b'    {\n      "output": %s,\n      "sha256": %s,\n      "taskId": %s,\n      "workerId": %s\n    }'
+
+_ENTRY_TEXT = RESULT_ENTRY.decode("ascii").replace("{", "{{").replace("}", "}}").replace("%s", "{}").format
 
 Row = tuple[str, str, str, str]
 
@@ -295,12 +298,20 @@ def results_document(document: dict[str, Any], rows: Iterable[list[Row]]) -> Ite
 
     :param rows: chunks of results as (output, sha256, taskId, workerId) strings, in the list's order.
     """
+    quote = encode_basestring_ascii
+    entries = (",\n".join([_ENTRY_TEXT(quote(o), quote(d), quote(t), quote(w)) for o, d, t, w in chunk]).encode("ascii")
+               for chunk in rows)
+    return results_document_entries(document, entries)
+
+
+def results_document_entries(document: dict[str, Any], entries: Iterable[bytes]) -> Iterator[bytes]:
+    """:func:`results_document` from its entries already written (:data:`RESULT_ENTRY`), a chunk of them
+    joined by ``",\\n"`` at a time (an empty chunk: none)."""
     head, tail = (json.dumps({**document, "results": []}, indent=2, sort_keys=True) + "\n").split('"results": []', 1)
     yield (head + '"results": [').encode("ascii")
-    quote, separator = encode_basestring_ascii, "\n"
-    for chunk in rows:
+    separator = b"\n"
+    for chunk in entries:
         if chunk:
-            entries = ",\n".join(_RESULT_ENTRY(quote(o), quote(d), quote(t), quote(w)) for o, d, t, w in chunk)
-            yield (separator + entries).encode("ascii")
-            separator = ",\n"
-    yield (("]" if separator == "\n" else "\n  ]") + tail).encode("ascii")
+            yield separator + chunk
+            separator = b",\n"
+    yield (("]" if separator == b"\n" else "\n  ]") + tail).encode("ascii")

@@ -25,16 +25,21 @@ leases (at most workers x batch size). Times are the caller's monotonic clock.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import math
 import re
 from array import array
 from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from itertools import accumulate, islice, repeat
+from json.encoder import encode_basestring_ascii
+from operator import add, methodcaller
 from typing import Any
 
 from . import SCHEMA_VERSION
-from .jsonio import Row, results_document, sha256_text
+from .jsonio import RESULT_ENTRY, results_document_entries, sha256_text
 from .taskset import SHA256_PATTERN, TASK_ID_PATTERN, TaskSet
 
 PENDING, LEASED, DONE, FAILED = 0, 1, 2, 3
@@ -43,6 +48,12 @@ MAX_OUTPUT_CHARS = 16 << 20
 ALLOCATION_ENDING = "less than one lease remains before the allocation ends"
 #: results.json entries encoded per chunk (see :meth:`TaskBoard.result_rows`).
 RESULTS_CHUNK = 4096
+_DONE_BYTE, _LEASED_BYTE = bytes([DONE]), bytes([LEASED])
+#: :data:`RESULT_ENTRY` around its four values, for a digest and a task id given bare (neither has a
+#: character JSON escapes); and what separates two entries.
+_ENTRY = RESULT_ENTRY.replace(b'"sha256": %s', b'"sha256": "%s"').replace(b'"taskId": %s', b'"taskId": "%s"').split(b"%s")
+_ENTRY_SEPARATOR = _ENTRY[4] + b",\n" + _ENTRY[0]
+_hexdigest = methodcaller("hexdigest")
 
 
 @dataclass(slots=True)
@@ -76,8 +87,6 @@ class Verdict:
         return self.code == 201
 
 
-#: An output may hold a lone surrogate (JSON's "\\ud800" reads as one): kept as it came.
-_SURROGATES = "surrogatepass"
 _RESULT_KEYS = frozenset({"taskId", "workerId", "output", "sha256"})
 _ACCEPTED = Verdict(None, 201, "accepted")
 
@@ -93,13 +102,25 @@ class Staged:
     sha256: str
 
 
+@dataclass(slots=True)
+class StagedRun:
+    """A batch staged by :meth:`TaskBoard.stage_run`: results for the consecutive positions ``start`` on,
+    every one accepted: the outputs as JSON text (``encode_basestring_ascii``), their digests (hex)."""
+
+    start: int
+    task_ids: list[str]
+    worker: str
+    escaped: list[str]
+    sha256: list[str]
+
+
 @dataclass
 class Claim:
     """The answer to a claim: ``task`` (with the granted tasks' ``positions``), ``wait``, ``done``, or ``stop``
     with a ``reason``."""
 
     status: str
-    positions: list[int] = field(default_factory=list)
+    positions: list[int] | range = field(default_factory=list)
     reason: str = ""
     #: The worker's first granted claim (the coordinator logs a ``first-claim`` event).
     first: bool = False
@@ -186,17 +207,22 @@ class TaskBoard:
 
     def output(self, position: int) -> str:
         start = self.output_at[position]
-        return self.outputs[start:start + self.output_size[position]].decode("utf-8", _SURROGATES)
+        return json.loads(self.outputs[start:start + self.output_size[position]])
 
-    def done_in_id_order(self) -> Iterator[list[int]]:
+    def done_in_id_order(self) -> Iterator[list[int] | range]:
         """The positions of the tasks with a result, in task id order, a chunk at a time.
 
-        Ids that ascend are already in order: no list of a million positions to sort.
+        Ids that ascend are already in order: no list of a million positions to sort (and a chunk
+        whose tasks all have a result is a :class:`range`).
         """
         state, count = self.state, len(self.state)
         if self.tasks.ascending:
             for start in range(0, count, RESULTS_CHUNK):
-                yield [p for p in range(start, min(count, start + RESULTS_CHUNK)) if state[p] == DONE]
+                end = min(count, start + RESULTS_CHUNK)
+                if state.count(DONE, start, end) == end - start:
+                    yield range(start, end)
+                else:
+                    yield [p for p in range(start, end) if state[p] == DONE]
             return
         positions = [position for position in range(count) if state[position] == DONE]
         positions.sort(key=self.tasks.ids.__getitem__)
@@ -208,17 +234,32 @@ class TaskBoard:
         ids, state = self.tasks.ids, self.state
         return (ids[position] for position in range(len(state)) if state[position] != DONE)
 
-    def result_rows(self) -> Iterator[list[Row]]:
-        """The results as (output, sha256, taskId, workerId), in task id order, a chunk at a time."""
-        ids, digests, output = self.tasks.ids, self.digests, self.output
-        names, numbers = self.worker_names, self.result_worker
+    def result_entries(self) -> Iterator[bytes]:
+        """results.json's entries (:data:`RESULT_ENTRY`, joined by ",\\n"), in task id order, a chunk at a time:
+        a few string operations per result, each over the whole chunk (the stored output is its JSON text)."""
+        ids, digests, at, size, blob = self.tasks.ids, self.digests, self.output_at, self.output_size, self.outputs
+        names = [encode_basestring_ascii(name).encode("ascii") for name in self.worker_names]
         for positions in self.done_in_id_order():
-            yield [(output(p), digests[32 * p:32 * p + 32].hex(), ids[p], names[numbers[p]]) for p in positions]
+            if not positions:
+                continue
+            if type(positions) is range:
+                start, end = positions.start, positions.stop
+                starts, sizes, numbers = at[start:end], size[start:end], self.result_worker[start:end]
+                chunk_ids, hexes = ids[start:end], digests[32 * start:32 * end].hex().encode("ascii")
+            else:
+                starts, sizes = list(map(at.__getitem__, positions)), map(size.__getitem__, positions)
+                numbers, chunk_ids = map(self.result_worker.__getitem__, positions), map(ids.__getitem__, positions)
+                hexes = b"".join(digests[32 * p:32 * p + 32] for p in positions).hex().encode("ascii")
+            outputs = map(blob.__getitem__, map(slice, starts, map(add, starts, sizes)))
+            digest = map(hexes.__getitem__, map(slice, range(0, len(hexes), 64), range(64, len(hexes) + 64, 64)))
+            yield _ENTRY[0] + _ENTRY_SEPARATOR.join(map(b"".join, zip(
+                outputs, repeat(_ENTRY[1]), digest, repeat(_ENTRY[2]), map(str.encode, chunk_ids), repeat(_ENTRY[3]),
+                map(names.__getitem__, numbers), strict=True))) + _ENTRY[4]
 
     def results_json(self) -> Iterator[bytes]:
         """results.json, in chunks: ``{"results": [...], "schemaVersion": 1}`` sorted by task id (see
-        :func:`results_document`)."""
-        return results_document({"schemaVersion": SCHEMA_VERSION}, self.result_rows())
+        :func:`results_document_entries`)."""
+        return results_document_entries({"schemaVersion": SCHEMA_VERSION}, self.result_entries())
 
     def _seen(self, worker: str, now: float) -> WorkerStats:
         stats = self.workers.get(worker)
@@ -237,7 +278,7 @@ class TaskBoard:
     def _record(self, position: int, worker: str, output: str, sha256: str) -> None:
         self.state[position] = DONE
         self.output_at[position] = len(self.outputs)
-        self.outputs += output.encode("utf-8", _SURROGATES)
+        self.outputs += encode_basestring_ascii(output).encode("ascii")
         self.output_size[position] = len(self.outputs) - self.output_at[position]
         self.digests[32 * position:32 * position + 32] = bytes.fromhex(sha256)
         self.result_worker[position] = self._number(worker)
@@ -304,14 +345,14 @@ class TaskBoard:
         if node is not None:
             stats.node = node
         wanted = self.share(stats, max_tasks, now)
-        granted: list[int] = []
-        deadline = now + self.lease_seconds
+        lease = Lease(worker, now + self.lease_seconds)  # one object for the claim: a heartbeat replaces it
+        granted = self._grant_run(wanted, lease) if wanted else []
         while len(granted) < wanted:
             position = self._next_pending()
             if position is None:
                 break
             self.state[position] = LEASED
-            self.leases[position] = Lease(worker, deadline)
+            self.leases[position] = lease
             self.granted[position] = 1
             granted.append(position)
         if granted:
@@ -320,6 +361,20 @@ class TaskBoard:
             stats.claimed += len(granted)
             return Claim("task", granted, first=first)
         return Claim("done") if self.finished else Claim("wait")
+
+    def _grant_run(self, wanted: int, lease: Lease) -> list[int] | range:
+        """The next ``wanted`` queued tasks when they are consecutive never-handed-out pending positions (the
+        usual claim), granted in a few operations; else [] (:meth:`claim` takes them one by one)."""
+        start, state = self.cursor, self.state
+        end = start + wanted
+        if self.front or end > len(state) or state.count(PENDING, start, end) != wanted:
+            return []
+        self.cursor = end
+        state[start:end] = _LEASED_BYTE * wanted
+        self.granted[start:end] = b"\x01" * wanted
+        run = range(start, end)
+        self.leases.update(dict.fromkeys(run, lease))
+        return run
 
     def check(self, result: Any) -> Verdict:
         """Validate one result's shape and state without changing anything."""
@@ -344,7 +399,11 @@ class TaskBoard:
         output, digest = result.get("output"), result.get("sha256")
         if type(output) is not str or len(output) > MAX_OUTPUT_CHARS:
             return Verdict(task_id, 400, "output must be a string"), -1
-        digest_matches = type(digest) is str and sha256_text(output) == digest
+        try:
+            digest_matches = type(digest) is str and sha256_text(output) == digest
+        except UnicodeEncodeError as exc:  # "\ud800" in JSON reads as a lone surrogate, which UTF-8 cannot hold
+            return Verdict(task_id, 400, f"output is not Unicode text: a lone surrogate at character {exc.start} "
+                                         "(sha256 is of the output's UTF-8 bytes)"), -1
         if not digest_matches and (type(digest) is not str or not SHA256_PATTERN.match(digest)):
             return Verdict(task_id, 400, "sha256 must be 64 lowercase hex digits"), -1
         if position is None:
@@ -376,6 +435,53 @@ class TaskBoard:
             staged.append(Staged(position, result["taskId"], worker, result["output"], result["sha256"]))
         return staged, rejected
 
+    def stage_run(self, worker: str, task_ids: list[str], outputs: list[str], sha256: list[str],
+                  now: float) -> StagedRun | None:
+        """:meth:`stage` for a batch of results (strings all) when every one is accepted and their tasks are
+        consecutive positions (a batch as it was claimed), in a few operations over the whole batch.
+
+        :returns: the staged batch, or None (nothing changed) when :meth:`stage` must judge it result by result.
+        """
+        count = len(task_ids)
+        start = self.tasks.position(task_ids[0]) if count else None
+        if start is None or self.tasks.ids[start:start + count] != task_ids:
+            return None
+        end = start + count
+        if (self.state.find(DONE, start, end) >= 0 or self.granted.find(0, start, end) >= 0
+                or max(map(len, outputs)) > MAX_OUTPUT_CHARS
+                or (self.committing and not self.committing.isdisjoint(range(start, end)))):
+            return None
+        try:
+            encoded = list(map(str.encode, outputs))
+        except UnicodeEncodeError:  # a lone surrogate: stage() names it
+            return None
+        if list(map(_hexdigest, map(hashlib.sha256, encoded))) != sha256:
+            return None
+        self._seen(worker, now)
+        self.committing.update(range(start, end))
+        return StagedRun(start, task_ids, worker, list(map(encode_basestring_ascii, outputs)), sha256)
+
+    def commit_run(self, run: StagedRun, now: float) -> None:
+        """:meth:`commit` of a :meth:`stage_run` batch: the same state, written a slice at a time."""
+        start, count = run.start, len(run.task_ids)
+        end = start + count
+        positions = range(start, end)
+        self.committing.difference_update(positions)
+        deque(map(self.leases.pop, positions, repeat(None)), maxlen=0)
+        self.state[start:end] = _DONE_BYTE * count
+        sizes = list(map(len, run.escaped))
+        self.output_at[start:end] = array("Q", islice(accumulate(sizes, initial=len(self.outputs)), count))
+        self.output_size[start:end] = array("I", sizes)
+        self.outputs += "".join(run.escaped).encode("ascii")
+        self.digests[32 * start:32 * end] = bytes.fromhex("".join(run.sha256))
+        self.result_worker[start:end] = array("I", [self._number(run.worker)]) * count
+        self.done += count
+        self._seen(run.worker, now).completed += count
+
+    def abort_run(self, run: StagedRun) -> None:
+        """The journal could not store ``run``: nothing of it was accepted."""
+        self.committing.difference_update(range(run.start, run.start + len(run.task_ids)))
+
     def commit(self, staged: list[Staged], now: float) -> None:
         """The journal holds ``staged`` durably: their tasks are done."""
         for record in staged:
@@ -395,10 +501,12 @@ class TaskBoard:
         """Extend ``worker``'s leases on ``task_ids``; return the ids it still holds."""
         self._seen(worker, now)
         held = []
+        renewed = Lease(worker, now + self.lease_seconds)  # a claim's tasks share a lease: each renewed one moves
         for task_id in task_ids:
-            lease = self.leases.get(self.tasks.position(task_id))
+            position = self.tasks.position(task_id)
+            lease = self.leases.get(position)
             if lease is not None and lease.worker == worker:
-                lease.deadline = now + self.lease_seconds
+                self.leases[position] = renewed
                 held.append(task_id)
         return held
 

@@ -102,6 +102,16 @@ class TaskSet:
         return b'{"id":"%s","payload":%s}' % (self.ids[index].encode(),
                                               self._payloads[offsets[index]:offsets[index + 1]])
 
+    def tasks_json(self, positions: list[int] | range) -> bytes:
+        """The JSON list of the tasks at ``positions``, each as :meth:`task_json` writes it; consecutive
+        positions (a :class:`range`) in one string operation per task."""
+        if type(positions) is not range or positions.step != 1:
+            return b"[" + b",".join(map(self.task_json, positions)) + b"]"
+        start, end, offsets = positions.start, positions.stop, self._offsets
+        payloads = map(self._payloads.__getitem__, map(slice, offsets[start:end], offsets[start + 1:end + 1]))
+        return b"[" + b",".join(map(b'{"id":"%s","payload":%s}'.__mod__,
+                                    zip(map(str.encode, self.ids[start:end]), payloads, strict=True))) + b"]"
+
     def task(self, index: int) -> dict[str, Any]:
         return {"id": self.ids[index], "payload": self.payload(index)}
 
