@@ -254,7 +254,7 @@ class TaskBoard:
             digest = map(hexes.__getitem__, map(slice, range(0, len(hexes), 64), range(64, len(hexes) + 64, 64)))
             yield _ENTRY[0] + _ENTRY_SEPARATOR.join(map(b"".join, zip(
                 outputs, repeat(_ENTRY[1]), digest, repeat(_ENTRY[2]), map(str.encode, chunk_ids), repeat(_ENTRY[3]),
-                map(names.__getitem__, numbers), strict=True))) + _ENTRY[4]
+                map(names.__getitem__, numbers), strict=False))) + _ENTRY[4]  # (repeat() never ends)
 
     def results_json(self) -> Iterator[bytes]:
         """results.json, in chunks: ``{"results": [...], "schemaVersion": 1}`` sorted by task id (see
