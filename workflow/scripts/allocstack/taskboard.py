@@ -10,14 +10,18 @@ task appears exactly once whatever workers die or come back late.
 Results are accepted in two steps so the board never runs ahead of the journal:
 :meth:`stage` checks a batch (shape, state, digest) and reserves its tasks;
 :meth:`commit` marks them done once the journal has them on disk, :meth:`abort`
-releases them when it could not. The claim policy lives here too: a claim gets
+releases them when it could not. A worker's batch for consecutive tasks, every
+result good (the usual case), takes :meth:`stage_run` and :meth:`commit_run`: the
+same checks and the same state, a few operations over the whole batch instead of
+several per result. The claim policy lives here too: a claim gets
 at most a fair share of what is pending, and none once claims are closed
 (draining, a storage fault) or a lease would outlast the allocation, and a
 share stays held back for each expected worker that has had none yet.
 
 Memory: a task is its position in the :class:`TaskSet` (ids and raw payload bytes);
-its state is one byte, its result an output string, 32 digest bytes and a worker
-number, so a million tasks and their results fit in about 200 MB (no dict per task).
+its state is one byte, its result its output's JSON text (as results.json and the
+journal write it), 32 digest bytes and a worker number, so a million tasks and their
+results fit in about 200 MB (no dict per task). A claim's tasks share one lease.
 
 All operations are O(1) per task touched; :meth:`expire` scans only the live
 leases (at most workers x batch size). Times are the caller's monotonic clock.
@@ -159,8 +163,9 @@ class TaskBoard:
     committing: set[int] = field(default_factory=set)
     expired_leases: int = 0
     restored: int = 0
-    #: Results by position: the output (UTF-8 in one growing blob, at ``output_at`` for ``output_size``
-    #: bytes: no string object per result), the SHA-256 (32 bytes at 32 * position), the worker's number.
+    #: Results by position: the output as JSON text (``encode_basestring_ascii``: ASCII, quoted, in one
+    #: growing blob, at ``output_at`` for ``output_size`` bytes: no string object per result), the SHA-256
+    #: (32 bytes at 32 * position), the worker's number.
     outputs: bytearray = field(init=False, default_factory=bytearray)
     output_at: array = field(init=False)
     output_size: array = field(init=False)
