@@ -146,15 +146,25 @@ class CoordinatorApi:
         run = self.board.stage_run(worker, task_ids, outputs, digests, self.clock())
         if run is None:
             return None
+        await self.store([result_lines(task_ids, worker, run.escaped, digests)], len(task_ids),
+                         lambda: self.board.abort_run(run), lambda: self.board.commit_run(run, self.clock()))
+        return task_ids
+
+    async def store(self, lines: list[bytes], records: int, abort: Callable[[], None],
+                    commit: Callable[[], None]) -> None:
+        """Journal ``lines`` (``records`` results) durably, then ``commit()`` them to the board; ``abort()``
+        when the journal cannot store them.
+
+        :raises HttpError: 507 then (none of them is accepted).
+        """
         try:
-            await self.journal.append_lines([result_lines(task_ids, worker, run.escaped, digests)], len(task_ids))
+            await self.journal.append_lines(lines, records)
         except AllocstackError as error:
-            self.board.abort_run(run)
+            abort()
             self.on_fault(error)
             raise HttpError(507, f"not stored, nothing accepted: {error.message}") from error
-        self.board.commit_run(run, self.clock())
+        commit()
         self.on_change()
-        return task_ids
 
     async def submit(self, worker: str, results: Any) -> tuple[list[str], list[dict[str, Any]]]:
         """Check ``results``, journal the good ones durably, then count them done.
@@ -166,14 +176,8 @@ class CoordinatorApi:
             raise ClientError("results must be a list")
         staged, rejected = self.board.stage(worker, results, self.clock())
         if staged:
-            try:
-                await self.journal.append_lines([result_line(s.task_id, s.worker, s.output, s.sha256) for s in staged])
-            except AllocstackError as error:
-                self.board.abort(staged)
-                self.on_fault(error)
-                raise HttpError(507, f"not stored, nothing accepted: {error.message}") from error
-            self.board.commit(staged, self.clock())
-            self.on_change()
+            await self.store([result_line(s.task_id, s.worker, s.output, s.sha256) for s in staged], len(staged),
+                             lambda: self.board.abort(staged), lambda: self.board.commit(staged, self.clock()))
         return [record.task_id for record in staged], rejected
 
     async def result(self, request: Request) -> Response:
