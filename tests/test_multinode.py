@@ -26,7 +26,7 @@ from test_own_service import CLIENT, SERVICE
 
 from allocstack.events import gate_precedes_workers, read_events
 from conftest import ensure_other_user, expected_for, pids_mentioning, write_json
-from real_parts import SLURM_STATE, require_apptainer, require_multinode
+from real_parts import SLURM_STATE, require_apptainer, require_charliecloud, require_multinode
 from workflow_helpers import SNAKEMAKE, copy_project, snakemake
 
 pytestmark = [pytest.mark.multinode, pytest.mark.slurm, pytest.mark.apptainer]
@@ -182,6 +182,51 @@ def test_baseline_runs_as_one_job_with_workers_on_all_three_nodes(multinode_proj
     record = (project / "results/baseline/decision-record.md").read_text()
     assert "the address the first node's hostname resolves to" in record and "pin its SHA-256" in record
     assert not (project / "state/baseline/events").exists() and not (project / "state/baseline/endpoint.json").exists()
+
+
+# -- 1b. node-local scratch with an image ----------------------------------------------------
+@pytest.mark.parametrize("runtime", ["apptainer", "charliecloud"])
+def test_node_local_scratch_with_an_image_is_made_and_removed_on_each_node(multinode_project, runtime):
+    """Scratch at a path every node has but none shares (the test cluster's nodes each bind their own
+    directory there, as a center's node-local $TMPDIR): a worker on another node starts in the image
+    because its step makes the run's scratch (and ch-run's mount-point tree) on its own node, and the
+    node's last step of the run removes it there."""
+    project, image, layout = multinode_project
+    if "scratch" not in layout:
+        from real_parts import unavailable
+        unavailable("the multi-node test cluster has no node-local scratch (tests/cluster/slurm.sh start --nodes 3)")
+    config = [f"scratch={layout['scratch']}"]
+    if runtime == "charliecloud":
+        image = require_charliecloud()
+        config += ["runtime=charliecloud"]
+    nodes = sorted(layout["nodes"])
+    here = Path(layout["scratch"])  # the host's own directory at that path: no node writes there
+    before = {node: sorted(os.listdir(layout["scratchDirs"][node])) for node in nodes}
+    done = snakemake(project, *cluster_args(layout, image, *config), timeout=600)
+    output = done.stdout + done.stderr
+    assert done.returncode == 0, output[-4000:]
+    marker = json.loads((project / "results/baseline/result.json").read_text())
+    assert marker["status"] == "success" and marker["taskCount"] == 4
+    workers = {f"worker-{i:02d}" for i in range(1, 7)}
+    steps = job_steps(submitted_job(output), workers)
+    assert {steps[name]["node"] for name in workers} == set(nodes), steps
+    assert all(steps[name]["state"] == "COMPLETED" for name in workers), steps
+    # Each off-node worker had the run's scratch on its own node, private (a mount-point tree
+    # too, for ch-run), and saw it in the image.
+    provenance = json.loads((project / "results/baseline/provenance.json").read_text())
+    assert {provenance["components"][w]["host"] for w in workers} == set(nodes)
+    for worker in ("worker-03", "worker-06"):
+        log = (project / f"logs/run_worker/baseline/{worker}.log").read_text()
+        assert f"{worker}: done:" in log, log[-2000:]
+    # Job-scoped on every node: nothing of the run is left in any node's scratch (nor on the host's).
+    for node in nodes:
+        left = [str(p) for p in Path(layout["scratchDirs"][node]).rglob("*") if "baseline" in str(p)]
+        assert not left, f"{node}: {left}"
+        owned = Path(layout["scratchDirs"][node], f"allocstack-{os.getuid()}")
+        if owned.exists():
+            assert owned.stat().st_mode & 0o777 == 0o700 and not list(owned.iterdir()), list(owned.iterdir())
+        assert sorted(os.listdir(layout["scratchDirs"][node])) in (before[node], sorted({*before[node], owned.name}))
+    assert not here.exists() or not list(here.iterdir())
 
 
 # -- 2. a whole node's workers lost mid-run ---------------------------------------------------

@@ -20,7 +20,10 @@
 # own address (10.254.1.1K) on a bridge this script creates (asbr0, the controller is
 # 10.254.1.1 there), its own loopback, and no route anywhere else: the nodes only ever talk to
 # each other and to the controller. They share the filesystem (munge's socket, the project
-# directory), as the nodes of a real cluster share theirs. One slurmctld manages all nodes:
+# directory), as the nodes of a real cluster share theirs, except one directory: each node has
+# its own $NODE_SCRATCH (/tmp/allocstack-node-scratch, a bind of $STATE/multi/mnK/scratch in the
+# node's mount namespace; an empty directory on the host), node-local scratch as most centers'
+# $SLURM_TMPDIR or $TMPDIR is. One slurmctld manages all nodes:
 #  - it reads $STATE/multi/slurm.conf, which includes /etc/slurm/slurm.conf (the single-node
 #    configuration every client reads, left exactly as `start` writes it) and adds the nodes and
 #    partition `multi`, so a `start` of another checkout that rewrites /etc/slurm/slurm.conf and
@@ -99,6 +102,11 @@ readonly NODE_CONF=$MULTI_DIR/node-slurm.conf
 readonly NODE_HOSTS=$MULTI_DIR/hosts
 # The layout for tests and benchmarks: partition, bridge, node names and addresses (JSON).
 readonly LAYOUT_FILE=$MULTI_DIR/layout.json
+# Node-local scratch: the same path on every namespaced node, a different directory on each
+# (node_scratch_dir: what the host sees of node NAME's), world-writable with the sticky bit as a
+# node's /tmp, so a run's own modes keep other users out.
+readonly NODE_SCRATCH=/tmp/allocstack-node-scratch
+node_scratch_dir() { echo "$MULTI_DIR/$1/scratch"; }
 
 trap 'echo "$PROG: error: line $LINENO: $BASH_COMMAND failed" >&2' ERR
 
@@ -153,15 +161,31 @@ out_file() { echo "$LOG_DIR/$1.out"; }
 
 # start_daemon NAME CMD...: runs CMD in the foreground of a new session
 # (setsid, so it outlives this script and `stop` can signal its whole process
-# group), output appended to NAME.out, PID in $RUN_DIR/NAME.pid.
+# group), output appended to NAME.out, PID in $RUN_DIR/NAME.pid. It inherits no
+# other descriptor of ours: a daemon holding the caller's `flock FILE` descriptor
+# would hold that lock for as long as it runs.
 start_daemon() {
     local name=$1 log
     shift
     log=$(out_file "$name")
     echo "--- $(date -Is) $PROG start" >>"$log"
-    setsid "${DAEMON_ENV[@]}" "$@" </dev/null >>"$log" 2>&1 &
+    (
+        close_inherited_fds
+        exec setsid "${DAEMON_ENV[@]}" "$@" </dev/null >>"$log" 2>&1
+    ) &
     echo $! >"$(pid_file "$name")"
     info "started $name (pid $!, log $log)"
+}
+
+# In a subshell about to exec a daemon: close every descriptor above 2.
+close_inherited_fds() {
+    local fd
+    for fd in /proc/"$BASHPID"/fd/*; do
+        fd=${fd##*/}
+        if ((fd > 2)); then
+            eval "exec $fd>&-" 2>/dev/null || true
+        fi
+    done
 }
 
 # stop_daemon NAME: TERM its process group, wait up to 20 s, then KILL.
@@ -513,7 +537,9 @@ write_multi_confs() {
     mkdir -p "$MULTI_DIR"
     for name in $(node_names "$n"); do
         mkdir -p "$MULTI_DIR/$name/spool"
+        install -d -m 1777 "$(node_scratch_dir "$name")"
     done
+    install -d -m 1777 "$NODE_SCRATCH" # the mount point; on the host itself an empty directory
     {
         echo "# allocstack test cluster: $CONF_MARKER (start --nodes $n). What slurmctld"
         echo "# reads: the single-node configuration every client reads, plus $n namespaced nodes."
@@ -548,6 +574,12 @@ write_multi_confs() {
             printf '%s"%s": "%s"' "$separator" "$name" "$(node_addr "$name")"
             separator=", "
         done
+        printf '}, "scratch": "%s", "scratchDirs": {' "$NODE_SCRATCH"
+        separator=""
+        for name in $(node_names "$n"); do
+            printf '%s"%s": "%s"' "$separator" "$name" "$(node_scratch_dir "$name")"
+            separator=", "
+        done
         printf '}}\n'
     } | write_in_place "$LAYOUT_FILE"
 }
@@ -575,6 +607,7 @@ cmd_node_init() {
     ip link set eth0 up
     mount --bind "$NODE_HOSTS" /etc/hosts
     mount --bind "$NODE_CONF" "$SLURM_CONF"
+    mount --bind "$(node_scratch_dir "$name")" "$NODE_SCRATCH"
     exec tini -s -- slurmd -D -N "$name" # a child subreaper, as the default node's slurmd (start_slurmd)
 }
 
@@ -586,9 +619,21 @@ node_named_usable() {
     [[ $(node_state "$1") =~ ^(idle|mixed|allocated)$ ]]
 }
 
+# A node started before it had node-local scratch: bind it now, in the node's own mount
+# namespace (job steps started from then on see it; nothing is restarted).
+ensure_node_scratch() {
+    local name=$1 pid
+    pid=$(running_pid "slurmd-$name") || return 0
+    nsenter --target "$pid" --mount -- mountpoint -q "$NODE_SCRATCH" ||
+        nsenter --target "$pid" --mount -- mount --bind "$(node_scratch_dir "$name")" "$NODE_SCRATCH"
+}
+
 start_node() {
     local name=$1 daemon=slurmd-$1 pid
-    running_pid "$daemon" >/dev/null && return 0
+    if running_pid "$daemon" >/dev/null; then
+        ensure_node_scratch "$name"
+        return 0
+    fi
     ip link del "h-$name" >/dev/null 2>&1 || true # left by an unclean stop
     # env: start_daemon clears the environment; node-init needs to find the same state.
     start_daemon "$daemon" env ALLOCSTACK_SLURM_STATE="$STATE" ALLOCSTACK_SLURM_NET="$NET" \
