@@ -59,6 +59,7 @@ from allocstack.jsonio import atomic_write_json
 from allocstack.lifeline import ENV as LIFELINE_ENV
 from allocstack.names import VOLUME_PREFIX
 from allocstack.network import node_for
+from allocstack.nodescratch import SCRATCH_ENV, STEP_ENV, mount_tree
 from allocstack.program import volume_environment
 from allocstack.runtimes import PROGRAMS
 from allocstack.scratch import ensure_private_dir, resolve_root, run_scratch
@@ -108,14 +109,34 @@ def component_env(args, scratch: Path | None, environ: Mapping[str, str]) -> dic
         if environ.get(name):
             env[name] = environ[name]
     if scratch is not None:
-        env["ALLOCSTACK_SCRATCH"] = str(scratch)
+        env[SCRATCH_ENV] = str(scratch)
     env.update((name, value) for name, value in environ.items() if name.startswith(VOLUME_PREFIX))
     if args.runtime == "charliecloud":  # Apptainer names the image itself ($APPTAINER_CONTAINER)
         env["ALLOCSTACK_CONTAINER"] = args.image
     return env
 
 
-def build_argv(args, scratch: Path | None, environ: Mapping[str, str], mount_tree: Path | None = None) -> list[str]:
+#: Run on the node of a step off the first node, before the component (see allocstack/nodescratch.py).
+NODE_SCRATCH = Path(__file__).resolve().with_name("node_scratch.py")
+
+
+def off_node(args, environ: Mapping[str, str]) -> bool:
+    """Whether the component is a job step on another node than this launcher's."""
+    return bool(args.node_index and args.job_steps and environ.get("SLURM_JOB_ID"))
+
+
+def node_scratch_prefix(step_dirs: list[Path]) -> list[str]:
+    """The wrapper that makes the run's scratch (and ``step_dirs`` in it) on the step's own node."""
+    return [sys.executable, str(NODE_SCRATCH), *(f"--dir={d}" for d in step_dirs), "--"]
+
+
+def build_argv(args, scratch: Path | None, environ: Mapping[str, str], mount_tree: Path | None = None,
+               step_dirs: list[Path] | None = None) -> list[str]:
+    """The whole command: ``[srun ... [node_scratch.py ... --]] [runtime ... IMAGE] python SCRIPT ARGS``.
+
+    Off the first node with scratch, the step first runs node_scratch.py there (making scratch
+    and ``step_dirs``), which srun also runs as the step's task epilog (removing them).
+    """
     in_step = bool(args.job_steps and environ.get("SLURM_JOB_ID"))
     if args.node_index and not in_step:
         raise AllocstackError("config", f"{args.component} is placed on node {args.node_index + 1}, but more than "
@@ -131,8 +152,12 @@ def build_argv(args, scratch: Path | None, environ: Mapping[str, str], mount_tre
             env["SLURMD_NODENAME"] = node  # the node the step runs on, not this launcher's
         argv = container_prefix(args.runtime, args.image, args.runtime_arg, component_binds(args, scratch),
                                 env, os.getcwd(), mount_tree) + argv
+    step_args = [*args.step_arg, *step_output(args.node_index)]
+    if off_node(args, environ) and scratch is not None:
+        argv = node_scratch_prefix(step_dirs or []) + argv
+        step_args.append(f"--task-epilog={NODE_SCRATCH}")
     if in_step:
-        argv = step_prefix(args.component, args.cpus, [*args.step_arg, *step_output(args.node_index)], node) + argv
+        argv = step_prefix(args.component, args.cpus, step_args, node) + argv
     return argv
 
 
@@ -170,31 +195,36 @@ def collect_step_output() -> None:
         written.unlink()
 
 
-def prepare_binds(args, scratch: Path | None, environ: Mapping[str, str]) -> Path | None:
+def prepare_binds(args, scratch: Path | None, environ: Mapping[str, str]) -> tuple[Path | None, list[Path]]:
     """With an image: create the ``--bind`` sources and, for Charliecloud, the mount-point tree.
 
-    A bind source must exist (results/<run>, state/<run> may not yet). The Charliecloud
-    mount-point tree (see allocstack/containers.py) lives in scratch (or, without scratch, in
-    the scratch root) and is removed when the component ends; collection removes scratch anyway.
-    Returns the tree, or None.
+    A bind source must exist (results/<run>, state/<run> may not yet; they are on the
+    filesystem the nodes share). The Charliecloud mount-point tree (see allocstack/containers.py)
+    lives in scratch (or, without scratch, in the scratch root) and is removed when the
+    component ends; collection removes scratch anyway. For a step on another node the tree is
+    made there, by node_scratch.py: it is named, not created, here.
+    Returns the tree (or None) and the directories left for the step's node to create.
 
     :raises AllocstackError: ``prerequisite`` for a path ch-run cannot bind or a mount point
         the image lacks.
     """
     if not args.image:
-        return None
+        return None, []
     for path in args.bind:
         Path(path).mkdir(mode=0o700, parents=True, exist_ok=True)
     if args.runtime != "charliecloud":
-        return None
+        return None, []
     binds, cwd = component_binds(args, scratch), os.getcwd()
     check_mount_points(args.image, mount_tops([*binds, cwd]))
+    if scratch is not None and off_node(args, environ):
+        tree = mount_tree(scratch, args.component)
+        return tree, [tree, *mount_tree_dirs(binds, cwd, tree)]
     base = scratch if scratch is not None else resolve_root(args.scratch_root, environ)
     base.mkdir(mode=0o700, parents=True, exist_ok=True)
     tree = Path(tempfile.mkdtemp(prefix=f".mounts-{args.component}-", dir=base))
     for directory in mount_tree_dirs(binds, cwd, tree):
         directory.mkdir(mode=0o700, parents=True, exist_ok=True)
-    return tree
+    return tree, []
 
 
 def check_programs(argv: list[str], runtime: str, hint: str) -> None:
@@ -289,21 +319,23 @@ def main(argv: list[str] | None = None) -> int:
     env = {**os.environ, LIFELINE_ENV: str(os.getpid())}
     if args.image and args.runtime == "charliecloud":
         env = runtime_environ(env)
-    mount_tree = None
+    mount_tree = step_dirs = None
     try:
         scratch = None if args.no_scratch else run_scratch(resolve_root(args.scratch_root, env), args.run)
         if scratch is not None:
-            ensure_private_dir(scratch)
-            env["ALLOCSTACK_SCRATCH"] = str(scratch)
+            ensure_private_dir(scratch)  # this node's; a step on another node makes its own there
+            env[SCRATCH_ENV] = str(scratch)
             env.update(volume_environment(scratch, args.volume))
+        if off_node(args, env):
+            env[STEP_ENV] = args.component  # node_scratch.py's record of the step on its node
         end_time = slurm.allocation_end(env) if args.job_end_time else None
         if end_time:
             env["SLURM_JOB_END_TIME"] = str(end_time)
-        mount_tree = prepare_binds(args, scratch, env)
-        command = build_argv(args, scratch, env, mount_tree)
+        mount_tree, step_dirs = prepare_binds(args, scratch, env)
+        command = build_argv(args, scratch, env, mount_tree, step_dirs)
         check_programs(command, args.runtime, args.runtime_hint)
     except AllocstackError as error:
-        remove_mount_tree(mount_tree)
+        remove_mount_tree(mount_tree, step_dirs)
         return report(error)
     print(f"launch: {args.component}: {shlex.join(command)}", file=sys.stderr, flush=True)
     try:
@@ -311,12 +343,15 @@ def main(argv: list[str] | None = None) -> int:
     except AllocstackError as error:
         return report(error)
     finally:
-        remove_mount_tree(mount_tree)
+        remove_mount_tree(mount_tree, step_dirs)
 
 
-def remove_mount_tree(tree: Path | None) -> None:
-    """Remove a Charliecloud mount-point tree (empty directories) once nothing uses it."""
-    if tree is not None:
+def remove_mount_tree(tree: Path | None, step_dirs: list[Path] | None) -> None:
+    """Remove a Charliecloud mount-point tree (empty directories) this launcher made, once nothing uses it.
+
+    A tree on another node (``step_dirs``) is that node's: its step's task epilog removes it.
+    """
+    if tree is not None and not step_dirs:
         shutil.rmtree(tree, ignore_errors=True)
 
 
