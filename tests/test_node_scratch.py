@@ -19,7 +19,7 @@ from pathlib import Path
 import launch
 import pytest
 
-from allocstack.nodescratch import STEP_ENV, enter, leave, lock_path, locked, mount_tree
+from allocstack.nodescratch import FIRST_NODE, STEP_ENV, enter, leave, lock_path, locked, mount_tree
 from conftest import SCRIPTS
 
 WRAPPER = SCRIPTS / "node_scratch.py"
@@ -48,6 +48,20 @@ def test_the_node_keeps_the_runs_scratch_while_a_step_uses_it_and_the_last_one_r
     assert not scratch.exists() and not lock_path(scratch).exists()
     assert scratch.parent.is_dir()  # the user's directory stays, as on the first node
     assert not leave(scratch, "worker-04")  # twice (a retried epilog) or never entered: nothing to do
+
+
+def test_scratch_the_nodes_share_is_left_to_the_first_node(tmp_path):
+    """A ``scratch`` on the shared filesystem: the first node's launch.py marked it before starting the
+    step, so the step's node neither counts itself in it nor removes it (collection does, at the end)."""
+    scratch = tmp_path / "allocstack-0" / "run"
+    scratch.mkdir(parents=True, mode=0o700)
+    (scratch / FIRST_NODE).touch()
+    (scratch / "endpoint.json").write_text("{}")  # the coordinator's, in use
+    tree = mount_tree(scratch, "worker-03")
+    enter(scratch, "worker-03", [tree / "tmp"])
+    assert (tree / "tmp").is_dir() and not (scratch / ".steps").exists()
+    assert not leave(scratch, "worker-03")
+    assert (scratch / "endpoint.json").exists() and not tree.exists() and not lock_path(scratch).exists()
 
 
 def test_a_scratch_someone_else_could_read_or_a_symlink_is_refused_and_the_command_never_runs(tmp_path):
@@ -154,6 +168,7 @@ def test_a_step_off_the_first_node_runs_the_wrapper_first_and_as_its_task_epilog
     tree, step_dirs = launch.prepare_binds(args, scratch, environ)
     argv = launch.build_argv(args, scratch, environ, tree, step_dirs)
     assert not scratch.exists()  # nothing made here for the other node: its step makes it there
+    # (launch.py's main makes this node's scratch, and marks it, before it starts the step)
     wrapper = argv.index(str(WRAPPER))
     assert argv[:wrapper][:1] == ["srun"] and "--nodelist=mn2" in argv and f"--task-epilog={WRAPPER}" in argv
     end = argv.index("--", wrapper)

@@ -59,7 +59,7 @@ from allocstack.jsonio import atomic_write_json
 from allocstack.lifeline import ENV as LIFELINE_ENV
 from allocstack.names import VOLUME_PREFIX
 from allocstack.network import node_for
-from allocstack.nodescratch import SCRATCH_ENV, STEP_ENV, mount_tree
+from allocstack.nodescratch import FIRST_NODE, SCRATCH_ENV, STEP_ENV, mount_tree
 from allocstack.program import volume_environment
 from allocstack.runtimes import PROGRAMS
 from allocstack.scratch import ensure_private_dir, resolve_root, run_scratch
@@ -328,6 +328,8 @@ def main(argv: list[str] | None = None) -> int:
             env.update(volume_environment(scratch, args.volume))
         if off_node(args, env):
             env[STEP_ENV] = args.component  # node_scratch.py's record of the step on its node
+            if scratch is not None:  # a node that sees this mark shares this node's scratch: not its to remove
+                (scratch / FIRST_NODE).touch(mode=0o600)
         end_time = slurm.allocation_end(env) if args.job_end_time else None
         if end_time:
             env["SLURM_JOB_END_TIME"] = str(end_time)

@@ -22,6 +22,11 @@ Both hold an exclusive ``flock`` on ``<scratch>.lock`` (beside the scratch, in t
 directory) while they work, so a step starting on a node while the last one leaves either
 finds its scratch removed before it makes it anew, or keeps it. A node lost with everything
 on it takes its scratch with it.
+
+Scratch the nodes share (a ``scratch`` on the shared filesystem) is the first node's: launch.py
+marks it there (:data:`FIRST_NODE`) before it starts a step elsewhere, and a step that finds the
+mark leaves the scratch alone (it makes only its mount-point tree, and removes only that):
+collection on the first node removes it at the end, as with one node.
 """
 
 from __future__ import annotations
@@ -41,6 +46,9 @@ STEP_ENV = "ALLOCSTACK_STEP"
 #: The run's scratch directory, as every component is told it.
 SCRATCH_ENV = "ALLOCSTACK_SCRATCH"
 STEPS = ".steps"
+#: In the run's scratch on the first node, made by launch.py before it starts a step on another
+#: node: a step that finds it shares the first node's scratch, which is not the node's to remove.
+FIRST_NODE = ".first-node"
 
 
 def mount_tree(scratch: Path, component: str) -> Path:
@@ -80,16 +88,31 @@ def enter(scratch: Path, component: str, dirs: list[Path]) -> None:
 
     :raises AllocstackError: ``prerequisite`` when a level of scratch is unsafe or cannot be made.
     """
+    if (scratch / FIRST_NODE).exists():  # the first node's scratch, seen here: only this step's directories
+        make_dirs(dirs)
+        return
     private_level(scratch.parent)
     try:
         with locked(scratch):
             ensure_private_dir(scratch)
             steps = private_level(scratch / STEPS)
             (steps / component).touch(mode=0o600)
-            for directory in dirs:
-                directory.mkdir(mode=PRIVATE_DIR, parents=True, exist_ok=True)
+            make_dirs(dirs)
     except OSError as exc:
         raise AllocstackError("prerequisite", f"cannot make the run's scratch {scratch} on "
+                                              f"{os.uname().nodename}: {exc.strerror}") from exc
+
+
+def make_dirs(dirs: list[Path]) -> None:
+    """Make ``dirs`` (0700, in the run's scratch).
+
+    :raises AllocstackError: ``prerequisite`` when one cannot be made.
+    """
+    try:
+        for directory in dirs:
+            directory.mkdir(mode=PRIVATE_DIR, parents=True, exist_ok=True)
+    except OSError as exc:
+        raise AllocstackError("prerequisite", f"cannot make {exc.filename} in the run's scratch on "
                                               f"{os.uname().nodename}: {exc.strerror}") from exc
 
 
@@ -99,6 +122,9 @@ def leave(scratch: Path, component: str) -> bool:
     :raises AllocstackError: ``cleanup`` when it cannot be removed.
     """
     if not scratch.is_dir():  # never made here, or already removed (an epilog run twice)
+        return False
+    if (scratch / FIRST_NODE).exists():  # the first node's: its collection removes it
+        shutil.rmtree(mount_tree(scratch, component), ignore_errors=True)
         return False
     try:
         with locked(scratch):
