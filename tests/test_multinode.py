@@ -220,13 +220,17 @@ def test_node_local_scratch_with_an_image_is_made_and_removed_on_each_node(multi
         assert f"{worker}: done:" in log, log[-2000:]
     # Job-scoped on every node: nothing of the run is left in any node's scratch (nor on the host's).
     for node in nodes:
-        left = [str(p) for p in Path(layout["scratchDirs"][node]).rglob("*") if "baseline" in str(p)]
-        assert not left, f"{node}: {left}"
+        assert not left_in_scratch(layout, node, "baseline")
         owned = Path(layout["scratchDirs"][node], f"allocstack-{os.getuid()}")
-        if owned.exists():
-            assert owned.stat().st_mode & 0o777 == 0o700 and not list(owned.iterdir()), list(owned.iterdir())
+        assert owned.stat().st_mode & 0o777 == 0o700  # made by the run's steps there, private
         assert sorted(os.listdir(layout["scratchDirs"][node])) in (before[node], sorted({*before[node], owned.name}))
     assert not here.exists() or not list(here.iterdir())
+
+
+def left_in_scratch(layout: dict, node: str, run: str) -> list[str]:
+    """What a run left in the node-local scratch of ``node`` (its directory and its lock file)."""
+    owned = Path(layout["scratchDirs"][node], f"allocstack-{os.getuid()}")
+    return [str(path) for path in owned.glob(f"{run}*")] if owned.is_dir() else []
 
 
 # -- 2. a whole node's workers lost mid-run ---------------------------------------------------
@@ -237,7 +241,9 @@ def test_a_node_lost_mid_run_loses_nothing_and_does_nothing_twice(multinode_proj
     project, image, layout = multinode_project
     run_name = f"lost-{how}"
     config = slow_tasks(project, run_name, count=72, seconds=0.5)
-    run = start_run(project, ["--configfile", str(config), *cluster_args(layout, image)])
+    # Cancelled steps with node-local scratch: their task epilog still removes it on their node.
+    local = [f"scratch={layout['scratch']}"] if how == "cancelled" and "scratch" in layout else []
+    run = start_run(project, ["--configfile", str(config), *cluster_args(layout, image, *local)])
     lost = sorted(layout["nodes"])[2]
     journal = project / f"state/{run_name}/journal.jsonl"
     job = job_of(run, project)
@@ -272,6 +278,8 @@ def test_a_node_lost_mid_run_loses_nothing_and_does_nothing_twice(multinode_proj
     assert all(end["workers"][w]["node"] == lost for w in ("worker-05", "worker-06"))
     results = json.loads((project / f"results/{run_name}/results.json").read_text())["results"]
     assert len({r["taskId"] for r in results}) == len(results) == 72
+    if local:
+        assert not any(left_in_scratch(layout, node, run_name) for node in layout["nodes"])
     survivors = [r for r in results if r["workerId"] not in ("worker-05", "worker-06")]
     print(f"{how}: {len(results) - len(survivors)} results came from {lost} before it was lost, "
           f"{end['expiredLeases']} leases expired")

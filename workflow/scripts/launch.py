@@ -5,7 +5,7 @@ This is where a Compose service becomes a program the scheduler launches and
 tracks. ``launch.py [options] -- SCRIPT [ARGS...]`` resolves the run's job-scoped
 scratch (creating it 0700), then runs and supervises::
 
-    [srun STEP_ARGS...] [apptainer exec ... IMAGE | ch-run ... IMAGE --] python SCRIPT ARGS...
+    [srun STEP_ARGS... [python3 node_scratch.py ... --]] [apptainer exec ... IMAGE | ch-run ... IMAGE --] python SCRIPT ARGS...
 
 * ``srun`` is used when ``--job-steps`` is on and ``$SLURM_JOB_ID`` is set, so
   ``sacct -j JOB`` lists the component as its own step with its own state and
@@ -18,6 +18,10 @@ scratch (creating it 0700), then runs and supervises::
   ``--image`` is given; paths are bound at the same location inside the
   container (the scripts, scratch and the paths in ``--bind``), so the command
   line needs no rewriting, and the environment holds only what allocstack sets.
+* a step on another node (``--node-index``) first runs ``node_scratch.py`` there, which
+  makes the run's scratch (and Charliecloud's mount-point tree) on that node and execs the
+  rest; srun runs it again as the step's task epilog, which removes them once the node's
+  last step of the run ended (scratch may be local to each node: see allocstack/nodescratch.py).
 * ``--volume NAME`` (a Compose named volume) is the directory ``SCRATCH/volumes/NAME``,
   named to the component in ``$ALLOCSTACK_VOLUME_NAME``.
 
