@@ -19,7 +19,7 @@ from pathlib import Path
 import launch
 import pytest
 
-from allocstack.nodescratch import FIRST_NODE, STEP_ENV, enter, leave, lock_path, locked, mount_tree
+from allocstack.nodescratch import FIRST_NODE, STEP_ENV, enter, leave, lock_path, locked, step_mount_tree
 from conftest import SCRIPTS
 
 WRAPPER = SCRIPTS / "node_scratch.py"
@@ -38,7 +38,7 @@ def mode(path: Path) -> int:
 
 def test_the_node_keeps_the_runs_scratch_while_a_step_uses_it_and_the_last_one_removes_it(tmp_path):
     scratch = tmp_path / "root" / "allocstack-0" / "run"
-    tree = mount_tree(scratch, "worker-03")
+    tree = step_mount_tree(scratch, "worker-03")
     enter(scratch, "worker-03", [tree, tree / "tmp" / "project"])
     enter(scratch, "worker-04", [])
     assert mode(scratch) == mode(scratch.parent) == mode(tree / "tmp" / "project") == 0o700
@@ -57,7 +57,7 @@ def test_scratch_the_nodes_share_is_left_to_the_first_node(tmp_path):
     scratch.mkdir(parents=True, mode=0o700)
     (scratch / FIRST_NODE).touch()
     (scratch / "endpoint.json").write_text("{}")  # the coordinator's, in use
-    tree = mount_tree(scratch, "worker-03")
+    tree = step_mount_tree(scratch, "worker-03")
     enter(scratch, "worker-03", [tree / "tmp"])
     assert (tree / "tmp").is_dir() and not (scratch / ".steps").exists()
     assert not leave(scratch, "worker-03")
@@ -79,7 +79,7 @@ def test_a_scratch_someone_else_could_read_or_a_symlink_is_refused_and_the_comma
 
 def test_the_wrapper_makes_scratch_then_becomes_the_command_and_the_epilog_removes_it(tmp_path):
     scratch = tmp_path / "allocstack-0" / "run"
-    tree = mount_tree(scratch, "worker-03")
+    tree = step_mount_tree(scratch, "worker-03")
     env = step_env(scratch, "worker-03")
     step = subprocess.Popen([sys.executable, str(WRAPPER), f"--dir={tree / 'tmp'}", "--", sys.executable, "-c", REPORT,
                              str(scratch), str(tree / "tmp")], stdout=subprocess.PIPE, text=True, env=env)
@@ -175,8 +175,8 @@ def test_a_step_off_the_first_node_runs_the_wrapper_first_and_as_its_task_epilog
     assert argv[end + 1] == {"apptainer": "apptainer", "charliecloud": "ch-run"}[runtime]
     made = [arg.removeprefix("--dir=") for arg in argv[wrapper + 1:end]]
     if runtime == "charliecloud":
-        assert made[0] == str(mount_tree(scratch, "worker-03")) and all(m.startswith(made[0]) for m in made)
-        assert f"--bind={mount_tree(scratch, 'worker-03') / tmp_path.parts[1]}:/{tmp_path.parts[1]}" in argv
+        assert made[0] == str(step_mount_tree(scratch, "worker-03")) and all(m.startswith(made[0]) for m in made)
+        assert f"--bind={step_mount_tree(scratch, 'worker-03') / tmp_path.parts[1]}:/{tmp_path.parts[1]}" in argv
     else:
         assert made == []
     on_first = launch.parse_args(["--component=worker-01", "--run=run", "--job-steps", f"--image={image}",

@@ -63,7 +63,7 @@ from allocstack.jsonio import atomic_write_json
 from allocstack.lifeline import ENV as LIFELINE_ENV
 from allocstack.names import VOLUME_PREFIX
 from allocstack.network import node_for
-from allocstack.nodescratch import FIRST_NODE, SCRATCH_ENV, STEP_ENV, mount_tree
+from allocstack.nodescratch import FIRST_NODE, SCRATCH_ENV, STEP_ENV, step_mount_tree
 from allocstack.program import volume_environment
 from allocstack.runtimes import PROGRAMS
 from allocstack.scratch import ensure_private_dir, resolve_root, run_scratch
@@ -221,7 +221,7 @@ def prepare_binds(args, scratch: Path | None, environ: Mapping[str, str]) -> tup
     binds, cwd = component_binds(args, scratch), os.getcwd()
     check_mount_points(args.image, mount_tops([*binds, cwd]))
     if scratch is not None and off_node(args, environ):
-        tree = mount_tree(scratch, args.component)
+        tree = step_mount_tree(scratch, args.component)
         return tree, [tree, *mount_tree_dirs(binds, cwd, tree)]
     base = scratch if scratch is not None else resolve_root(args.scratch_root, environ)
     base.mkdir(mode=0o700, parents=True, exist_ok=True)

@@ -10,7 +10,7 @@ So srun runs ``node_scratch.py`` on the step's node first::
 
 * :func:`enter` makes the run's scratch (``$ALLOCSTACK_SCRATCH``: 0700 and ours, its parent
   too, exactly as launch.py does on the first node) and the directories the runtime needs in
-  it (``--dir``: Charliecloud's mount-point tree, :func:`mount_tree`), and records the step in
+  it (``--dir``: Charliecloud's mount-point tree, :func:`step_mount_tree`), and records the step in
   ``SCRATCH/.steps/<component>`` (``$ALLOCSTACK_STEP``); then the wrapper execs COMMAND, so the
   step's process is the runtime's as before (signals, exit status, lifeline unchanged).
 * :func:`leave` is the same program run by slurmstepd as the step's task epilog (no
@@ -51,7 +51,7 @@ STEPS = ".steps"
 FIRST_NODE = ".first-node"
 
 
-def mount_tree(scratch: Path, component: str) -> Path:
+def step_mount_tree(scratch: Path, component: str) -> Path:
     """Where a component's Charliecloud mount-point tree is made on its step's node (one per component)."""
     return scratch / f".mounts-{component}"
 
@@ -124,12 +124,12 @@ def leave(scratch: Path, component: str) -> bool:
     if not scratch.is_dir():  # never made here, or already removed (an epilog run twice)
         return False
     if (scratch / FIRST_NODE).exists():  # the first node's: its collection removes it
-        shutil.rmtree(mount_tree(scratch, component), ignore_errors=True)
+        shutil.rmtree(step_mount_tree(scratch, component), ignore_errors=True)
         return False
     try:
         with locked(scratch):
             (scratch / STEPS / component).unlink(missing_ok=True)
-            shutil.rmtree(mount_tree(scratch, component), ignore_errors=True)
+            shutil.rmtree(step_mount_tree(scratch, component), ignore_errors=True)
             if (scratch / STEPS).is_dir() and any((scratch / STEPS).iterdir()):
                 return False
             remove_scratch(scratch)
