@@ -112,15 +112,14 @@ def live_status(path: Path) -> tuple[str, dict[str, Any]]:
 
     :raises AllocstackError: ``prerequisite`` when it does not answer.
     """
-    import requests  # only a live stack needs the HTTP client
-
-    from allocstack.client import CoordinatorClient
+    from allocstack.client import CoordinatorClient  # only a live stack needs the HTTP client
+    from allocstack.httpclient import TransportError
 
     endpoint = read_endpoint(path)
     client = CoordinatorClient(endpoint.url, endpoint.token, timeout=10, fingerprint=endpoint.fingerprint)
     try:
         return endpoint.url, client.status()
-    except requests.RequestException as exc:
+    except TransportError as exc:
         raise AllocstackError("prerequisite", f"the coordinator at {endpoint.url} does not answer "
                                               f"({type(exc).__name__})") from exc
 

@@ -32,8 +32,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import requests
-
 from allocstack import SCHEMA_VERSION, names
 from allocstack.cli import (
     EXIT_INTERRUPTED,
@@ -53,6 +51,7 @@ from allocstack.endpoint import Endpoint, read_endpoint, require_loopback, servi
 from allocstack.errors import EXIT_OK, EXIT_TEMPFAIL, AllocstackError, report
 from allocstack.events import append_event, ensure_log_dir
 from allocstack.handlers import TaskFailure, baseline, command_handler
+from allocstack.httpclient import ConnectFailed, TimedOut, TransportError
 from allocstack.jsonio import atomic_write_json, sha256_text
 from allocstack.lifeline import watch_launcher
 from allocstack.program import await_gates, expand_argv, program_environment
@@ -104,7 +103,7 @@ class Heartbeat(threading.Thread):
             if current and time.monotonic() - self.tally.batch_started > self.period:
                 try:
                     self.client.heartbeat(self.worker, current)
-                except (requests.RequestException, AllocstackError):
+                except (TransportError, AllocstackError):
                     pass  # the main loop notices a dead coordinator; leases just expire
 
 
@@ -124,7 +123,7 @@ def claim_with_retry(client: CoordinatorClient, worker: str, batch: int, results
     while True:
         try:
             return client.claim(worker, batch, results, node=node_name())
-        except (requests.ConnectionError, requests.Timeout) as exc:
+        except (ConnectFailed, TimedOut) as exc:
             if time.monotonic() + delay > deadline:
                 raise AllocstackError(
                     "prerequisite", f"coordinator {client.url} unreachable for {connect_timeout:g} s ({type(exc).__name__})"
@@ -168,7 +167,7 @@ def report_failure(client: CoordinatorClient, worker: str, task_id: str, reason:
     log(f"task {task_id} failed: {reason[-500:]}")
     try:
         outcome = client.fail(worker, task_id, reason).get("status", "?")
-    except requests.RequestException as exc:  # the lease expires and the task is handed out again anyway
+    except TransportError as exc:  # the lease expires and the task is handed out again anyway
         outcome = f"not reported ({type(exc).__name__})"
     log(f"task {task_id}: {outcome}")
 
@@ -227,7 +226,7 @@ def work(client: CoordinatorClient, worker: str, handler: Handler, batch: int, w
                     try:  # a slow batch: acknowledge what is done now (the last result rides on the next claim)
                         count(client.post_results(worker, results), tally, log)
                         results, tally.current = [], ids[position:]
-                    except requests.RequestException as exc:
+                    except TransportError as exc:
                         log(f"could not post results mid-batch ({type(exc).__name__}); they go with the next claim")
                     flushed = time.monotonic()
             tally.current = []

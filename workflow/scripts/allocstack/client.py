@@ -1,4 +1,6 @@
-"""HTTP client of the coordinator's protocol (workers, the status command, tests, benchmarks)."""
+"""HTTP clients of the coordinator: its protocol (:class:`CoordinatorClient`: workers, the status
+command, tests, benchmarks) over :mod:`.httpclient`; and the ``requests`` sessions of the readiness
+gate (:func:`loopback_session`), which pin the same way."""
 
 from __future__ import annotations
 
@@ -7,13 +9,21 @@ from typing import Any
 
 import requests
 from requests.adapters import HTTPAdapter
-from urllib3.util import SKIP_HEADER
 
 from .errors import AllocstackError
+from .httpclient import Answer, HttpConnection
 from .jsonio import dumps_compact, loads_bytes
 from .tls import client_context
 
-_JSON = {"Content-Type": "application/json"}
+_JSON = [(b"content-type", b"application/json")]
+
+
+def _json_or_none(body: bytes) -> Any:
+    """The JSON document in ``body``, or None when it is not JSON."""
+    try:
+        return loads_bytes(body)
+    except (ValueError, RecursionError):
+        return None
 
 
 class PinnedAdapter(HTTPAdapter):
@@ -65,52 +75,65 @@ class NoHttps(HTTPAdapter):
 
 
 class CoordinatorClient:
-    """One keep-alive session to the coordinator; not thread-safe (one per thread)."""
+    """The coordinator's protocol over one keep-alive connection (:class:`HttpConnection`, h11 on a plain
+    or pinned-TLS socket: no proxy, https only with ``fingerprint``); not thread-safe (one per thread).
+
+    :raises TransportError: from every call when no readable answer came (``ConnectFailed``,
+        ``CertificateRefused``, ``TimedOut``); an HTTP status the caller does not expect is an
+        :class:`AllocstackError` (``auth`` for 401, else ``worker-exit``).
+    """
 
     def __init__(self, url: str, token: str, timeout: float = 30.0, fingerprint: str | None = None) -> None:
         self.url = url
         self.timeout = timeout
-        self.session = loopback_session(fingerprint)
-        # Only the headers the coordinator reads (plus Host and the body's): each header costs both
-        # sides time on every request, one a task at batch 1. SKIP_HEADER keeps urllib3's defaults out.
-        self.session.headers.clear()
-        self.session.headers.update({"Authorization": f"Bearer {token}", "User-Agent": SKIP_HEADER,
-                                     "Accept-Encoding": SKIP_HEADER})
+        # Only the headers the coordinator reads (plus Host and Content-Length): each header costs
+        # both sides time on every request, one a task at batch 1.
+        self.connection = HttpConnection(url, timeout, fingerprint,
+                                         [(b"authorization", f"Bearer {token}".encode("latin-1"))])
 
     def close(self) -> None:
-        self.session.close()
+        self.connection.close()
 
     def _post(self, path: str, body: dict[str, Any], ok: tuple[int, ...] = (200,)) -> tuple[int, dict[str, Any]]:
         deadline = time.monotonic() + self.timeout
+        target = path.encode("ascii")
         while True:
-            response = self.session.post(self.url + path, data=dumps_compact(body), headers=_JSON, timeout=self.timeout)
+            answer = self.connection.request(b"POST", target, dumps_compact(body), _JSON)
             # 503: the coordinator is at its connection or buffered-bytes cap for a moment
-            if response.status_code != 503 or time.monotonic() >= deadline:
-                return self._decode(path, response, ok)
-            time.sleep(min(float(response.headers.get("Retry-After", 1)), max(0.0, deadline - time.monotonic())))
+            if answer.status != 503 or time.monotonic() >= deadline:
+                return self._decode(path, answer, ok)
+            time.sleep(min(float(answer.header(b"retry-after") or 1), max(0.0, deadline - time.monotonic())))
 
-    def _decode(self, path: str, response: requests.Response, ok: tuple[int, ...]) -> tuple[int, dict[str, Any]]:
-        if response.status_code == 401:
+    def _get(self, path: str) -> dict[str, Any]:
+        return self._decode(path, self.connection.request(b"GET", path.encode("ascii")), (200,))[1]
+
+    def _decode(self, path: str, answer: Answer, ok: tuple[int, ...]) -> tuple[int, dict[str, Any]]:
+        """(status, JSON body) of an expected answer.
+
+        :raises AllocstackError: ``auth`` on 401, ``worker-exit`` on 507 or another unexpected status,
+            or a body that is not JSON.
+        """
+        if answer.status == 401:
             raise AllocstackError("auth", f"the coordinator refused our token on {path}")
-        if response.status_code == 507:
-            raise AllocstackError("worker-exit", f"the coordinator cannot store results: "
-                                                 f"{response.json().get('error', '')[:300]}")
-        if response.status_code not in ok:
+        if answer.status == 507:
+            error = _json_or_none(answer.body)
+            message = error.get("error", "") if isinstance(error, dict) else answer.body.decode("utf-8", "replace")
+            raise AllocstackError("worker-exit", f"the coordinator cannot store results: {str(message)[:300]}")
+        if answer.status not in ok:
             raise AllocstackError(
-                "worker-exit", f"{path} answered {response.status_code}: {response.text[:200]}"
+                "worker-exit", f"{path} answered {answer.status}: {answer.body.decode('utf-8', 'replace')[:200]}"
             )
-        try:
-            return response.status_code, loads_bytes(response.content)
-        except ValueError:  # not JSON: requests' own error (a RequestException), as callers expect
-            return response.status_code, response.json()
+        document = _json_or_none(answer.body)
+        if document is None:
+            raise AllocstackError("worker-exit", f"{path} answered {answer.status} with a body that is not JSON: "
+                                                 f"{answer.body[:100]!r}")
+        return answer.status, document
 
     def health(self) -> dict[str, Any]:
-        response = self.session.get(self.url + "/health", timeout=self.timeout)
-        return self._decode("/health", response, (200,))[1]
+        return self._get("/health")
 
     def status(self) -> dict[str, Any]:
-        response = self.session.get(self.url + "/status", timeout=self.timeout)
-        return self._decode("/status", response, (200,))[1]
+        return self._get("/status")
 
     def claim(self, worker: str, max_tasks: int, results: list[dict[str, Any]] | None = None,
               node: str | None = None) -> dict[str, Any]:
