@@ -23,6 +23,7 @@ class ThreadServer:
 
     def __init__(self, tmp_path, tls: bool = False, limits: Limits | None = None) -> None:
         self.seen: list[Request] = []
+        self.tasks: list[asyncio.Task] = []
         self.busy = 0  # 503 answers still to give
         self.loop = asyncio.new_event_loop()
         self.http = HttpServer(self.handle, limits=limits or Limits(), log=lambda line: None)
@@ -42,7 +43,10 @@ class ThreadServer:
 
     async def handle(self, request: Request) -> Response:
         self.seen.append(request)
-        connection = id(asyncio.current_task())  # one task serves one connection
+        task = asyncio.current_task()  # one task serves one connection (held: an id is never reused)
+        if task not in self.tasks:
+            self.tasks.append(task)
+        connection = self.tasks.index(task)
         if request.path == "/busy" and self.busy:
             self.busy -= 1
             return Response.error(503, "at the cap", headers={"Retry-After": "0.01"})
@@ -161,7 +165,7 @@ def test_a_request_on_a_connection_closed_under_it_is_sent_once_more_on_a_new_on
 def test_a_new_connection_closed_unanswered_is_an_error_not_a_retry():
     server = RawServer("close")
     try:
-        with pytest.raises(ConnectFailed, match="closed the connection|connection lost"):
+        with pytest.raises(ConnectFailed, match=r"closed the connection|connection lost"):
             HttpConnection(server.url, 5).request(b"POST", b"/claim", b"{}")
         assert server.requests == [b"POST /claim HTTP/1.1"]  # sent once: only a reused connection retries
     finally:
@@ -171,7 +175,7 @@ def test_a_new_connection_closed_unanswered_is_an_error_not_a_retry():
 def test_timeouts_and_refused_connections_are_transport_errors():
     silent = RawServer("silent")
     try:
-        with pytest.raises(TimedOut, match="did not answer within 0.3 s"):
+        with pytest.raises(TimedOut, match=r"did not answer within 0\.3 s"):
             HttpConnection(silent.url, 0.3).request(b"GET", b"/x")
     finally:
         silent.close()

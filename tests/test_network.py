@@ -24,12 +24,13 @@ from launch import killed_by
 from test_own_service import SERVICE
 
 from allocstack import slurm
-from allocstack.client import CoordinatorClient, PinnedAdapter, loopback_session
+from allocstack.client import CoordinatorClient
 from allocstack.endpoint import read_endpoint, write_endpoint
 from allocstack.errors import AllocstackError
 from allocstack.events import gate_precedes_workers
 from allocstack.network import bind_address, interface_address, node_for
 from allocstack.progress import per_node
+from allocstack.sessions import PinnedAdapter, loopback_session
 from allocstack.tls import certificate_command, fingerprint, tls_context
 from allocstack.tunnel import LocalForward
 from conftest import SCRIPTS, make_tasks, run_script

@@ -71,7 +71,10 @@ def test_stopping_coordinator_makes_workers_exit_75(start_coordinator, tmp_path)
     time.sleep(1.0)
     coordinator.stop()
     code = worker.wait(timeout=20)
-    assert code in (69, 75), worker.stderr.read()
+    stderr = worker.stderr.read()
+    # 69/75: the coordinator went away under the worker. 0: a claim whose results were being fsynced when the
+    # signal came was answered during the drain: "stop", and a worker told to stop exits 0 (designed, racy).
+    assert code in (69, 75) or (code == 0 and "the coordinator is draining" in stderr), stderr
     assert json.loads(coordinator.end_record.read_text())["status"] == "incomplete"
 
 

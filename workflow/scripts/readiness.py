@@ -34,7 +34,6 @@ import requests
 
 from allocstack import SCHEMA_VERSION, endrecord, names
 from allocstack.cli import ArgumentParser, argv_list, positive_float, run, runtime_facts
-from allocstack.client import NoHttps, PinnedAdapter, loopback_session
 from allocstack.endpoint import (
     Endpoint,
     read_endpoint,
@@ -47,6 +46,7 @@ from allocstack.errors import EXIT_OK, AllocstackError, report
 from allocstack.events import append_event, ensure_log_dir
 from allocstack.jsonio import atomic_write_json, read_json
 from allocstack.program import ProgramError, describe, expand_argv, program_environment, run_program
+from allocstack.sessions import NoHttps, PinnedAdapter, loopback_session
 
 
 def expected_health(task_count: int) -> dict[str, Any]:

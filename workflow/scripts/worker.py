@@ -21,6 +21,7 @@ arguments; 69 the coordinator could not be reached; 75 the wait bound was hit;
 
 from __future__ import annotations
 
+import functools
 import os
 import signal
 import socket
@@ -107,8 +108,9 @@ class Heartbeat(threading.Thread):
                     pass  # the main loop notices a dead coordinator; leases just expire
 
 
+@functools.cache
 def node_name() -> str:
-    """This worker's node as Slurm names it (the status shows workers per node)."""
+    """This worker's node as Slurm names it (the status shows workers per node); sent with every claim."""
     return os.environ.get("SLURMD_NODENAME") or socket.gethostname()
 
 

@@ -1,19 +1,15 @@
-"""HTTP clients of the coordinator: its protocol (:class:`CoordinatorClient`: workers, the status
-command, tests, benchmarks) over :mod:`.httpclient`; and the ``requests`` sessions of the readiness
-gate (:func:`loopback_session`), which pin the same way."""
+"""The coordinator's protocol for its clients (workers, the status command, tests, benchmarks), over
+one keep-alive connection (:mod:`.httpclient`). No ``requests`` here: a worker does not import it
+(~0.2 s of CPU at each start); the readiness gate's ``requests`` sessions are in :mod:`.sessions`."""
 
 from __future__ import annotations
 
 import time
 from typing import Any
 
-import requests
-from requests.adapters import HTTPAdapter
-
 from .errors import AllocstackError
 from .httpclient import Answer, HttpConnection
 from .jsonio import dumps_compact, loads_bytes
-from .tls import client_context
 
 _JSON = [(b"content-type", b"application/json")]
 
@@ -24,54 +20,6 @@ def _json_or_none(body: bytes) -> Any:
         return loads_bytes(body)
     except (ValueError, RecursionError):
         return None
-
-
-class PinnedAdapter(HTTPAdapter):
-    """https that accepts exactly one certificate: the one with SHA-256 ``fingerprint``.
-
-    The coordinator's certificate is made at start and signed by no CA (see ``tls``), so CA
-    verification is off and the pin is the check: urllib3 compares the fingerprint of the
-    certificate the server presents during the handshake, before any request (and its token)
-    is sent, and fails the request with ``requests.exceptions.SSLError`` on a mismatch.
-    One TLS context serves every connection: left to itself urllib3 makes one per connection
-    and loads the system's CA bundle into it (~35 ms a connection, measured), for nothing.
-    """
-
-    def __init__(self, fingerprint: str, **kwargs: Any) -> None:
-        self.fingerprint = fingerprint  # read by init_poolmanager, which HTTPAdapter.__init__ calls
-        self.context = client_context()
-        super().__init__(**kwargs)
-
-    def init_poolmanager(self, *args: Any, **kwargs: Any) -> None:
-        kwargs.update(assert_fingerprint=self.fingerprint, ssl_context=self.context)
-        super().init_poolmanager(*args, **kwargs)
-
-    def send(self, request: requests.PreparedRequest, **kwargs: Any) -> requests.Response:  # type: ignore[override]
-        kwargs["verify"] = False  # no CA to verify against: the pin is the verification
-        return super().send(request, **kwargs)
-
-
-def loopback_session(fingerprint: str | None = None) -> requests.Session:
-    """A keep-alive session that ignores the environment's proxy settings; https only with ``fingerprint`` pinned.
-
-    Centers often set ``http_proxy`` on login and compute nodes; without ``no_proxy`` covering
-    127.0.0.1, requests would send loopback traffic to that proxy (ProxyError, or worse, a
-    token sent off the node). ``trust_env = False`` also skips requests' scan of the whole
-    environment (proxies, netrc) on every request, which was a fifth of a worker's time at batch 1.
-    Off-node endpoints (more than one node) are https with the run's certificate, pinned by
-    ``fingerprint`` (:class:`PinnedAdapter`); without one, https is refused outright.
-    """
-    session = requests.Session()
-    session.trust_env = False
-    session.mount("https://", PinnedAdapter(fingerprint) if fingerprint else NoHttps())
-    return session
-
-
-class NoHttps(HTTPAdapter):
-    """https without a pinned certificate: refused (never a CA-verified or unverified connection)."""
-
-    def send(self, request: requests.PreparedRequest, **kwargs: Any) -> requests.Response:  # type: ignore[override]
-        raise requests.exceptions.SSLError(f"https to {request.url} needs the run's certificate fingerprint to pin")
 
 
 class CoordinatorClient:

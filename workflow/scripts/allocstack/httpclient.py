@@ -27,8 +27,6 @@ answer, never an exception here.
 
 from __future__ import annotations
 
-import hashlib
-import hmac
 import select
 import socket
 import ssl
@@ -37,9 +35,10 @@ from urllib.parse import urlsplit
 
 import h11
 
-from .tls import client_context
+from .tls import certificate_matches, client_context
 
-READ_CHUNK = 256 * 1024
+#: Below malloc's mmap threshold (128 KiB): a larger recv buffer costs an mmap and a munmap per read.
+READ_CHUNK = 64 * 1024
 
 
 class TransportError(Exception):
@@ -76,11 +75,6 @@ class Answer:
         return default
 
 
-def certificate_matches(certificate_der: bytes | None, fingerprint: str) -> bool:
-    """True when the DER certificate's SHA-256 is ``fingerprint`` (hex)."""
-    return hmac.compare_digest(hashlib.sha256(certificate_der or b"").hexdigest(), fingerprint)
-
-
 class HttpConnection:
     """A keep-alive HTTP/1.1 connection to ``url`` (``http://HOST:PORT``, or ``https://`` with
     ``fingerprint``) that sends ``headers`` with every request; opened on the first request.
@@ -115,32 +109,30 @@ class HttpConnection:
         fields = [*self.headers, *(headers or ())]
         if body or method == b"POST":
             fields.append((b"content-length", str(len(body)).encode("ascii")))
-        reused = self._reusable()
-        if not reused:
-            self._connect()
+        open_now = self._reusable()
         try:
-            return self._exchange(method, target, body, fields, reused)
+            return self._exchange(*(open_now or self._connect()), method, target, body, fields, open_now is not None)
         except _Stale:
             self.close()
-            self._connect()
-            return self._exchange(method, target, body, fields, False)
+            return self._exchange(*self._connect(), method, target, body, fields, False)
 
     # -- the connection ----------------------------------------------------------
-    def _reusable(self) -> bool:
-        """True when the open connection can take a request: idle, and not closed by the server."""
-        if self._socket is None or self._h11 is None:
-            return False
-        if self._h11.our_state is h11.IDLE and self._h11.their_state is h11.IDLE:
+    def _reusable(self) -> tuple[socket.socket, h11.Connection] | None:
+        """The open connection when it can take a request (idle, and not closed by the server), else None."""
+        sock, conn = self._socket, self._h11
+        if sock is None or conn is None:
+            return None
+        if conn.our_state is h11.IDLE and conn.their_state is h11.IDLE:
             try:
-                readable, _, _ = select.select([self._socket], [], [], 0)
+                readable, _, _ = select.select([sock], [], [], 0)
             except (OSError, ValueError):
                 readable = [True]
             if not readable:
-                return True  # nothing to read between requests: the server has not closed it
+                return sock, conn  # nothing to read between requests: the server has not closed it
         self.close()  # EOF, or bytes nobody asked for: not a connection to trust with a request
-        return False
+        return None
 
-    def _connect(self) -> None:
+    def _connect(self) -> tuple[socket.socket, h11.Connection]:
         host, port = self.address
         if self.tls and not self.fingerprint:
             raise CertificateRefused(f"https to {self.url} needs the run's certificate fingerprint to pin")
@@ -167,12 +159,11 @@ class HttpConnection:
             sock.close()
             raise ConnectFailed(f"TLS handshake with {host}:{port} failed: {exc}") from exc
         self._socket, self._h11 = sock, h11.Connection(h11.CLIENT)
+        return sock, self._h11
 
-    def _exchange(self, method: bytes, target: bytes, body: bytes, fields: list[tuple[bytes, bytes]],
-                  reused: bool) -> Answer:
+    def _exchange(self, sock: socket.socket, conn: h11.Connection, method: bytes, target: bytes, body: bytes,
+                  fields: list[tuple[bytes, bytes]], reused: bool) -> Answer:
         """Write the request, read the answer (see :meth:`request`); raises ``_Stale`` only when ``reused``."""
-        sock, conn = self._socket, self._h11
-        assert sock is not None and conn is not None
         data = conn.send(h11.Request(method=method, target=target, headers=fields))
         if body:
             data += conn.send(h11.Data(data=body))
@@ -198,7 +189,7 @@ class HttpConnection:
                     chunks.append(event.data)
                 elif kind is h11.EndOfMessage:
                     break
-                elif kind is h11.ConnectionClosed:
+                elif kind is h11.ConnectionClosed or event is h11.PAUSED:
                     raise ConnectFailed(f"{self.url} closed the connection before answering")
                 # h11.InformationalResponse (100 Continue): the answer follows
         except _Stale:
@@ -214,7 +205,9 @@ class HttpConnection:
         except ConnectFailed:
             self.close()
             raise
-        assert response is not None
+        if response is None:  # never: h11 reads an answer's head before its end
+            self.close()
+            raise ConnectFailed(f"{self.url} answered without a status line")
         if conn.our_state is h11.DONE and conn.their_state is h11.DONE:
             conn.start_next_cycle()
         else:  # Connection: close (or an HTTP/1.0 answer): the next request opens a new connection

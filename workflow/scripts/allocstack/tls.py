@@ -7,7 +7,7 @@ pins the server's certificate, the server checks the client's bearer token.
 * The certificate is made when the coordinator starts: a fresh EC P-256 key, self-signed,
   naming the bound address, valid for :data:`CERTIFICATE_DAYS`. No CA is involved: the
   SHA-256 fingerprint of the certificate is published with the endpoint and token (the 0600
-  endpoint document), and clients accept exactly that certificate (``client.PinnedAdapter``),
+  endpoint document), and clients accept exactly that certificate (:func:`certificate_matches`),
   so a process that took over the address gets no token.
 * It is made with ``openssl req``: the OpenSSL command is on every node and in every image
   already (Debian's ca-certificates depends on it; container/*.def check it), so TLS adds no
@@ -19,6 +19,7 @@ pins the server's certificate, the server checks the client's bearer token.
 from __future__ import annotations
 
 import hashlib
+import hmac
 import shutil
 import ssl
 import subprocess
@@ -44,9 +45,15 @@ def fingerprint(certificate_pem: str) -> str:
     return hashlib.sha256(ssl.PEM_cert_to_DER_cert(certificate_pem)).hexdigest()
 
 
+def certificate_matches(certificate_der: bytes | None, pinned: str) -> bool:
+    """True when the DER certificate a server presented has SHA-256 ``pinned`` (hex, see :func:`fingerprint`)."""
+    return hmac.compare_digest(hashlib.sha256(certificate_der or b"").hexdigest(), pinned)
+
+
 def client_context() -> ssl.SSLContext:
     """A TLS client context without CA verification: the caller pins the run's certificate by its
-    fingerprint (``client.PinnedAdapter``, ``tunnel.pinned_connection``), which is the verification."""
+    fingerprint (``httpclient.HttpConnection``, ``sessions.PinnedAdapter``, ``tunnel.pinned_connection``), which is
+    the verification."""
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
     context.minimum_version = ssl.TLSVersion.TLSv1_2
     context.check_hostname = False

@@ -20,13 +20,12 @@ only moves bytes.
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import ssl
 import threading
 from pathlib import Path
 
 from .endpoint import read_endpoint, service_variables
-from .tls import client_context
+from .tls import certificate_matches, client_context
 
 CHUNK = 64 * 1024
 
@@ -104,8 +103,7 @@ async def pinned_connection(host: str, port: int, fingerprint: str,
     :raises ssl.SSLError: when it presents another certificate (nothing has been sent yet).
     """
     reader, writer = await asyncio.open_connection(host, port, ssl=context)
-    presented = writer.get_extra_info("ssl_object").getpeercert(binary_form=True) or b""
-    if hashlib.sha256(presented).hexdigest() != fingerprint:
+    if not certificate_matches(writer.get_extra_info("ssl_object").getpeercert(binary_form=True), fingerprint):
         writer.close()
         raise ssl.SSLError(f"{host}:{port} presented a certificate that is not this run's")
     return reader, writer
