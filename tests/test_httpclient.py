@@ -146,39 +146,31 @@ class RawServer:
                 if second:
                     self.requests.append(second.split(b"\r\n", 1)[0])
 
-    def close(self) -> None:
+    def __enter__(self) -> RawServer:
+        return self
+
+    def __exit__(self, *exc) -> None:
         self.listener.close()
 
 
 def test_a_request_on_a_connection_closed_under_it_is_sent_once_more_on_a_new_one():
-    server = RawServer("once")
-    try:
+    with RawServer("once") as server:
         connection = HttpConnection(server.url, 5)
         assert connection.request(b"GET", b"/one").status == 200
         assert connection.request(b"GET", b"/two").status == 200
-        # /two reached the first connection, which closed without a byte; the new one answered it
-        assert server.requests == [b"GET /one HTTP/1.1", b"GET /two HTTP/1.1", b"GET /two HTTP/1.1"]
-    finally:
-        server.close()
+    # /two reached the first connection, which closed without a byte; the new one answered it
+    assert server.requests == [b"GET /one HTTP/1.1", b"GET /two HTTP/1.1", b"GET /two HTTP/1.1"]
 
 
 def test_a_new_connection_closed_unanswered_is_an_error_not_a_retry():
-    server = RawServer("close")
-    try:
-        with pytest.raises(ConnectFailed, match=r"closed the connection|connection lost"):
-            HttpConnection(server.url, 5).request(b"POST", b"/claim", b"{}")
-        assert server.requests == [b"POST /claim HTTP/1.1"]  # sent once: only a reused connection retries
-    finally:
-        server.close()
+    with RawServer("close") as server, pytest.raises(ConnectFailed, match=r"closed the connection|connection lost"):
+        HttpConnection(server.url, 5).request(b"POST", b"/claim", b"{}")
+    assert server.requests == [b"POST /claim HTTP/1.1"]  # sent once: only a reused connection retries
 
 
 def test_timeouts_and_refused_connections_are_transport_errors():
-    silent = RawServer("silent")
-    try:
-        with pytest.raises(TimedOut, match=r"did not answer within 0\.3 s"):
-            HttpConnection(silent.url, 0.3).request(b"GET", b"/x")
-    finally:
-        silent.close()
+    with RawServer("silent") as silent, pytest.raises(TimedOut, match=r"did not answer within 0\.3 s"):
+        HttpConnection(silent.url, 0.3).request(b"GET", b"/x")
     with socket.socket() as unused:
         unused.bind(("127.0.0.1", 0))
         port = unused.getsockname()[1]  # bound, not listening: connection refused

@@ -28,6 +28,7 @@ from allocstack.client import CoordinatorClient
 from allocstack.endpoint import read_endpoint, write_endpoint
 from allocstack.errors import AllocstackError
 from allocstack.events import gate_precedes_workers
+from allocstack.httpclient import CertificateRefused
 from allocstack.network import bind_address, interface_address, node_for
 from allocstack.progress import per_node
 from allocstack.sessions import PinnedAdapter, loopback_session
@@ -137,8 +138,10 @@ def test_a_worker_completes_through_the_pinned_tls_endpoint(tls_coordinator, tmp
 def test_a_certificate_that_is_not_the_runs_gets_no_request(tls_coordinator):
     endpoint = read_endpoint(tls_coordinator.shared)
     wrong = CoordinatorClient(endpoint.url, endpoint.token, fingerprint="0" * 64)
-    with pytest.raises(requests.exceptions.SSLError, match=r"(?i)fingerprint"):
+    with pytest.raises(CertificateRefused, match=r"(?i)fingerprint"):
         wrong.status()
+    with pytest.raises(requests.exceptions.SSLError, match=r"(?i)fingerprint"):  # the gate's session pins alike
+        loopback_session("0" * 64).get(endpoint.url + "/health", timeout=5)
     with pytest.raises(requests.exceptions.SSLError):  # https without a pin: refused before connecting
         loopback_session().get(endpoint.url + "/health", timeout=5)
     right = CoordinatorClient(endpoint.url, endpoint.token, fingerprint=endpoint.fingerprint)
