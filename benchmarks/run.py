@@ -42,6 +42,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import shutil
 import statistics
 import subprocess
@@ -94,9 +95,7 @@ class Coordinator:
 
     def cpu_seconds(self) -> float:
         """CPU time (user + system) the coordinator process has used so far."""
-        with open(f"/proc/{self.proc.pid}/stat") as stat:
-            fields = stat.read().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        return process_cpu_seconds(self.proc.pid)
 
     def stop(self) -> dict:
         self.proc.terminate()
@@ -127,9 +126,27 @@ def start_warm(coordinator: Coordinator, argvs: list[list[str]]) -> tuple[list[s
     return procs, time.monotonic() - started
 
 
-def run_warm(coordinator: Coordinator, argvs: list[list[str]]) -> tuple[float, float]:
-    """(seconds from opening the gate to the last worker exit, seconds the workers took to start)."""
+def process_cpu_seconds(pid: int) -> float:
+    """CPU time (user + system) process ``pid`` has used so far."""
+    with open(f"/proc/{pid}/stat") as stat:
+        fields = stat.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def children_cpu_seconds() -> float:
+    """CPU time (user + system) of this process's children that have ended and been waited for."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def run_warm(coordinator: Coordinator, argvs: list[list[str]], cpu: dict | None = None) -> tuple[float, float]:
+    """(seconds from opening the gate to the last worker exit, seconds the workers took to start).
+
+    With ``cpu``, ``cpu["workers"]`` is set to the CPU seconds all the workers used from the gate to their exit.
+    """
     procs, startup = start_warm(coordinator, argvs)
+    at_gate = sum(process_cpu_seconds(proc.pid) for proc in procs)
+    ended_before = children_cpu_seconds()
     started = time.monotonic()
     staged = coordinator.gate.with_suffix(".tmp")  # whole or absent: a worker may read it at any moment
     staged.write_text('{"status": "ready"}')
@@ -137,7 +154,10 @@ def run_warm(coordinator: Coordinator, argvs: list[list[str]]) -> tuple[float, f
     for proc in procs:
         if proc.wait() != 0:
             raise RuntimeError(f"a worker failed: {proc.args}")
-    return time.monotonic() - started, startup
+    elapsed = time.monotonic() - started
+    if cpu is not None:
+        cpu["workers"] = children_cpu_seconds() - ended_before - at_gate
+    return elapsed, startup
 
 
 def allocstack_rate(count: int, workers: int, batch: int, *extra: str) -> tuple[float, dict]:
@@ -146,14 +166,15 @@ def allocstack_rate(count: int, workers: int, batch: int, *extra: str) -> tuple[
     argvs = [[PYTHON, str(SCRIPTS / "worker.py"), "--worker-id", f"worker-{i:02d}", "--scratch",
               str(coordinator.scratch), "--gate-record", str(coordinator.gate), "--batch", str(batch)]
              for i in range(1, workers + 1)]
-    cpu_before = coordinator.cpu_seconds()
-    elapsed, startup = run_warm(coordinator, argvs)
+    cpu_before, workers_cpu = coordinator.cpu_seconds(), {}
+    elapsed, startup = run_warm(coordinator, argvs, workers_cpu)
     cpu = coordinator.cpu_seconds() - cpu_before
     peak = coordinator.peak_rss_mb()
     end = coordinator.stop()
     assert end["resultCount"] == count, end
     return count / elapsed, {"peak": peak, "fsyncs": end["journalFsyncs"], "ready": coordinator.ready_seconds,
-                             "elapsed": elapsed, "startup": startup, "cpu_us_per_task": cpu / count * 1e6}
+                             "elapsed": elapsed, "startup": startup, "cpu_us_per_task": cpu / count * 1e6,
+                             "worker_cpu_us_per_task": workers_cpu["workers"] / count * 1e6}
 
 
 STDLIB_WORKER = r"""
@@ -620,14 +641,15 @@ def print_batch_one(count: int, workers: int = 2) -> None:
     disk = fsync_rate()
     limit = workers * disk
     print(f"\n| batch 1, {workers} workers, {count:,} tasks | tasks/s | of {workers} x fsync rate | results per fsync | "
-          f"mean latency per task | target |\n|---|---|---|---|---|---|")
-    print(f"| the disk: append + fsync in a loop (journal's filesystem) | {disk:,.0f} fsyncs/s | | | | |")
+          f"mean latency per task | CPU per task: coordinator, worker | target |\n|---|---|---|---|---|---|---|")
+    print(f"| the disk: append + fsync in a loop (journal's filesystem) | {disk:,.0f} fsyncs/s | | | | | |")
     for label, extra in (("group commit (window <= 2 ms)", ()), ("no window (--commit-window 0)", ("--commit-window", "0"))):
         rate, info = allocstack_rate(count, workers, 1, *extra)
         fraction = rate / limit
         met = fraction >= 0.8 or rate >= 1500
         latency = workers / rate * 1000  # closed loop: each worker has one task in flight
         print(f"| {label} | {rate:,.0f} | {fraction:.2f} | {count / max(1, info['fsyncs']):.2f} | {latency:.2f} ms | "
+              f"{info['cpu_us_per_task']:.0f} µs, {info['worker_cpu_us_per_task']:.0f} µs | "
               f">= 0.80 or >= 1,500/s: {verdict(met) if not extra else '(reference)'} |", flush=True)
 
 

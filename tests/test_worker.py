@@ -148,3 +148,16 @@ def test_a_worker_told_to_stop_ends_cleanly_and_says_why(start_coordinator, tmp_
     assert coordinator.stop() == 75
     end = json.loads(coordinator.end_record.read_text())  # says why, not just "signal:SIGTERM"
     assert end["status"] == "incomplete" and end["reason"] == "less than one lease remains before the allocation ends"
+
+
+def test_a_worker_reconnects_when_the_coordinator_closed_its_idle_connection(start_coordinator, tmp_path):
+    """Tasks longer than the coordinator's idle timeout: every claim finds its kept-alive connection closed
+    by the server, and the worker opens a new one (no error, nothing lost, nothing twice)."""
+    coordinator = start_coordinator(make_tasks(3), "--connection-timeout", "0.3")
+    record = tmp_path / "w.json"
+    done = run_script("worker.py", "--worker-id", "worker-01", "--scratch", coordinator.scratch, "--batch", 1,
+                      "--gate-record", gate_record(tmp_path), "--simulate-seconds", 0.8, "--record", record)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(record.read_text())["tasksCompleted"] == 3 and "failed" not in done.stderr
+    assert coordinator.stop() == 0
+    assert len(json.loads(coordinator.results.read_text())["results"]) == 3
