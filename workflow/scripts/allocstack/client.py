@@ -1,6 +1,6 @@
 """The coordinator's protocol for its clients (workers, the status command, tests, benchmarks), over
 one keep-alive connection (:mod:`.httpclient`). No ``requests`` here: a worker does not import it
-(~0.2 s of CPU at each start); the readiness gate's ``requests`` sessions are in :mod:`.sessions`."""
+(60 ms of CPU at each start); the readiness gate's ``requests`` sessions are in :mod:`.sessions`."""
 
 from __future__ import annotations
 

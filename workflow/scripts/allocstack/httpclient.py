@@ -3,7 +3,7 @@
 What a worker needs on its hot path and nothing else (a worker at batch 1 makes one request
 per task): the request is built by h11 (the same sans-IO parser the server uses) and written
 in one ``sendall``; the answer is read until h11 says it is complete. ``requests`` cost a
-worker ~4x the CPU per request (sessions, adapters, urllib3's pool, header merging).
+worker ~3x the CPU per task at batch 1 (sessions, adapters, urllib3's pool, header merging).
 
 * **Keep-alive.** One socket for every request. Before a request reuses it, a zero-timeout
   poll checks that the server has not closed it meanwhile (its idle timeout); a reused
