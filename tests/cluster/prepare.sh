@@ -5,7 +5,7 @@
 #      and partitions, the multinode tests use partition `multi`),
 #   2. the Apptainer toolbox (tests/cluster/apptainer.sh install),
 #   3. the test image, built from container/test.def and cached by its hash,
-#   4. Charliecloud's ch-run and the same image as a directory (tests/cluster/charliecloud.sh),
+#   4. Charliecloud's ch-run and the same image as a directory and a SquashFS file (charliecloud.sh),
 #   5. Debian's chromium, for the live status page test,
 #   6. tmux, a real terminal for the tests of what a run prints on one,
 #   7. tcpdump, for the capture on the multi-node cluster's bridge.

@@ -43,6 +43,7 @@ still decides whether the run succeeded.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shlex
 import shutil
@@ -57,7 +58,15 @@ from pathlib import Path
 
 from allocstack import slurm
 from allocstack.cli import ArgumentParser, positive_int, run
-from allocstack.containers import check_mount_points, container_prefix, mount_tops, mount_tree_dirs, runtime_environ
+from allocstack.containers import (
+    check_mount_points,
+    container_prefix,
+    forked_components,
+    forks_component,
+    mount_tops,
+    mount_tree_dirs,
+    runtime_environ,
+)
 from allocstack.errors import AllocstackError, report
 from allocstack.jsonio import atomic_write_json
 from allocstack.lifeline import ENV as LIFELINE_ENV
@@ -253,14 +262,20 @@ def killed_by(code: int, in_step: bool) -> int | None:
 
 
 def supervise(command: list[str], env: dict[str, str], component: str, kill_record: Path | None,
-              off_node: bool = False) -> int:
+              off_node: bool = False, forked: bool = False) -> int:
     """Run ``command``, forward signals to it, and return the job's exit code.
 
+    :param forked: the runtime runs the component as its child and must not get the signal itself
+        (ch-run with a SquashFS image, :func:`allocstack.containers.forks_component`): the signal
+        goes to ch-run's child, found among the job step's processes (``scontrol listpids``) or
+        below our own child. Until ch-run has started it, the signal goes the usual way.
     :raises AllocstackError: ``prerequisite`` when ``command`` cannot be started.
     """
     in_step = command[0] == "srun"
 
     def deliver(child: subprocess.Popen[bytes], signum: int) -> None:
+        if forked and signal_forked(child.pid, env.get("SLURM_JOB_ID", "") if in_step else "", component, signum):
+            return
         if not (in_step and slurm.signal_step(env["SLURM_JOB_ID"], component, signum)):
             child.send_signal(signum)
 
@@ -287,6 +302,19 @@ def supervise(command: list[str], env: dict[str, str], component: str, kill_reco
         return outcome.code
     print(f"launch: {component} ended by {killer}", file=sys.stderr, flush=True)
     return 128 + signum
+
+
+def signal_forked(child: int, job_id: str, component: str, signum: int) -> bool:
+    """Send ``signum`` to the component ch-run runs as its child; False when there is none (yet).
+
+    :param job_id: the allocation when the component is a job step (its processes are not ours).
+    """
+    pids = slurm.step_pids(job_id, component) if job_id else [child]
+    targets = forked_components(pids or [])
+    for pid in targets:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signum)
+    return bool(targets)
 
 
 def parse_args(argv: list[str] | None):
@@ -345,7 +373,8 @@ def main(argv: list[str] | None = None) -> int:
         return report(error)
     print(f"launch: {args.component}: {shlex.join(command)}", file=sys.stderr, flush=True)
     try:
-        return supervise(command, env, args.component, args.tolerate_kill, off_node=args.node_index > 0)
+        forked = bool(args.image) and forks_component(args.runtime, args.image)
+        return supervise(command, env, args.component, args.tolerate_kill, off_node=args.node_index > 0, forked=forked)
     except AllocstackError as error:
         return report(error)
     finally:

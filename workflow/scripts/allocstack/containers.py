@@ -159,19 +159,66 @@ def check_mount_points(image: str, tops: Iterable[str]) -> None:
                                 f"README.md: mount points) or run from elsewhere")
 
 
+#: The first four bytes of a SquashFS file (its magic number, little-endian ``0x73717368``).
+SQUASHFS_MAGIC = b"hsqs"
+
+
+def is_squashfs(image: str) -> bool:
+    """``image`` is a SquashFS file (not a directory, not a SIF, whose SquashFS lies inside it)."""
+    try:
+        with open(image, "rb") as stream:
+            return stream.read(len(SQUASHFS_MAGIC)) == SQUASHFS_MAGIC
+    except (IsADirectoryError, FileNotFoundError):
+        return False
+
+
 def check_image_format(runtime: str, image: str) -> None:
-    """Charliecloud runs directory images only.
+    """Charliecloud runs a directory image or a SquashFS file (``ch-run`` 0.31 cannot open a SIF).
 
-    ch-run (0.31) mounts a SquashFS image itself and unmounts it the moment ch-run gets
-    SIGTERM, which reaches it with the component's (Snakemake stopping the coordinator at the
-    end of every run, Slurm's time limit): the component loses its image while it drains,
-    and the coordinator dies without its end record (measured). A directory image has no
-    such mount; ch-run becomes the component.
-
-    :raises AllocstackError: ``config`` for a file image under Charliecloud, naming the fix.
+    :raises AllocstackError: ``config`` for any other file under Charliecloud, naming the fix.
     """
-    if runtime == "charliecloud" and Path(image).exists() and not Path(image).is_dir():
+    if runtime == "charliecloud" and Path(image).is_file() and not is_squashfs(image):
         raise AllocstackError(
-            "config", f"image {image} is a file, but runtime charliecloud runs directory images: ch-run unmounts "
-                      "a SquashFS image as soon as the component gets SIGTERM, so nothing could drain; unpack it "
-                      f"(ch-convert {image} DIR, then python3 workflow/scripts/image_digest.py DIR) and set image to DIR")
+            "config", f"image {image} is neither a directory nor a SquashFS file, which is what runtime charliecloud "
+                      f"runs (a SIF? unpack it: ch-convert {image} DIR, then python3 workflow/scripts/image_digest.py "
+                      "DIR, and set image to DIR)")
+
+
+def forks_component(runtime: str, image: str) -> bool:
+    """``ch-run`` runs the component as its child, not as itself: a SquashFS image.
+
+    ch-run (0.31) mounts a SquashFS image itself (libsquashfuse, in its own namespace) and
+    stays as the mount's server while its child runs the component; on SIGTERM it unmounts
+    the image at once and exits without waiting for that child (measured), so a stop signal
+    must reach the child alone: ch-run then unmounts and exits when the child has drained.
+    With a directory image ch-run becomes the component (exec), and the signal goes to it.
+    """
+    return runtime == "charliecloud" and is_squashfs(image)
+
+
+def child_pids(pid: int) -> list[int]:
+    """The children of process ``pid`` (Linux ``/proc/PID/task/*/children``); [] when it is gone."""
+    found: list[int] = []
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        try:
+            found += [int(child) for child in (task / "children").read_text().split()]
+        except OSError:
+            continue
+    return found
+
+
+def process_name(pid: int) -> str | None:
+    """The program name of process ``pid`` (``/proc/PID/comm``), None when it is gone."""
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:
+        return None
+
+
+def forked_components(pids: list[int]) -> list[int]:
+    """Among ``pids`` (a job step's processes, or ch-run itself), the children of the ch-run processes.
+
+    ch-run's own child is named ch-run too until it starts the component, and has no children.
+    """
+    program = PROGRAMS["charliecloud"]
+    return [child for pid in pids if process_name(pid) == program for child in child_pids(pid)]

@@ -372,11 +372,25 @@ def signal_step(job_id: str, name: str, signum: int) -> bool:
     component). Signalling ``srun`` itself is not the same: on SIGTERM srun "forces job
     termination" (SIGKILL after KillWait) and the component never drains.
     """
-    listing = query(["squeue", "--steps", "--jobs", job_id, "--noheader", "--format=%i %j"])
-    steps = parse_step_ids(listing or "", name)
+    steps = step_ids(job_id, name)
     for step in steps:
         query(["scancel", f"--signal={signal.Signals(signum).name[3:]}", step])
     return bool(steps)
+
+
+def step_ids(job_id: str, name: str) -> list[str]:
+    """The ids (``JOB.STEP``) of the running job steps called ``name``."""
+    return parse_step_ids(query(["squeue", "--steps", "--jobs", job_id, "--noheader", "--format=%i %j"]) or "", name)
+
+
+def parse_listpids(text: str) -> list[int]:
+    """The PIDs in ``scontrol listpids`` output: a header, then ``PID JOBID STEPID LOCALID GLOBALID`` lines."""
+    return [int(fields[0]) for fields in map(str.split, text.splitlines()) if fields and fields[0].isdigit()]
+
+
+def step_pids(job_id: str, name: str) -> list[int]:
+    """The processes on this node of the job step(s) called ``name`` ([] when none is found)."""
+    return [pid for step in step_ids(job_id, name) for pid in parse_listpids(query(["scontrol", "listpids", step]) or "")]
 
 
 def parse_steps(text: str) -> list[dict[str, str]]:
