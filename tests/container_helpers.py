@@ -11,10 +11,12 @@ from conftest import pids_mentioning
 
 
 def drain_probe(marker: Path) -> str:
-    """A component that prints 'ready', and on SIGTERM writes ``marker`` and exits 0."""
+    """A component that prints 'ready', and on SIGTERM reads the image (a module not loaded before) while it
+    drains, writes ``marker`` and exits 0: the image must still be there after the signal."""
     return (
         "import signal, sys, time, pathlib\n"
-        f"def stop(*_):\n    pathlib.Path({str(marker)!r}).write_text('drained')\n    sys.exit(0)\n"
+        "def stop(*_):\n    time.sleep(0.3)\n    import xml.dom.minidom\n"
+        f"    pathlib.Path({str(marker)!r}).write_text('drained')\n    sys.exit(0)\n"
         "signal.signal(signal.SIGTERM, stop)\nprint('ready', flush=True)\ntime.sleep(60)\n"
     )
 

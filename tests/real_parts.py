@@ -81,3 +81,10 @@ def require_multinode(nodes: int = 3) -> dict:
     if not set(layout["nodes"]) <= usable:
         unavailable(f"nodes of partition {layout['partition']} are not all usable: {states}")
     return layout
+
+
+def require_charliecloud_squashfs() -> str:
+    """Return the SquashFS test image for ch-run (the directory image packed by tests/cluster/charliecloud.sh)."""
+    return _require_runtime("ch-run", "as root: tests/cluster/prepare.sh installs Debian's charliecloud-runtime",
+                            "ALLOCSTACK_TEST_CHARLIECLOUD_SQUASHFS", os.path.isfile,
+                            {**os.environ, "USER": os.environ.get("USER") or "root"})

@@ -1,8 +1,9 @@
-"""Every component inside a real Charliecloud directory image (ch-run, tests/cluster/charliecloud.sh).
+"""Every component inside a real Charliecloud image (ch-run, tests/cluster/charliecloud.sh).
 
-The image is the Apptainer test image's own root filesystem, unpacked: the same Python and
-files under both runtimes. Runs with ``--config runtime=charliecloud image=DIR`` and no
-Snakemake deployment method, and with no apptainer on PATH.
+The image is the Apptainer test image's own root filesystem, unpacked (a directory image), and
+that directory packed into a SquashFS file: the same Python and files under both runtimes and
+both formats. Runs with ``--config runtime=charliecloud image=DIR`` (or ``image=FILE.sqfs``) and
+no Snakemake deployment method, and with no apptainer on PATH.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from test_faults import component_pids, journaled, slow_run, wait_for
 from test_slurm import TEST_RESOURCES, assert_a_completed_step_per_component, submitted_jobs
 
 from conftest import SCRIPTS, local_user, make_tasks, pids_mentioning, run_script, write_json
-from real_parts import require_charliecloud, require_slurm
+from real_parts import require_charliecloud, require_charliecloud_squashfs, require_slurm
 from workflow_helpers import SNAKEMAKE, copy_project, snakemake
 
 pytestmark = pytest.mark.charliecloud
@@ -40,6 +41,12 @@ OTHER_USER = "allocstack-ch"
 @pytest.fixture
 def image():
     return require_charliecloud()
+
+
+@pytest.fixture(params=["directory", "squashfs"])
+def any_image(request):
+    """Each format ch-run takes: the directory image, and the same tree as a SquashFS file (which ch-run mounts)."""
+    return require_charliecloud() if request.param == "directory" else require_charliecloud_squashfs()
 
 
 def charliecloud_run(*extra: str, image: str) -> list[str]:
@@ -61,7 +68,9 @@ def assert_ran_in_the_image(project: Path, run: str, image: str) -> dict:
     return provenance
 
 
-def test_local_baseline_in_a_charliecloud_image_without_apptainer(project, image):
+def test_local_baseline_in_a_charliecloud_image_without_apptainer(project, any_image):
+    """The end of every run is SIGTERM to the coordinator: with a SquashFS image it drains and writes its end record."""
+    image = any_image
     started = time.monotonic()
     done = snakemake(project, *charliecloud_run("--cores", "4", image=image), env={"PATH": NO_APPTAINER_PATH})
     assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
@@ -69,16 +78,19 @@ def test_local_baseline_in_a_charliecloud_image_without_apptainer(project, image
     assert_ran_in_the_image(project, "baseline", image)
     log = (project / "logs/serve_coordinator/baseline.log").read_text()
     assert "launch: coordinator: ch-run '--unset-env=*'" in log
+    assert "coordinator: stopped (signal:SIGTERM)" in log  # drained to its last line, the image still there
+    assert json.loads((project / "results/baseline/coordinator.json").read_text())["status"] == "completed"
     assert not list((project / "tmp").glob("allocstack-*/baseline"))  # scratch and mount-point trees removed
+    assert not pids_mentioning(str(project))
     print(f"local run with ch-run: {elapsed:.1f} s")
 
 
 def launch(tmp_path: Path, image: str, script: Path, *args: str, component: str = "probe",
-           env: dict | None = None) -> subprocess.Popen:
+           env: dict | None = None, runtime_args: tuple[str, ...] = ()) -> subprocess.Popen:
     return subprocess.Popen(
         [sys.executable, str(SCRIPTS / "launch.py"), f"--component={component}", f"--run={component}",
          f"--scratch-root={tmp_path / 'scratch'}", f"--image={image}", "--runtime=charliecloud",
-         f"--bind={tmp_path / 'bound'}", "--", str(script), *args],
+         *(f"--runtime-arg={arg}" for arg in runtime_args), f"--bind={tmp_path / 'bound'}", "--", str(script), *args],
         cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
     )
 
@@ -90,7 +102,9 @@ def write_probe(tmp_path: Path, code: str) -> Path:
     return probe
 
 
-def test_only_the_run_paths_and_allocstacks_variables_are_inside(tmp_path, image):
+def test_only_the_run_paths_and_allocstacks_variables_are_inside(tmp_path, any_image):
+    """A SquashFS image's own /ch/environment comes in with charliecloud.args ["--set-env"] (ch-run reads it inside)."""
+    image = any_image
     (tmp_path / "host-only.txt").write_text("secret")
     probe = write_probe(tmp_path, (
         "import json, os, sys\n"
@@ -104,7 +118,7 @@ def test_only_the_run_paths_and_allocstacks_variables_are_inside(tmp_path, image
     host_env = {**os.environ, "ALLOCSTACK_TEST_SECRET": "must-not-pass", "http_proxy": "http://10.0.0.1:3128",
                 "PYTHONPATH": "/nowhere", "CUDA_VISIBLE_DEVICES": "0,1"}
     host_env.pop("USER", None)  # ch-run refuses to start without $USER: launch.py supplies it
-    proc = launch(tmp_path, image, probe, env=host_env)
+    proc = launch(tmp_path, image, probe, env=host_env, runtime_args=() if os.path.isdir(image) else ("--set-env",))
     out, err = proc.communicate(timeout=60)
     assert proc.returncode == 0, err
     seen = json.loads(out.strip().splitlines()[-1])
@@ -122,22 +136,24 @@ def test_only_the_run_paths_and_allocstacks_variables_are_inside(tmp_path, image
     assert not list((tmp_path / "scratch").glob("allocstack-*/probe/.mounts-*"))  # the mount-point tree is gone
 
 
-def test_sigterm_reaches_the_component_through_ch_run_and_nothing_is_left(tmp_path, image):
+def test_sigterm_reaches_the_component_through_ch_run_and_nothing_is_left(tmp_path, any_image):
+    """With a SquashFS image the signal goes to ch-run's child alone: the image stays mounted while it drains."""
     marker = tmp_path / "bound" / "drained"
     probe = write_probe(tmp_path, drain_probe(marker))
-    assert_sigterm_drains(launch(tmp_path, image, probe), marker, str(probe))
+    assert_sigterm_drains(launch(tmp_path, any_image, probe), marker, str(probe))
 
 
-def test_sigkill_of_the_launcher_leaves_no_component_behind(tmp_path, image):
+def test_sigkill_of_the_launcher_leaves_no_component_behind(tmp_path, any_image):
     """Snakemake SIGKILLs a failed group's jobs: the real worker inside the image must not outlive launch.py."""
     (tmp_path / "bound").mkdir()
-    proc = launch(tmp_path, image, SCRIPTS / "worker.py", "--worker-id", "worker-01", "--gate-record",
+    proc = launch(tmp_path, any_image, SCRIPTS / "worker.py", "--worker-id", "worker-01", "--gate-record",
                   str(tmp_path / "bound/never.json"), "--gate-timeout", "60", component="worker-01")
     assert_killed_launcher_leaves_nothing(proc, "never.json")
 
 
-def test_sigterm_to_the_stack_drains_and_a_rerun_resumes(project, image):
+def test_sigterm_to_the_stack_drains_and_a_rerun_resumes(project, any_image):
     """Like Slurm's time limit: SIGTERM to every component at once, each through its launcher and ch-run."""
+    image = any_image
     config = slow_run(project, "term", tasks=40, seconds=0.3)
     proc = subprocess.Popen(
         ["timeout", "-k", "10", "300", SNAKEMAKE, *charliecloud_run("--cores", "4", "--configfile", str(config),
@@ -193,12 +209,24 @@ def test_missing_ch_run_is_a_prerequisite_error_naming_the_fix(project, image, t
     assert direct.stderr.strip().endswith("[prerequisite]: ch-run is not on PATH; module load charliecloud/0.31")
 
 
-def test_a_file_image_and_a_changed_directory_image_stop_before_anything_starts(project, image, tmp_path):
-    sif = project / "image.sif"  # a SquashFS or SIF file: ch-run would lose it at the first SIGTERM
-    sif.write_bytes(b"hsqs not really")
+def test_a_sif_a_changed_squashfs_and_a_changed_directory_image_stop_before_anything_starts(project, image,
+                                                                                           tmp_path):
+    sif = project / "image.sif"  # ch-run 0.31 cannot open a SIF
+    sif.write_bytes(b"#!/usr/bin/env run-singularity\n")
     done = snakemake(project, *charliecloud_run("--cores", "4", image=str(sif)))
     assert done.returncode != 0
-    assert f"allocstack: error [config]: image {sif} is a file, but runtime charliecloud runs directory images" \
+    assert f"allocstack: error [config]: image {sif} is neither a directory nor a SquashFS file" \
+        in done.stdout + done.stderr
+    squashfs = tmp_path / "image.sqfs"  # the real SquashFS image, under a name whose sidecar we write
+    squashfs.symlink_to(require_charliecloud_squashfs())
+    done = snakemake(project, *charliecloud_run("--cores", "4", image=str(squashfs)))
+    assert done.returncode != 0
+    missing = f"allocstack: error [integrity]: image {squashfs} has no SHA-256 sidecar {squashfs}.sha256"
+    assert f"{missing} (create it with sha256sum)" in done.stdout + done.stderr
+    (tmp_path / "image.sqfs.sha256").write_text("0" * 64 + "  image.sqfs\n")  # the digest of another file
+    done = snakemake(project, *charliecloud_run("--cores", "4", image=str(squashfs)))
+    assert done.returncode != 0
+    assert f"allocstack: error [integrity]: image {squashfs} does not match its sidecar: expected {'0' * 64}" \
         in done.stdout + done.stderr
     copy = make_image(tmp_path / "copy")  # a small stand-in: the check never starts it
     assert run_script("image_digest.py", str(copy)).returncode == 0
@@ -264,8 +292,9 @@ def test_an_unprivileged_user_runs_the_baseline(image, other_user):
 
 
 @pytest.mark.slurm
-def test_baseline_through_the_slurm_profile_without_apptainer(project, image):
+def test_baseline_through_the_slurm_profile_without_apptainer(project, any_image):
     require_slurm()
+    image = any_image
     done = snakemake(project, "--profile", "profiles/slurm", *TEST_RESOURCES, "runtime=10",
                      *charliecloud_run(image=image), timeout=600, env={"PATH": NO_APPTAINER_PATH})
     output = done.stdout + done.stderr
@@ -278,8 +307,9 @@ def test_baseline_through_the_slurm_profile_without_apptainer(project, image):
     assert_a_completed_step_per_component(job)
     coordinator_log = (project / "logs/serve_coordinator/baseline.log").read_text()
     assert "srun --job-name=coordinator" in coordinator_log and " ch-run '--unset-env=*'" in coordinator_log
-    # The end of every run: scancel --signal=TERM to the coordinator's step, through srun and ch-run.
-    assert "stopping (signal:SIGTERM)" in coordinator_log
+    # The end of every run: scancel --signal=TERM to the coordinator's step, through srun and ch-run (with a
+    # SquashFS image: to ch-run's child in that step, found with scontrol listpids); it drains and ends.
+    assert "coordinator: stopped (signal:SIGTERM)" in coordinator_log
 
 
 def start_cost(tmp_path: Path, extra: list[str], repetitions: int = 5) -> float:

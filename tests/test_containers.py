@@ -8,6 +8,7 @@ import re
 import shutil
 import subprocess
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -17,6 +18,9 @@ from allocstack.containers import (
     charliecloud_prefix,
     check_image_format,
     check_mount_points,
+    child_pids,
+    forked_components,
+    forks_component,
     mount_tops,
     mount_tree_dirs,
 )
@@ -110,14 +114,44 @@ def test_an_unreadable_file_in_a_directory_image_is_a_prerequisite_error():
         shutil.rmtree(base, ignore_errors=True)
 
 
-def test_charliecloud_runs_directory_images_only(tmp_path):
+def test_charliecloud_runs_directory_and_squashfs_images_but_no_sif(tmp_path):
     sqfs = tmp_path / "allocstack.sqfs"
-    sqfs.write_bytes(b"hsqs")
-    with pytest.raises(AllocstackError) as caught:
-        check_image_format("charliecloud", str(sqfs))
-    assert caught.value.diag == "config" and f"ch-convert {sqfs} DIR" in caught.value.message
+    sqfs.write_bytes(b"hsqs" + bytes(92))  # SquashFS's magic number opens its superblock
+    sif = tmp_path / "allocstack.sif"
+    sif.write_bytes(b"#!/usr/bin/env run-singularity\n" + bytes(64))
+    check_image_format("charliecloud", str(sqfs))
     check_image_format("charliecloud", str(make_image(tmp_path / "image")))
-    check_image_format("apptainer", str(sqfs))  # a SIF is a file
+    with pytest.raises(AllocstackError) as caught:
+        check_image_format("charliecloud", str(sif))
+    assert caught.value.diag == "config" and f"ch-convert {sif} DIR" in caught.value.message
+    check_image_format("apptainer", str(sif))  # Apptainer runs a SIF
+    # Only ch-run with a SquashFS image serves the image from its own process and runs the component as its child.
+    assert forks_component("charliecloud", str(sqfs))
+    assert not forks_component("charliecloud", str(tmp_path / "image"))
+    assert not forks_component("apptainer", str(sqfs))
+
+
+def test_the_forked_component_is_ch_runs_child_and_not_ch_run(tmp_path):
+    """The stop signal's target with a SquashFS image: the children of the processes named ch-run, nothing else."""
+    ch_run = tmp_path / "ch-run"  # named like the runtime, as /proc/PID/comm shows it
+    ch_run.write_text("#!/bin/sh\nsleep 30 &\nsleep 30 &\nwait\n")
+    ch_run.chmod(0o755)
+    runtime = subprocess.Popen([str(ch_run)])
+    other = subprocess.Popen(["sleep", "30"])
+    try:
+        deadline = time.monotonic() + 10
+        while len(child_pids(runtime.pid)) < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        children = child_pids(runtime.pid)
+        assert len(children) == 2
+        assert sorted(forked_components([runtime.pid, other.pid])) == sorted(children)
+        assert forked_components([other.pid]) == []  # not named ch-run: it has no forked component
+        assert child_pids(other.pid) == []
+    finally:
+        for proc in (runtime, other):
+            proc.kill()
+            proc.wait()
+    assert child_pids(runtime.pid) == [] and forked_components([runtime.pid]) == []  # gone
 
 
 def test_ch_run_gets_a_clean_environment_first_and_the_run_paths_on_a_mount_point_tree(tmp_path):

@@ -64,6 +64,14 @@ def test_step_ids_by_name_from_squeue():
     assert slurm.parse_step_ids("", "coordinator") == []
 
 
+def test_listpids_gives_every_process_of_a_step_on_this_node():
+    listing = ("PID      JOBID    STEPID   LOCALID GLOBALID\n"  # measured: ch-run and its child in step 376.0
+               "7700     376      0        0       0       \n"
+               "7703     376      0        -       -       \n")
+    assert slurm.parse_listpids(listing) == [7700, 7703]
+    assert slurm.parse_listpids("") == []
+
+
 def test_steps_from_sacct():
     steps = slurm.parse_steps(SACCT_DONE)
     assert [step["JobID"] for step in steps] == ["15", "15.batch", "15.0", "15.1"]
