@@ -329,6 +329,9 @@ def test_component_start_cost_against_apptainer_and_the_host(tmp_path, image):
     write_json(tmp_path / "t.json", make_tasks(1))
     timings = {"host": start_cost(tmp_path, []),
                "ch-run": start_cost(tmp_path, [f"--image={image}", "--runtime=charliecloud"])}
+    squashfs = os.environ.get("ALLOCSTACK_TEST_CHARLIECLOUD_SQUASHFS", "")
+    if os.path.isfile(squashfs):  # ch-run mounts it for each component
+        timings["ch-run SquashFS"] = start_cost(tmp_path, [f"--image={squashfs}", "--runtime=charliecloud"])
     sif = os.environ.get("ALLOCSTACK_TEST_IMAGE", "")
     if shutil.which("apptainer") and os.path.exists(sif):
         timings["apptainer exec"] = start_cost(tmp_path, [f"--image={sif}", "--runtime-arg=--cleanenv",
