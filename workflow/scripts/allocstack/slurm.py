@@ -16,7 +16,8 @@ naming the profile key.
 Standard library only: the workflow (``common.smk``) loads this file directly.
 
 The job's own facts live here too: when the allocation ends (``squeue %e``), its steps
-(``squeue --steps``, ``sacct``), signalling a step (``scancel --signal``), the largest node
+(``squeue --steps``, ``sacct``), signalling a step (``scancel --signal``) or finding its
+processes on this node (``scontrol listpids``), the largest node
 (``sinfo``) and Slurm's version, each with its parser (``tests/test_slurm_parsing.py``).
 """
 
