@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Write an image's SHA-256 sidecar (``IMAGE.sha256``), which the workflow checks before every run.
 
-For a file (a SIF) the line is what ``sha256sum`` writes. For a directory image
+For a file (a SIF, a SquashFS file) the line is what ``sha256sum`` writes. For a directory image
 (Charliecloud, or an Apptainer sandbox) ``sha256sum`` has no answer, so the digest
 covers the whole tree: every entry's name, type and permission bits, every file's
 contents and every symlink's target (see ``allocstack.jsonio.sha256_tree``)::

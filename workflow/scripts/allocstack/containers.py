@@ -15,6 +15,10 @@ run's paths live under (``/project`` for ``/project/me/allocstack/results/run``)
 empty tree of just the directories leading to those paths; that tree is bound at
 the top-level directory (which the image must have, empty: everything the image
 keeps below it is hidden during the run), and the run's paths are bound inside it.
+
+ch-run takes a directory image or a SquashFS file; with the latter it stays behind as
+the image's file server and runs the component as its child (:func:`forks_component`),
+which is where launch.py sends the stop signals (:func:`forked_components`).
 """
 
 from __future__ import annotations
