@@ -85,12 +85,18 @@ def test_local_baseline_in_a_charliecloud_image_without_apptainer(project, any_i
     print(f"local run with ch-run: {elapsed:.1f} s")
 
 
+def launch_argv(tmp_path: Path, image: str, script: Path, *args: str, component: str = "probe",
+                runtime_args: tuple[str, ...] = (), options: tuple[str, ...] = ()) -> list[str]:
+    return [sys.executable, str(SCRIPTS / "launch.py"), f"--component={component}", f"--run={component}",
+            f"--scratch-root={tmp_path / 'scratch'}", f"--image={image}", "--runtime=charliecloud",
+            *(f"--runtime-arg={arg}" for arg in runtime_args), f"--bind={tmp_path / 'bound'}", *options, "--",
+            str(script), *args]
+
+
 def launch(tmp_path: Path, image: str, script: Path, *args: str, component: str = "probe",
            env: dict | None = None, runtime_args: tuple[str, ...] = ()) -> subprocess.Popen:
     return subprocess.Popen(
-        [sys.executable, str(SCRIPTS / "launch.py"), f"--component={component}", f"--run={component}",
-         f"--scratch-root={tmp_path / 'scratch'}", f"--image={image}", "--runtime=charliecloud",
-         *(f"--runtime-arg={arg}" for arg in runtime_args), f"--bind={tmp_path / 'bound'}", "--", str(script), *args],
+        launch_argv(tmp_path, image, script, *args, component=component, runtime_args=runtime_args),
         cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
     )
 
@@ -141,6 +147,31 @@ def test_sigterm_reaches_the_component_through_ch_run_and_nothing_is_left(tmp_pa
     marker = tmp_path / "bound" / "drained"
     probe = write_probe(tmp_path, drain_probe(marker))
     assert_sigterm_drains(launch(tmp_path, any_image, probe), marker, str(probe))
+
+
+@pytest.mark.slurm
+def test_sigterm_reaches_the_component_in_a_job_step(tmp_path, any_image):
+    """In a job step ``scancel --signal`` would reach ch-run too: with a SquashFS image launch.py signals ch-run's
+    child among the step's processes instead, and the component drains with its image still there."""
+    require_slurm()
+    marker = tmp_path / "bound" / "drained"
+    probe = write_probe(tmp_path, drain_probe(marker))
+    driver = ("import signal, subprocess, sys\n"  # in the allocation: start the launcher, then SIGTERM it once ready
+              "proc = subprocess.Popen(sys.argv[1:], stdout=subprocess.PIPE, text=True)\n"
+              "print(proc.stdout.readline().strip(), flush=True)\n"
+              "proc.send_signal(signal.SIGTERM)\n"
+              "sys.exit(proc.wait(timeout=30))\n")
+    steps = ("--job-steps", *(f"--step-arg={arg}" for arg in ("--overlap", "--mem=0", "--exact")))
+    done = subprocess.run(
+        ["timeout", "-k", "10", "120", "salloc", "--account=allocstack", "--partition=debug", "--nodes=1",
+         "--cpus-per-task=1", "--mem=300", "--time=2", sys.executable, "-c", driver,
+         *launch_argv(tmp_path, any_image, probe, options=steps)],
+        cwd=tmp_path, capture_output=True, text=True, timeout=150, check=False)
+    assert done.returncode == 0 and done.stdout.strip() == "ready", done.stdout + done.stderr[-3000:]
+    assert "launch: probe: srun --job-name=probe" in done.stderr
+    assert marker.read_text() == "drained"
+    time.sleep(0.2)
+    assert not pids_mentioning(str(probe))
 
 
 def test_sigkill_of_the_launcher_leaves_no_component_behind(tmp_path, any_image):
