@@ -32,7 +32,9 @@ which Slurm does not encrypt (measured on the test cluster's bridge), and a task
 message may quote its data.
 
 Supervision: SIGTERM, SIGINT and SIGHUP are forwarded to the component (so a
-drain reaches it through srun and the container runtime); if launch.py itself is
+drain reaches it through srun and the container runtime; with a Charliecloud SquashFS
+image to ch-run's child alone, since ch-run unmounts the image when it gets SIGTERM
+itself, see allocstack/containers.py ``forks_component``); if launch.py itself is
 killed, the kernel kills the component too (``PR_SET_PDEATHSIG``), so nothing is
 orphaned. With ``--tolerate-kill RECORD`` (workers), a component killed by a
 signal that did not come through launch.py (``kill -9``, the OOM killer, its job
@@ -310,7 +312,7 @@ def signal_forked(child: int, job_id: str, component: str, signum: int) -> bool:
     :param job_id: the allocation when the component is a job step (its processes are not ours).
     """
     pids = slurm.step_pids(job_id, component) if job_id else [child]
-    targets = forked_components(pids or [])
+    targets = forked_components(pids)
     for pid in targets:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signum)
