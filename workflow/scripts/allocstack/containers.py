@@ -219,6 +219,16 @@ def process_name(pid: int) -> str | None:
         return None
 
 
+def process_state(pid: int) -> str | None:
+    """The state letter of process ``pid`` (``/proc/PID/stat``: R, S, D, Z, ...), None when it is gone."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = stat[stat.rfind(")") + 2:].split()  # after "PID (NAME) ", whatever the name holds
+    return fields[0] if fields else None
+
+
 def forked_components(pids: list[int]) -> list[int]:
     """Among ``pids`` (a job step's processes, or ch-run itself), the children of the ch-run processes.
 
@@ -226,3 +236,25 @@ def forked_components(pids: list[int]) -> list[int]:
     """
     program = PROGRAMS["charliecloud"]
     return [child for pid in pids if process_name(pid) == program for child in child_pids(pid)]
+
+
+def stalled_runtimes(pids: list[int]) -> list[int]:
+    """Among ``pids``, the ch-run processes whose component has ended (a zombie) but which have not reaped it.
+
+    ch-run 0.31 serves its SquashFS mount in libfuse's single-threaded loop, which reads
+    ``/dev/fuse`` until its SIGCHLD handler has set the loop's end flag (``fuse_session_exit``).
+    The flag is checked before each read and the read is woken only by a signal that arrives
+    *during* it, so a SIGCHLD that lands after the check but before the read is lost: ch-run then
+    waits in the read (``fuse_dev_do_read``) forever, with its component a zombie. The component's
+    own exit makes that likely: it closes its files on the image, and ch-run is answering those
+    requests (FUSE_RELEASE) when the SIGCHLD comes. Another SIGCHLD wakes the read, the loop sees
+    its flag and ch-run reaps the component, unmounts and exits with its exit code
+    (launch.py ``wake_stalled``); with the component already gone, it is the signal ch-run was owed.
+    """
+    program = PROGRAMS["charliecloud"]
+    stalled = []
+    for pid in pids:
+        children = child_pids(pid) if process_name(pid) == program else []
+        if children and all(process_state(child) == "Z" for child in children):
+            stalled.append(pid)
+    return stalled
