@@ -130,6 +130,10 @@ def test_charliecloud_runs_directory_and_squashfs_images_but_no_sif(tmp_path):
         check_image_format("charliecloud", str(sif))
     assert caught.value.diag == "config" and f"ch-convert {sif} DIR" in caught.value.message
     check_image_format("apptainer", str(sif))  # Apptainer runs a SIF
+    with pytest.raises(AllocstackError) as caught:  # launch.py wakes a stalled ch-run on its own node only
+        check_image_format("charliecloud", str(sqfs), nodes=2)
+    assert caught.value.diag == "config" and "runs on one node only (nodes is 2" in caught.value.message
+    check_image_format("charliecloud", str(make_image(tmp_path / "image2")), nodes=2)
     # Only ch-run with a SquashFS image serves the image from its own process and runs the component as its child.
     assert forks_component("charliecloud", str(sqfs))
     assert not forks_component("charliecloud", str(tmp_path / "image"))

@@ -176,16 +176,25 @@ def is_squashfs(image: str) -> bool:
         return False
 
 
-def check_image_format(runtime: str, image: str) -> None:
+def check_image_format(runtime: str, image: str, nodes: int = 1) -> None:
     """Charliecloud runs a directory image or a SquashFS file (``ch-run`` 0.31 cannot open a SIF).
 
-    :raises AllocstackError: ``config`` for any other file under Charliecloud, naming the fix.
+    A SquashFS file only on one node: its ch-run may miss its component's end and must then be
+    woken by the launcher (:func:`stalled_runtimes`), which sees the processes of its own node only.
+
+    :raises AllocstackError: ``config`` for any other file under Charliecloud, or a SquashFS file
+        with ``nodes`` above 1, naming the fix.
     """
+    unpack = f"ch-convert {image} DIR, then python3 workflow/scripts/image_digest.py DIR, and set image to DIR"
     if runtime == "charliecloud" and Path(image).is_file() and not is_squashfs(image):
         raise AllocstackError(
             "config", f"image {image} is neither a directory nor a SquashFS file, which is what runtime charliecloud "
-                      f"runs (a SIF? unpack it: ch-convert {image} DIR, then python3 workflow/scripts/image_digest.py "
-                      "DIR, and set image to DIR)")
+                      f"runs (a SIF? unpack it: {unpack})")
+    if forks_component(runtime, image) and nodes > 1:
+        raise AllocstackError(
+            "config", f"image {image} is a SquashFS file, which runtime charliecloud runs on one node only (nodes is "
+                      f"{nodes}: ch-run may miss its component's end on another node, see container/README.md); "
+                      f"use a directory image: {unpack}")
 
 
 def forks_component(runtime: str, image: str) -> bool:
