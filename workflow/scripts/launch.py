@@ -34,7 +34,8 @@ message may quote its data.
 Supervision: SIGTERM, SIGINT and SIGHUP are forwarded to the component (so a
 drain reaches it through srun and the container runtime; with a Charliecloud SquashFS
 image to ch-run's child alone, since ch-run unmounts the image when it gets SIGTERM
-itself, see allocstack/containers.py ``forks_component``); if launch.py itself is
+itself, see allocstack/containers.py ``forks_component``; and a ch-run that missed the
+end of that child is woken, ``stalled_runtimes``); if launch.py itself is
 killed, the kernel kills the component too (``PR_SET_PDEATHSIG``), so nothing is
 orphaned. With ``--tolerate-kill RECORD`` (workers), a component killed by a
 signal that did not come through launch.py (``kill -9``, the OOM killer, its job
