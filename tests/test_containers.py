@@ -7,14 +7,11 @@ import os
 import re
 import shutil
 import subprocess
-import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
 import pytest
-from launch import wake_stalled
 
 from allocstack.containers import (
     BASE_PATH,
@@ -26,8 +23,6 @@ from allocstack.containers import (
     forks_component,
     mount_tops,
     mount_tree_dirs,
-    process_state,
-    stalled_runtimes,
 )
 from allocstack.errors import AllocstackError
 from allocstack.jsonio import check_sidecar, sha256_tree
@@ -130,10 +125,6 @@ def test_charliecloud_runs_directory_and_squashfs_images_but_no_sif(tmp_path):
         check_image_format("charliecloud", str(sif))
     assert caught.value.diag == "config" and f"ch-convert {sif} DIR" in caught.value.message
     check_image_format("apptainer", str(sif))  # Apptainer runs a SIF
-    with pytest.raises(AllocstackError) as caught:  # launch.py wakes a stalled ch-run on its own node only
-        check_image_format("charliecloud", str(sqfs), nodes=2)
-    assert caught.value.diag == "config" and "runs on one node only (nodes is 2" in caught.value.message
-    check_image_format("charliecloud", str(make_image(tmp_path / "image2")), nodes=2)
     # Only ch-run with a SquashFS image serves the image from its own process and runs the component as its child.
     assert forks_component("charliecloud", str(sqfs))
     assert not forks_component("charliecloud", str(tmp_path / "image"))
@@ -161,46 +152,6 @@ def test_the_forked_component_is_ch_runs_child_and_not_ch_run(tmp_path):
             proc.kill()
             proc.wait()
     assert child_pids(runtime.pid) == [] and forked_components([runtime.pid]) == []  # gone
-
-
-#: A stand-in for ch-run 0.31's SquashFS server that lost its child's SIGCHLD: it forks a child that exits 3
-#: at once, ignores that SIGCHLD (counts it), and on the next one reaps the child and exits with its code.
-LOST_SIGCHLD = """
-import os, signal, sys, time
-seen = []
-signal.signal(signal.SIGCHLD, lambda *_: seen.append(1))
-child = os.fork()
-if child == 0:
-    os._exit(3)
-while len(seen) < 2:
-    time.sleep(0.05)
-sys.exit(os.waitstatus_to_exitcode(os.waitpid(child, 0)[1]))
-"""
-
-
-def test_a_ch_run_that_lost_its_components_sigchld_is_woken_and_exits_with_its_code(tmp_path):
-    """ch-run 0.31 can miss the SIGCHLD of its component's end and serve the image forever (launch.wake_stalled)."""
-    ch_run = tmp_path / "ch-run"
-    ch_run.write_text(f"#!{sys.executable}{LOST_SIGCHLD}")  # not via env: /proc/PID/comm must say ch-run
-    ch_run.chmod(0o755)
-    runtime = subprocess.Popen([str(ch_run)])
-    done = threading.Event()
-    try:
-        deadline = time.monotonic() + 10
-        while not stalled_runtimes([runtime.pid]) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        [child] = child_pids(runtime.pid)
-        assert process_state(child) == "Z" and stalled_runtimes([runtime.pid]) == [runtime.pid]
-        assert stalled_runtimes([os.getpid()]) == []  # not named ch-run
-        time.sleep(0.5)
-        assert runtime.poll() is None  # the stand-in really waits for a second SIGCHLD
-        threading.Thread(target=wake_stalled, args=(lambda: [runtime.pid], done, 0.1), daemon=True).start()
-        assert runtime.wait(timeout=10) == 3  # woken: it reaped its child and passed on its exit code
-    finally:
-        done.set()
-        runtime.kill()
-        runtime.wait()
-    assert process_state(runtime.pid) is None and stalled_runtimes([runtime.pid]) == []
 
 
 def test_ch_run_gets_a_clean_environment_first_and_the_run_paths_on_a_mount_point_tree(tmp_path):

@@ -18,7 +18,7 @@ rule validate_inputs:
         expected=expected_option,
         python=PYTHON,
         image=(
-            f"--image {shlex.quote(config['image'])} --runtime {RUNTIME} --nodes {NODES}"
+            f"--image {shlex.quote(config['image'])} --runtime {RUNTIME}"
             if USE_IMAGE
             else ""
         ),

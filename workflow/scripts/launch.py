@@ -34,8 +34,7 @@ message may quote its data.
 Supervision: SIGTERM, SIGINT and SIGHUP are forwarded to the component (so a
 drain reaches it through srun and the container runtime; with a Charliecloud SquashFS
 image to ch-run's child alone, since ch-run unmounts the image when it gets SIGTERM
-itself, see allocstack/containers.py ``forks_component``; and a ch-run that missed the
-end of that child is woken, ``stalled_runtimes``); if launch.py itself is
+itself, see allocstack/containers.py ``forks_component``); if launch.py itself is
 killed, the kernel kills the component too (``PR_SET_PDEATHSIG``), so nothing is
 orphaned. With ``--tolerate-kill RECORD`` (workers), a component killed by a
 signal that did not come through launch.py (``kill -9``, the OOM killer, its job
@@ -55,9 +54,8 @@ import socket
 import subprocess
 import sys
 import tempfile
-import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 
 from allocstack import slurm
@@ -69,9 +67,7 @@ from allocstack.containers import (
     forks_component,
     mount_tops,
     mount_tree_dirs,
-    process_name,
     runtime_environ,
-    stalled_runtimes,
 )
 from allocstack.errors import AllocstackError, report
 from allocstack.jsonio import atomic_write_json
@@ -287,15 +283,8 @@ def supervise(command: list[str], env: dict[str, str], component: str, kill_reco
 
     # Its stderr goes to the log as it is (keep_tail=False): this supervisor adds no copy.
     supervised = Supervised(component, deliver, keep_tail=False)
-    pid = supervised.start(command, env)
-    done = threading.Event()
-    if forked and not off_node:  # a step on another node: its ch-run is out of this launcher's sight
-        find = step_runtimes(env["SLURM_JOB_ID"], component) if in_step else lambda: [pid]
-        threading.Thread(target=wake_stalled, args=(find, done), name="wake-ch-run", daemon=True).start()
-    try:
-        outcome = supervised.wait()
-    finally:
-        done.set()
+    supervised.start(command, env)
+    outcome = supervised.wait()
     if off_node:
         collect_step_output()
     signum = killed_by(outcome.code, in_step)
@@ -328,46 +317,6 @@ def signal_forked(child: int, job_id: str, component: str, signum: int) -> bool:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signum)
     return bool(targets)
-
-
-#: Seconds between two looks for a ch-run that has not reaped its ended component (:func:`wake_stalled`).
-STALL_CHECK = 0.5
-#: Seconds a job step's ch-run is looked for among the step's processes before the launcher gives up.
-STEP_LOOKUP = 30.0
-
-
-def wake_stalled(find: Callable[[], list[int]], done: threading.Event, period: float = STALL_CHECK) -> None:
-    """Until ``done``: SIGCHLD to each ch-run that, two looks ``period`` apart, has not reaped its ended component.
-
-    ch-run 0.31 can miss the SIGCHLD of its component's end and then serve its SquashFS mount
-    forever (:func:`allocstack.containers.stalled_runtimes`); the second SIGCHLD ends its loop,
-    and ch-run exits with the component's exit code as it would have.
-    """
-    suspects: set[int] = set()
-    while not done.wait(period):
-        stalled = set(stalled_runtimes(find()))
-        for pid in stalled & suspects:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGCHLD)
-        suspects = stalled
-
-
-def step_runtimes(job_id: str, component: str, patience: float = STEP_LOOKUP) -> Callable[[], list[int]]:
-    """A lookup of the ch-run processes in the component's job step on this node, kept once found.
-
-    ``scontrol listpids`` (and ``squeue`` for the step's id) is asked only until ch-run shows up,
-    for at most ``patience`` seconds; after that the lookup answers [] (nothing to watch).
-    """
-    found: list[int] = []
-    give_up = time.monotonic() + patience
-
-    def find() -> list[int]:
-        if not found and time.monotonic() < give_up:
-            program = PROGRAMS["charliecloud"]
-            found.extend(pid for pid in slurm.step_pids(job_id, component) if process_name(pid) == program)
-        return found
-
-    return find
 
 
 def parse_args(argv: list[str] | None):

@@ -40,7 +40,6 @@ def parse_args(argv: list[str] | None):
                         help="baseline: check the built-in handler's payloads; otherwise the user's program does")
     parser.add_argument("--image", type=Path, help="container image whose .sha256 sidecar must match")
     parser.add_argument("--runtime", choices=sorted(PROGRAMS), default="apptainer", help="container runtime of --image")
-    parser.add_argument("--nodes", type=positive_int, default=1, help="nodes the stack spans (config nodes)")
     parser.add_argument("--output", required=True, type=Path, help="where to write the summary")
     return parser.parse_args(argv)
 
@@ -69,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
         summary = {"schemaVersion": SCHEMA_VERSION, **check_tasks(args), "workers": args.workers,
                    "handler": args.handler}
         if args.image:
-            check_image_format(args.runtime, str(args.image), args.nodes)
+            check_image_format(args.runtime, str(args.image))
             summary["image"], summary["runtime"] = str(args.image), args.runtime
             summary["imageSha256"] = check_sidecar(args.image, "image")
         atomic_write_json(args.output, summary, 0o644)

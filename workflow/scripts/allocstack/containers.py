@@ -176,25 +176,16 @@ def is_squashfs(image: str) -> bool:
         return False
 
 
-def check_image_format(runtime: str, image: str, nodes: int = 1) -> None:
+def check_image_format(runtime: str, image: str) -> None:
     """Charliecloud runs a directory image or a SquashFS file (``ch-run`` 0.31 cannot open a SIF).
 
-    A SquashFS file only on one node: its ch-run may miss its component's end and must then be
-    woken by the launcher (:func:`stalled_runtimes`), which sees the processes of its own node only.
-
-    :raises AllocstackError: ``config`` for any other file under Charliecloud, or a SquashFS file
-        with ``nodes`` above 1, naming the fix.
+    :raises AllocstackError: ``config`` for any other file under Charliecloud, naming the fix.
     """
-    unpack = f"ch-convert {image} DIR, then python3 workflow/scripts/image_digest.py DIR, and set image to DIR"
     if runtime == "charliecloud" and Path(image).is_file() and not is_squashfs(image):
         raise AllocstackError(
             "config", f"image {image} is neither a directory nor a SquashFS file, which is what runtime charliecloud "
-                      f"runs (a SIF? unpack it: {unpack})")
-    if forks_component(runtime, image) and nodes > 1:
-        raise AllocstackError(
-            "config", f"image {image} is a SquashFS file, which runtime charliecloud runs on one node only (nodes is "
-                      f"{nodes}: ch-run may miss its component's end on another node, see container/README.md); "
-                      f"use a directory image: {unpack}")
+                      f"runs (a SIF? unpack it: ch-convert {image} DIR, then python3 workflow/scripts/image_digest.py "
+                      "DIR, and set image to DIR)")
 
 
 def forks_component(runtime: str, image: str) -> bool:
@@ -228,16 +219,6 @@ def process_name(pid: int) -> str | None:
         return None
 
 
-def process_state(pid: int) -> str | None:
-    """The state letter of process ``pid`` (``/proc/PID/stat``: R, S, D, Z, ...), None when it is gone."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    fields = stat[stat.rfind(")") + 2:].split()  # after "PID (NAME) ", whatever the name holds
-    return fields[0] if fields else None
-
-
 def forked_components(pids: list[int]) -> list[int]:
     """Among ``pids`` (a job step's processes, or ch-run itself), the children of the ch-run processes.
 
@@ -245,25 +226,3 @@ def forked_components(pids: list[int]) -> list[int]:
     """
     program = PROGRAMS["charliecloud"]
     return [child for pid in pids if process_name(pid) == program for child in child_pids(pid)]
-
-
-def stalled_runtimes(pids: list[int]) -> list[int]:
-    """Among ``pids``, the ch-run processes whose component has ended (a zombie) but which have not reaped it.
-
-    ch-run 0.31 serves its SquashFS mount in libfuse's single-threaded loop, which reads
-    ``/dev/fuse`` until its SIGCHLD handler has set the loop's end flag (``fuse_session_exit``).
-    The flag is checked before each read and the read is woken only by a signal that arrives
-    *during* it, so a SIGCHLD that lands after the check but before the read is lost: ch-run then
-    waits in the read (``fuse_dev_do_read``) forever, with its component a zombie. The component's
-    own exit makes that likely: it closes its files on the image, and ch-run is answering those
-    requests (FUSE_RELEASE) when the SIGCHLD comes. Another SIGCHLD wakes the read, the loop sees
-    its flag and ch-run reaps the component, unmounts and exits with its exit code
-    (launch.py ``wake_stalled``); with the component already gone, it is the signal ch-run was owed.
-    """
-    program = PROGRAMS["charliecloud"]
-    stalled = []
-    for pid in pids:
-        children = child_pids(pid) if process_name(pid) == program else []
-        if children and all(process_state(child) == "Z" for child in children):
-            stalled.append(pid)
-    return stalled
