@@ -33,6 +33,8 @@ from .lifeline import forward_signals, watch_launcher
 
 PR_SET_PDEATHSIG = 1
 TAIL_LINES = 20
+#: Seconds between two looks for a stop signal while the child runs (:meth:`Supervised.wait`).
+SIGNAL_CHECK = 0.5
 
 
 def _find_prctl() -> Callable[..., int] | None:
@@ -166,9 +168,20 @@ class Supervised:
             child.kill()
 
     def wait(self) -> Outcome:
-        if self.child is None:
+        """Wait for the child's end, looking for stop signals at least every :data:`SIGNAL_CHECK` seconds.
+
+        Python runs a signal's handler between two bytecodes: a signal that lands after the last look
+        and before a blocking wait starts would be passed on only when the child ends (never, for a
+        component waiting to be stopped). So a thread waits for the child and this one in short slices.
+        """
+        child = self.child
+        if child is None:
             raise RuntimeError("wait() before start()")
-        code = self.child.wait()
+        ended = threading.Event()
+        threading.Thread(target=lambda: (child.wait(), ended.set()), name="child", daemon=True).start()
+        while not ended.wait(SIGNAL_CHECK):
+            pass
+        code = child.wait()
         if self.reader is not None:
             self.reader.join(timeout=5)
         return Outcome(code, self.stopped_by, self.killed, list(self.tail), frozenset(self.forwarded))
