@@ -405,3 +405,134 @@ def test_the_batch_path_and_the_result_by_result_path_agree(tmp_path, monkeypatc
     assert any(status == 200 and isinstance(reply, dict) and any(
         r["code"] == 400 and "lone surrogate" in r["reason"] for r in reply.get("rejected", [])) for status, reply in said)
     assert [status for status, _ in said].count(400) == 4  # the bad bodies, each named by the general path
+
+
+# -- input validation and verification of a million: all at once, the same verdict as one by one --------
+
+def baseline_verdict(tasks):
+    from allocstack import handlers
+
+    try:
+        return handlers.check_baseline_tasks(tasks, "tasks t.json")
+    except AllocstackError as error:
+        return error.message
+
+
+@pytest.mark.parametrize("change", [None, "escaped", "unknown-key", "no-repeat", "repeat-0", "repeat-bool",
+                                    "repeat-float", "long-output", "empty-message", "not-ascii"])
+def test_baseline_payloads_all_at_once_agree_with_one_by_one(change, monkeypatch):
+    from allocstack import handlers
+
+    document = make_tasks(6)
+    payloads = [task["payload"] for task in document["tasks"]]
+    bad = payloads[3]
+    if change == "escaped":
+        payloads[1]["message"] = 'quote " back \\ new\nline \x7f'
+    elif change == "unknown-key":
+        bad["extra"] = 1
+    elif change == "no-repeat":
+        del bad["repeat"]
+    elif change in ("repeat-0", "repeat-bool", "repeat-float"):
+        bad["repeat"] = {"repeat-0": 0, "repeat-bool": True, "repeat-float": 2.0}[change]
+    elif change == "long-output":
+        bad["message"], bad["repeat"] = "x" * 4096, 300
+    elif change == "empty-message":
+        bad["message"] = ""
+    elif change == "not-ascii":
+        payloads[2]["message"] = "ü é 漢字 🎉"
+    tasks = decode_tasks(raw(document))
+    fast = handlers._baseline_tasks_fast(tasks)
+    assert (fast is not None) == (change in (None, "escaped", "not-ascii"))  # the fast path took every good set
+    verdict = baseline_verdict(tasks)
+    monkeypatch.setattr(handlers, "msgspec", None)
+    assert baseline_verdict(tasks) == verdict  # the same sum, or the same first problem
+    if fast is not None:
+        assert fast == verdict == sum((len(json.dumps(p["message"])) - 2) * p["repeat"] for p in payloads)
+    else:
+        assert "task 4 (task-000003)" in verdict
+
+
+@pytest.mark.parametrize("order", ["task order", "other order"])
+def test_expected_results_come_in_task_order(order, tmp_path, monkeypatch):
+    tasks = parse_tasks(make_tasks(7))
+    document = expected_for(make_tasks(7))
+    if order == "other order":
+        document["results"].reverse()
+    path = tmp_path / "expected.json"
+    path.write_text(json.dumps(document))
+    fast = load_expected(str(path), tasks)
+    assert fast.outputs == [f"m{i}" * 2 for i in range(7)] and len(fast) == 7
+    assert fast.digests == [hashlib.sha256(output.encode()).hexdigest() for output in fast.outputs]
+    assert taskset._expected_fast(path.read_bytes(), tasks) == fast  # the fast path took both orders
+    monkeypatch.setattr(taskset, "msgspec", None)
+    assert load_expected(str(path), tasks) == fast
+
+
+def results_of(expected, **change):
+    return {"schemaVersion": 1, "results": [{**r, "workerId": "worker-01"} for r in expected["results"]], **change}
+
+
+@pytest.mark.parametrize("case", ["good", "wrong digest", "wrong output", "missing", "duplicate", "unknown top key",
+                                  "unknown key", "worker not a string", "schemaVersion true", "shuffled"])
+@pytest.mark.parametrize("with_expected", [True, False])
+def test_results_checked_all_at_once_or_one_by_one(case, with_expected, tmp_path):
+    import verify
+
+    tasks_document = make_tasks(5)
+    tasks = parse_tasks(tasks_document)
+    expected_path = tmp_path / "expected.json"
+    expected_path.write_text(json.dumps(expected_for(tasks_document)))
+    expected = load_expected(str(expected_path), tasks) if with_expected else None
+    document = results_of(expected_for(tasks_document))
+    entries = document["results"]
+    if case == "wrong digest":
+        entries[2]["sha256"] = "0" * 64
+    elif case == "wrong output":  # its own digest: only the expected results tell
+        entries[2]["output"] = "other"
+        entries[2]["sha256"] = hashlib.sha256(b"other").hexdigest()
+    elif case == "missing":
+        del entries[2]
+    elif case == "duplicate":
+        entries[2] = entries[1]
+    elif case == "unknown top key":
+        document["note"] = "x"
+    elif case == "unknown key":
+        entries[2]["extra"] = 1
+    elif case == "worker not a string":
+        entries[2]["workerId"] = 1
+    elif case == "schemaVersion true":
+        document["schemaVersion"] = True
+    elif case == "shuffled":
+        entries.reverse()
+    raw_results = json.dumps(document).encode()
+    fast = verify.check_results_fast(raw_results, tasks, expected)
+    own_digest = case == "wrong output" and not with_expected  # then verify.command decides
+    assert (fast is not None) == (case == "good" or own_digest)
+    try:
+        slow = verify.check_results(json.loads(raw_results), tasks, expected)
+    except AllocstackError:
+        slow = None
+    accepted = case in ("good", "unknown top key", "schemaVersion true", "shuffled") or own_digest
+    assert (slow is not None) == accepted  # the one-by-one checks decide what the fast path leaves to them
+    if fast is not None:
+        import msgspec
+
+        assert msgspec.to_builtins(fast) == slow
+
+
+@pytest.mark.parametrize("outputs", [["plain", "quote \" back \\ new\n tab\t nul\x00 \x1f"], [], ["ü"], ["\x7f"],
+                                     ["\ud800"]])
+def test_results_written_in_one_piece_are_the_standard_librarys_text(outputs):
+    from allocstack.jsonio import results_document, results_document_fast
+
+    results = [{"output": o, "sha256": "a" * 64, "taskId": f"t{i}", "workerId": "worker-01"}
+               for i, o in enumerate(outputs)]
+    fields = {"schemaVersion": 1, "status": "success", "taskCount": len(results), "inputSha256": "b" * 64}
+    text = results_document_fast(fields, results)
+    rows = [[(r["output"], r["sha256"], r["taskId"], r["workerId"]) for r in results]]
+    assert b"".join(results_document(fields, rows)) == (json.dumps({**fields, "results": results}, indent=2,
+                                                                   sort_keys=True) + "\n").encode()
+    if all(o.isascii() and "\x7f" not in o for o in outputs):
+        assert text == b"".join(results_document(fields, rows))
+    else:
+        assert text is None  # msgspec would write it differently: results_document writes it

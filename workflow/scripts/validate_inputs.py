@@ -17,7 +17,7 @@ from allocstack import SCHEMA_VERSION
 from allocstack.cli import ArgumentParser, positive_int, run
 from allocstack.containers import check_image_format
 from allocstack.errors import EXIT_OK, AllocstackError, report
-from allocstack.handlers import baseline_output_bytes, check_baseline_payload
+from allocstack.handlers import check_baseline_tasks
 from allocstack.jsonio import atomic_write_json, check_sidecar, sha256_file
 from allocstack.runtimes import PROGRAMS
 from allocstack.taskset import load_expected, load_tasks_and_digest
@@ -51,11 +51,7 @@ def check_tasks(args) -> dict[str, Any]:
     tasks, tasks_sha256 = load_tasks_and_digest(str(args.tasks))
     output_bytes = None  # unknown: the user's program decides
     if args.handler == "baseline":
-        output_bytes = 0
-        for index, task_id in enumerate(tasks.ids):
-            payload = tasks.payload(index)
-            check_baseline_payload(payload, f"tasks {args.tasks}: task {index + 1} ({task_id})")
-            output_bytes += baseline_output_bytes(payload)
+        output_bytes = check_baseline_tasks(tasks, f"tasks {args.tasks}")
     if args.expected:
         load_expected(str(args.expected), tasks, mismatch_hint=mismatch_hint(args.tasks, args.expected))
     return {"taskCount": len(tasks), "inputSha256": tasks_sha256,

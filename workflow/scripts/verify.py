@@ -33,15 +33,18 @@ from allocstack.jsonio import (
     atomic_write_chunks,
     atomic_write_json,
     loads_bytes,
+    msgspec,
     read_bytes,
     read_json,
     results_document,
-    sha256_file,
+    results_document_fast,
+    sha256_bytes,
     sha256_text,
+    sha256_texts,
 )
 from allocstack.program import expand_argv, program_environment, run_check, service_problem
 from allocstack.scratch import remove_scratch
-from allocstack.taskset import ExpectedResult, TaskSet, load_expected, load_tasks_and_digest
+from allocstack.taskset import ExpectedResults, TaskSet, load_expected, load_tasks_and_digest
 
 _RESULT_KEYS = {"taskId", "workerId", "output", "sha256"}
 #: Results written to the success marker per chunk.
@@ -52,7 +55,51 @@ def fail(message: str) -> AllocstackError:
     return AllocstackError("verification", message)
 
 
-def check_results(document: Any, tasks: TaskSet, expected: dict[str, ExpectedResult] | None) -> list[dict[str, Any]]:
+if msgspec is not None:
+    class _Result(msgspec.Struct, forbid_unknown_fields=True, gc=False):
+        output: str
+        sha256: str
+        taskId: str
+        workerId: str
+
+    # Unknown keys refused too (check_results ignores those at the top: it decides), so every number
+    # in a document msgspec accepts is schemaVersion: none can read differently in the standard library.
+    class _ResultsDocument(msgspec.Struct, forbid_unknown_fields=True, gc=False):
+        schemaVersion: int
+        results: list[_Result]
+
+    _RESULTS_DOCUMENT = msgspec.json.Decoder(_ResultsDocument)
+
+
+def check_results_fast(raw: bytes, tasks: TaskSet, expected: ExpectedResults | None) -> list[Any] | None:
+    """The results sorted by task id (records with output, sha256, taskId, workerId), when msgspec reads
+    ``raw`` (results.json) and every check of :func:`check_results` passes; None to run those checks
+    one by one, which name the first problem.
+
+    The usual case, checked list against list: one result per task in the task order (ids that
+    ascend: so sorted), each output (and digest) the expected one, whose digest load_expected
+    checked, or without expected results each digest that of its output.
+    """
+    if msgspec is None or not tasks.ascending:
+        return None
+    try:
+        document = _RESULTS_DOCUMENT.decode(raw)
+    except msgspec.MsgspecError:
+        return None
+    results = document.results
+    if document.schemaVersion != SCHEMA_VERSION or [result.taskId for result in results] != tasks.ids:
+        return None
+    outputs = [result.output for result in results]
+    digests = [result.sha256 for result in results]
+    if expected is not None:
+        if outputs != expected.outputs or digests != expected.digests:
+            return None
+    elif sha256_texts(outputs) != digests:
+        return None
+    return results
+
+
+def check_results(document: Any, tasks: TaskSet, expected: ExpectedResults | None) -> list[dict[str, Any]]:
     """Return the results sorted by task id, or raise ``verification`` naming the first problem."""
     if not isinstance(document, dict) or document.get("schemaVersion") != SCHEMA_VERSION:
         raise fail("results document is not a schemaVersion 1 object")
@@ -72,9 +119,10 @@ def check_results(document: Any, tasks: TaskSet, expected: dict[str, ExpectedRes
         seen.add(task_id)
         if not isinstance(result["output"], str) or result["sha256"] != sha256_text(result["output"]):
             raise fail(f"result for {task_id}: sha256 is not the digest of its output")
-        want = expected[task_id] if expected is not None else None  # None: verify.command decides
-        if want is not None and (result["output"] != want.output or result["sha256"] != want.sha256):
-            raise fail(f"result for {task_id}: output differs from the expected output")
+        if expected is not None:  # None: verify.command decides
+            position = tasks.position(task_id)
+            if result["output"] != expected.outputs[position] or result["sha256"] != expected.digests[position]:
+                raise fail(f"result for {task_id}: output differs from the expected output")
     if len(seen) != len(tasks):
         missing = next(task_id for task_id in tasks.ids if task_id not in seen)
         raise fail(f"results do not cover each task exactly once: no result for {missing!r} "
@@ -82,27 +130,39 @@ def check_results(document: Any, tasks: TaskSet, expected: dict[str, ExpectedRes
     return sorted(results, key=lambda r: r["taskId"])
 
 
-def read_results(path: Path) -> Any:
-    """results.json, decoded (by msgspec where it reads the same: a million results in a second, not four).
+def decode_results(raw: bytes, path: Path) -> Any:
+    """results.json's bytes ``raw``, decoded (by msgspec where it reads the same).
 
-    :raises AllocstackError: ``verification`` when it is missing, unreadable or not JSON.
+    :raises AllocstackError: ``verification`` when they are not JSON (the standard library names the problem).
     """
-    raw = read_bytes(path, "results", diag="verification")
     try:
         return loads_bytes(raw)
     except (ValueError, RecursionError):
-        return read_json(path, "results", diag="verification")  # the standard library names the problem
+        return read_json(path, "results", diag="verification")
 
 
-def write_marker(path: Path, marker: dict[str, Any]) -> None:
-    """The success marker, its results written in chunks (the same text as :func:`atomic_write_json`'s)."""
-    if "results" not in marker:
+def write_marker(path: Path, marker: dict[str, Any], results: list[Any] | None = None) -> None:
+    """The success marker, its results written in one pass or in chunks (the same text as
+    :func:`atomic_write_json`'s).
+
+    :param results: the marker's results (default ``marker["results"]``, if it has results): dicts, or
+        records with their attributes (:func:`check_results_fast`).
+    """
+    if results is None:
+        results = marker.get("results")
+    if results is None:
         atomic_write_json(path, marker)
         return
-    results = marker["results"]
-    rows = ([(r["output"], r["sha256"], r["taskId"], r["workerId"]) for r in results[start:start + MARKER_CHUNK]]
-            for start in range(0, len(results), MARKER_CHUNK))
-    atomic_write_chunks(path, results_document({k: v for k, v in marker.items() if k != "results"}, rows))
+    fields = {key: value for key, value in marker.items() if key != "results"}
+    text = results_document_fast(fields, results)
+    if text is not None:
+        atomic_write_chunks(path, [text])
+        return
+    if msgspec is not None:
+        results = msgspec.to_builtins(results)  # records -> dicts
+    rows = [(r["output"], r["sha256"], r["taskId"], r["workerId"]) for r in results]
+    chunks = (rows[start:start + MARKER_CHUNK] for start in range(0, len(rows), MARKER_CHUNK))
+    atomic_write_chunks(path, results_document(fields, chunks))
 
 
 def user_check_environment(tasks_path: Path, results_path: Path, expected_path: Path | None) -> dict[str, str]:
@@ -166,31 +226,37 @@ def parse_args(argv: list[str] | None):
     return args
 
 
-def verify_tasks(args) -> dict[str, Any]:
-    """With the built-in coordinator: its results, checked task by task; the success marker's content."""
+def verify_tasks(args) -> tuple[dict[str, Any], list[Any]]:
+    """With the built-in coordinator: its results, checked task by task; the success marker's content
+    and its results (see :func:`write_marker`)."""
     tasks, input_sha256 = load_tasks_and_digest(str(args.input))
     expected = load_expected(str(args.expected), tasks) if args.expected else None
-    document = read_results(args.results)
-    results_sha256 = sha256_file(args.results)
+    raw = read_bytes(args.results, "results", diag="verification")
+    results_sha256 = sha256_bytes(raw)  # of exactly the bytes checked
     if args.end_record:  # first: "the coordinator did not complete" explains a short results file
         endrecord.check_completed(endrecord.read(args.end_record), len(tasks), input_sha256, results_sha256)
-    results = check_results(document, tasks, expected)
+    results = check_results_fast(raw, tasks, expected)
+    if results is None:
+        results = check_results(decode_results(raw, args.results), tasks, expected)
+    del raw
     if args.command_json:
         env = program_environment(user_check_environment(args.input, args.results, args.expected), {},
                                   args.environment_json, "verify")
         run_check(expand_argv(args.command_json, env, "verify"), env)
-    return {"taskCount": len(tasks), "inputSha256": input_sha256, "resultsSha256": results_sha256,
-            "results": results}
+    return {"taskCount": len(tasks), "inputSha256": input_sha256, "resultsSha256": results_sha256}, results
 
 
-def verify(args) -> dict[str, Any]:
-    """Every check, in order; the success marker's content.
+def verify(args) -> tuple[dict[str, Any], list[Any] | None]:
+    """Every check, in order; the success marker's content (and with the built-in coordinator its
+    results, see :func:`write_marker`).
 
     :raises AllocstackError: naming the first check that failed.
     """
     marker: dict[str, Any] = {"schemaVersion": SCHEMA_VERSION, "status": "success"}
+    results = None
     if args.input is not None:
-        marker.update(verify_tasks(args))
+        facts, results = verify_tasks(args)
+        marker.update(facts)
     if args.services_record:
         services = check_services(read_json(args.services_record, "services record", diag="service-exit"))
         if args.input is None:
@@ -203,7 +269,7 @@ def verify(args) -> dict[str, Any]:
         if not ok:
             raise fail(f"event log {args.events}: {reason}")
         print(f"verify: {reason}", flush=True)
-    return marker
+    return marker, results
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -211,8 +277,8 @@ def main(argv: list[str] | None = None) -> int:
     started = time.monotonic()
     args.output.unlink(missing_ok=True)
     try:
-        marker = verify(args)
-        write_marker(args.output, marker)
+        marker, results = verify(args)
+        write_marker(args.output, marker, results)
     except AllocstackError as error:
         args.output.unlink(missing_ok=True)
         code = report(error)

@@ -18,11 +18,16 @@ import json
 import os
 import tempfile
 from collections.abc import Callable
-from typing import Any
+from operator import mul
+from typing import TYPE_CHECKING, Any
 
 from . import names
 from .errors import AllocstackError
+from .jsonio import msgspec
 from .program import ProgramError, run_program
+
+if TYPE_CHECKING:
+    from .taskset import TaskSet
 
 MAX_MESSAGE_CHARS = 4096
 MAX_REPEAT = 10_000
@@ -51,6 +56,55 @@ def baseline(payload: dict[str, Any]) -> str:
 def baseline_output_bytes(payload: dict[str, Any]) -> int:
     """Bytes the baseline's output of ``payload`` takes in a JSON document (the disk space check)."""
     return (len(json.dumps(payload["message"])) - 2) * payload["repeat"]
+
+
+if msgspec is not None:
+    class _BaselinePayload(msgspec.Struct, forbid_unknown_fields=True, gc=False):
+        message: str
+        repeat: int
+
+    _BASELINE_PAYLOADS = msgspec.json.Decoder(list[_BaselinePayload])
+
+
+def _baseline_tasks_fast(tasks: TaskSet) -> int | None:
+    """What :func:`check_baseline_tasks` returns when msgspec reads every payload and all are valid; None to
+    check them one by one (which names the first problem)."""
+    if msgspec is None:
+        return None
+    try:
+        payloads = _BASELINE_PAYLOADS.decode(tasks.payloads_array())
+    except msgspec.MsgspecError:  # a key missing or unknown, a value of another type, ...
+        return None
+    messages = [payload.message for payload in payloads]
+    repeats = [payload.repeat for payload in payloads]
+    lengths = list(map(len, messages))
+    if not (min(lengths) >= 1 and max(lengths) <= MAX_MESSAGE_CHARS and min(repeats) >= 1
+            and max(repeats) <= MAX_REPEAT and max(map(mul, lengths, repeats)) <= MAX_OUTPUT_CHARS):
+        return None
+    text = "".join(messages)
+    if len(json.dumps(text)) - 2 == len(text):  # no message has a character JSON escapes: a character is a byte
+        return sum(map(mul, lengths, repeats))
+    return sum((len(json.dumps(message)) - 2) * repeat for message, repeat in zip(messages, repeats, strict=True))
+
+
+def check_baseline_tasks(tasks: TaskSet, what: str) -> int:
+    """Every task's payload is a valid baseline payload (:func:`check_baseline_payload`); returns the bytes
+    their outputs take in a JSON document (:func:`baseline_output_bytes`, summed).
+
+    All payloads are read at once by msgspec (a million in a second); if anything is off, one by
+    one, so the first problem is named as :func:`check_baseline_payload` names it.
+
+    :raises AllocstackError: ``input`` naming the first bad payload, its task's position and id.
+    """
+    fast = _baseline_tasks_fast(tasks)
+    if fast is not None:
+        return fast
+    total = 0
+    for index, task_id in enumerate(tasks.ids):
+        payload = tasks.payload(index)
+        check_baseline_payload(payload, f"{what}: task {index + 1} ({task_id})")
+        total += baseline_output_bytes(payload)
+    return total
 
 
 class TaskFailure(Exception):

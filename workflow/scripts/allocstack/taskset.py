@@ -27,7 +27,7 @@ from typing import Any
 
 from . import SCHEMA_VERSION
 from .errors import AllocstackError
-from .jsonio import loads_strict, msgspec, read_bytes, sha256_text
+from .jsonio import loads_strict, msgspec, read_bytes, sha256_text, sha256_texts
 
 TASK_ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 SHA256_PATTERN = re.compile(r"^[0-9a-f]{64}$")
@@ -114,6 +114,11 @@ class TaskSet:
 
     def task(self, index: int) -> dict[str, Any]:
         return {"id": self.ids[index], "payload": self.payload(index)}
+
+    def payloads_array(self) -> bytes:
+        """Every payload in task order as one JSON array (checked all at once, e.g. by input validation)."""
+        payloads, ends = self._payloads, self._offsets
+        return b"[" + b",".join([payloads[ends[i]:ends[i + 1]] for i in range(len(self.ids))]) + b"]"
 
 
 def ascending(ids: list[str]) -> bool:
@@ -331,28 +336,37 @@ def load_tasks_and_digest(path: str, what: str = "tasks") -> tuple[TaskSet, str]
 
 
 @dataclass(frozen=True, slots=True)
-class ExpectedResult:
-    output: str
-    sha256: str
+class ExpectedResults:
+    """The expected results in task order: each task's output and its SHA-256, as two lists
+    (``outputs[i]`` is task ``i``'s; no object per result: a million in two lists)."""
+
+    outputs: list[str]
+    digests: list[str]
+
+    def __len__(self) -> int:
+        return len(self.outputs)
 
 
-def _expected_fast(raw: bytes, tasks: TaskSet) -> dict[str, ExpectedResult] | None:
+def _expected_fast(raw: bytes, tasks: TaskSet) -> ExpectedResults | None:
     """The expected document when msgspec accepts all of it as valid; None to ask the standard library."""
     document = _fast_document(raw, _EXPECTED_DOCUMENT)
     if document is None or len(document.results) != len(tasks):
         return None
     entries = document.results
-    expected = {entry.taskId: ExpectedResult(entry.output, entry.sha256) for entry in entries}
-    if len(expected) != len(entries) or expected.keys() != set(tasks.ids):
-        return None  # ids are task ids (so valid ones), each once
-    for entry in entries:
-        if sha256_text(entry.output) != entry.sha256:  # a digest of an output is 64 lowercase hex digits
-            return None
-    return expected
+    if [entry.taskId for entry in entries] != tasks.ids:  # in task order (make_tasks.py's): each task once
+        by_id = {entry.taskId: entry for entry in entries}
+        if len(by_id) != len(entries) or by_id.keys() != set(tasks.ids):
+            return None  # ids are task ids (so valid ones), each once
+        entries = [by_id[task_id] for task_id in tasks.ids]
+    outputs = [entry.output for entry in entries]
+    digests = [entry.sha256 for entry in entries]
+    if sha256_texts(outputs) != digests:  # a digest of an output is 64 lowercase hex digits
+        return None
+    return ExpectedResults(outputs, digests)
 
 
 def parse_expected(document: Any, tasks: TaskSet, what: str = "expected",
-                   mismatch_hint: str = "") -> dict[str, ExpectedResult]:
+                   mismatch_hint: str = "") -> ExpectedResults:
     """Validate an expected-results document (decoded by the standard library) against ``tasks``.
 
     Each entry is ``{"taskId", "output", "sha256"}``; the digest must be the SHA-256
@@ -364,7 +378,7 @@ def parse_expected(document: Any, tasks: TaskSet, what: str = "expected",
     """
     items = _check_top(document, what, "results")
     task_ids = tasks
-    expected: dict[str, ExpectedResult] = {}
+    expected: dict[str, tuple[str, str]] = {}
     for index, entry in enumerate(items, start=1):
         where = f"{what}: result {index}"
         _need(isinstance(entry, dict), where, "must be a JSON object with taskId, output, sha256")
@@ -381,15 +395,16 @@ def parse_expected(document: Any, tasks: TaskSet, what: str = "expected",
             "sha256 must be 64 lowercase hex digits",
         )
         _need(digest == sha256_text(output), f"{where} ({task_id})", "sha256 is not the digest of output")
-        expected[task_id] = ExpectedResult(output, digest)
+        expected[task_id] = (output, digest)
     missing = [task_id for task_id in tasks.ids if task_id not in expected]
     _need(not missing, what, f"no expected result for task {missing[0]!r}{mismatch_hint}" if missing else "")
-    return expected
+    in_order = [expected[task_id] for task_id in tasks.ids]
+    return ExpectedResults([output for output, _ in in_order], [digest for _, digest in in_order])
 
 
 def load_expected(path: str, tasks: TaskSet, what: str = "expected",
-                  mismatch_hint: str = "") -> dict[str, ExpectedResult]:
-    """Read and validate an expected document from ``path``; results by task id."""
+                  mismatch_hint: str = "") -> ExpectedResults:
+    """Read and validate an expected document from ``path``; the results in task order."""
     raw = read_bytes(path, what)
     fast = _expected_fast(raw, tasks)
     if fast is not None:
