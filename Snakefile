@@ -20,7 +20,6 @@ include: "workflow/rules/workers.smk"
 include: "workflow/rules/check.smk"
 include: "workflow/rules/collect.smk"
 include: "workflow/rules/verify.smk"
-include: "workflow/rules/report.smk"
 
 
 rule all:

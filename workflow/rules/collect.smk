@@ -1,7 +1,7 @@
 # Stage 4: collection. After the stack ended: merge the event log from scratch,
-# record where every component ran and how each of your services ended (their
-# supervisors' end records: Snakemake never checks a service's exit status),
-# and remove the job-scoped scratch.
+# draw the run's timeline from it (shown by `snakemake --report`), record where every
+# component ran and how each of your services ended (their supervisors' end records:
+# Snakemake never checks a service's exit status), and remove the job-scoped scratch.
 
 
 rule collect_results:
@@ -17,6 +17,11 @@ rule collect_results:
         events="results/{run}/events.jsonl",
         provenance="results/{run}/provenance.json",
         services="results/{run}/services.json",
+        timeline=report(
+            "results/{run}/timeline.svg",
+            caption="../report/timeline.rst",
+            category="Timeline",
+        ),
     log:
         "logs/collect_results/{run}.log",
     group:
@@ -36,4 +41,5 @@ rule collect_results:
     shell:
         "{params.python} {input.script} --scratch-root={params.scratch:q} --run {wildcards.run} "
         "--inputs-summary {input.validated} --shared-dir {params.shared:q} --events-out {output.events} "
-        "--provenance-out {output.provenance} --services-out {output.services} {params.options} > {log} 2>&1"
+        "--provenance-out {output.provenance} --services-out {output.services} --timeline-out {output.timeline} "
+        "{params.options} > {log} 2>&1"

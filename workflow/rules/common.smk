@@ -815,13 +815,20 @@ def verify_options(wildcards, input):
     return options(pairs)
 
 
+#: Seconds the "Waiting at most ..." message of a service's consumer waits for its service file.
+SERVICE_FILE_WAIT = 0.5
+
+
 # The terminal during and after a run.
 class TerminalFilter(logging.Filter):
     """What Snakemake prints on the terminal, made readable for the person watching.
 
     * "Waiting at most N seconds for missing files: results/<run>/coordinator.service" is
-      normal: the consumers of a service start with it and wait (Snakemake polls once a
-      second) until its process is up. Dropped when every missing file is a service file.
+      normal: the consumers of a service start with it and wait until its process is up.
+      Dropped when every missing file is a service file. Snakemake checks again right after
+      this message and then once a second; the service's shell creates its file first thing,
+      within milliseconds, so the message waits for the files up to SERVICE_FILE_WAIT seconds
+      (the consumers then start at once instead of a second later, which was most runs).
     * The coordinator draws a live progress line on a terminal (it ends in no newline):
       Snakemake's next message erases it first instead of being glued to its end; the
       coordinator redraws it below within half a second.
@@ -831,10 +838,18 @@ class TerminalFilter(logging.Filter):
 
     def filter(self, record):
         message = record.getMessage()
+        services = [
+            line.removesuffix(" (missing locally)") for line in message.splitlines()[1:]
+        ]
         if message.startswith("Waiting at most") and all(
-            line.startswith("results/") and line.endswith(".service (missing locally)")
-            for line in message.splitlines()[1:]
+            path.startswith("results/") and path.endswith(".service")
+            for path in services
         ):
+            deadline = time.monotonic() + SERVICE_FILE_WAIT
+            while time.monotonic() < deadline and not all(
+                os.path.exists(path) for path in services
+            ):
+                time.sleep(0.002)
             return False
         if self.clear_line and record.levelno >= logging.INFO:
             sys.stderr.write("\r\033[K")

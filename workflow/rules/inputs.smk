@@ -1,5 +1,8 @@
-# Stage 0: validate the inputs (and the image's digest) before anything starts.
-# A local rule: it runs where Snakemake runs (the login node), in seconds.
+# Stage 0: validate the inputs (and the image's digest) before anything starts, then
+# write the decision record (config `decisions`, the seed's "Adapt it" exercise, shown by
+# `snakemake --report`; its owners are on one line in --dry-run): bad inputs write nothing,
+# not even the record. A local rule: it runs where Snakemake runs (the login node), in
+# seconds; one job, one interpreter, done before the stack's components start.
 
 
 rule validate_inputs:
@@ -8,7 +11,12 @@ rule validate_inputs:
         expected=expected_input,
         script=script("validate_inputs.py"),
     output:
-        "results/{run}/inputs.json",
+        summary="results/{run}/inputs.json",
+        decisions=report(
+            "results/{run}/decision-record.md",
+            caption="../report/decision-record.rst",
+            category="Decision record",
+        ),
     log:
         "logs/validate_inputs/{run}.log",
     localrule: True
@@ -29,7 +37,12 @@ rule validate_inputs:
             else ("command" if config["worker"]["command"] else "baseline")
         ),
         tasks=tasks_option,
+        decisions=json.dumps(config["decisions"]),
+        facts=decision_facts,
+    message:
+        f"validate_inputs: the inputs, then the decision record ({decision_summary()})"
     shell:
         "{params.python} {input.script} {params.tasks} {params.expected} "
         "--workers {params.workers} --handler {params.handler} {params.image} "
-        "--output {output} > {log} 2>&1"
+        "--output {output.summary} --run {wildcards.run} --decisions-json {params.decisions:q} "
+        "--facts-json {params.facts:q} --decision-record {output.decisions} > {log} 2>&1"

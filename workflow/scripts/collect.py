@@ -4,8 +4,8 @@
 Runs after the coordinator and every worker ended. Reads the job-scoped event log
 (``SCRATCH/events.jsonl``) and, with more than one node, the logs of the components
 off the first node (``<state_dir>/<run>/events/*.jsonl``, removed once merged),
-writes them sorted by time to the results directory,
-writes ``provenance.json`` (where each component ran: host, Python, OS release
+writes them sorted by time to the results directory, draws them as the run's
+timeline (``--timeline-out``, plot_timeline.py), writes ``provenance.json`` (where each component ran: host, Python, OS release
 as seen by the component, Slurm job/step, container; the Slurm version, the
 container runtime and its version; input and image digests), then removes the
 run's scratch directory.
@@ -20,6 +20,8 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
+
+from plot_timeline import render as render_timeline
 
 from allocstack import SCHEMA_VERSION, names, slurm
 from allocstack.cli import ArgumentParser, positive_float, run, tool_version
@@ -82,6 +84,7 @@ def parse_args(argv: list[str] | None):
     parser.add_argument("--inputs-summary", type=Path, required=True, help="validate_inputs summary (digests)")
     parser.add_argument("--events-out", type=Path, required=True, help="merged event log to write")
     parser.add_argument("--provenance-out", type=Path, required=True, help="provenance record to write")
+    parser.add_argument("--timeline-out", type=Path, help="the run's timeline to draw (SVG)")
     parser.add_argument("--service", action="append", default=[], help="one of your services (repeatable)")
     parser.add_argument("--services-out", type=Path, help="how each of your services ended (services.json)")
     parser.add_argument("--stop-timeout", type=positive_float, default=30.0,
@@ -109,6 +112,8 @@ def main(argv: list[str] | None = None) -> int:
         if not events:
             raise AllocstackError("prerequisite", f"no events in {logs[0]}: did the stack run?")
         atomic_write_text(args.events_out, "".join(json.dumps(e, sort_keys=True) + "\n" for e in events), 0o644)
+        if args.timeline_out:
+            atomic_write_text(args.timeline_out, render_timeline(events), 0o644)
         summary = read_json(args.inputs_summary, "inputs summary", diag="prerequisite")
         job = os.environ.get("SLURM_JOB_ID")
         with ThreadPoolExecutor(max_workers=3) as pool:  # three client programs at once: this runs in the job

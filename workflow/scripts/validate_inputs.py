@@ -4,21 +4,25 @@
 Checks the task document (schema, ids, payload bounds), the baseline payloads,
 the expected document (coverage, digests), and, when an image is used, that the
 runtime can run it and the image's SHA-256 sidecar (a file's digest, or a directory
-image's tree digest). Exit 0 and a summary, or one line and a non-zero exit.
+image's tree digest). Exit 0, a summary and (``--decision-record``) the run's decision
+record (render_decisions.py), or one line, a non-zero exit and neither.
 """
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 from typing import Any
+
+from render_decisions import render as render_decisions
 
 from allocstack import SCHEMA_VERSION
 from allocstack.cli import ArgumentParser, positive_int, run
 from allocstack.containers import check_image_format
 from allocstack.errors import EXIT_OK, AllocstackError, report
 from allocstack.handlers import check_baseline_tasks
-from allocstack.jsonio import atomic_write_json, check_sidecar, sha256_file
+from allocstack.jsonio import atomic_write_json, atomic_write_text, check_sidecar, sha256_file
 from allocstack.runtimes import PROGRAMS
 from allocstack.taskset import load_expected, load_tasks_and_digest
 
@@ -41,7 +45,14 @@ def parse_args(argv: list[str] | None):
     parser.add_argument("--image", type=Path, help="container image whose .sha256 sidecar must match")
     parser.add_argument("--runtime", choices=sorted(PROGRAMS), default="apptainer", help="container runtime of --image")
     parser.add_argument("--output", required=True, type=Path, help="where to write the summary")
-    return parser.parse_args(argv)
+    parser.add_argument("--decision-record", type=Path, help="then write the run's decision record here (Markdown)")
+    parser.add_argument("--run", default="", help="run name, in the decision record's title")
+    parser.add_argument("--decisions-json", type=json.loads, default={}, help="config `decisions` as JSON")
+    parser.add_argument("--facts-json", type=json.loads, default={}, help="run facts to list under its table")
+    args = parser.parse_args(argv)
+    if args.decision_record and not args.decisions_json:
+        parser.error("--decision-record needs --decisions-json")
+    return args
 
 
 def check_tasks(args) -> dict[str, Any]:
@@ -68,6 +79,9 @@ def main(argv: list[str] | None = None) -> int:
             summary["image"], summary["runtime"] = str(args.image), args.runtime
             summary["imageSha256"] = check_sidecar(args.image, "image")
         atomic_write_json(args.output, summary, 0o644)
+        if args.decision_record:
+            atomic_write_text(args.decision_record, render_decisions(args.run, args.decisions_json, args.facts_json),
+                              0o644)
     except AllocstackError as error:
         return report(error)
     if args.tasks is None:
