@@ -44,7 +44,7 @@ from allocstack.jsonio import (
 )
 from allocstack.program import expand_argv, program_environment, run_check, service_problem
 from allocstack.scratch import remove_scratch
-from allocstack.taskset import ExpectedResults, TaskSet, load_expected, load_tasks_and_digest
+from allocstack.taskset import RESULTS_DOCUMENT, ExpectedResults, TaskSet, load_expected, load_tasks_and_digest
 
 _RESULT_KEYS = {"taskId", "workerId", "output", "sha256"}
 #: Results written to the success marker per chunk.
@@ -53,22 +53,6 @@ MARKER_CHUNK = 4096
 
 def fail(message: str) -> AllocstackError:
     return AllocstackError("verification", message)
-
-
-if msgspec is not None:
-    class _Result(msgspec.Struct, forbid_unknown_fields=True, gc=False):
-        output: str
-        sha256: str
-        taskId: str
-        workerId: str
-
-    # Unknown keys refused too (check_results ignores those at the top: it decides), so every number
-    # in a document msgspec accepts is schemaVersion: none can read differently in the standard library.
-    class _ResultsDocument(msgspec.Struct, forbid_unknown_fields=True, gc=False):
-        schemaVersion: int
-        results: list[_Result]
-
-    _RESULTS_DOCUMENT = msgspec.json.Decoder(_ResultsDocument)
 
 
 def check_results_fast(raw: bytes, tasks: TaskSet, expected: ExpectedResults | None) -> list[Any] | None:
@@ -83,7 +67,7 @@ def check_results_fast(raw: bytes, tasks: TaskSet, expected: ExpectedResults | N
     if msgspec is None or not tasks.ascending:
         return None
     try:
-        document = _RESULTS_DOCUMENT.decode(raw)
+        document = RESULTS_DOCUMENT.decode(raw)
     except msgspec.MsgspecError:
         return None
     results = document.results

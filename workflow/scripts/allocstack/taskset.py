@@ -1,4 +1,4 @@
-"""The task document (``inputs/tasks.json``) and the expected document.
+"""The task document (``inputs/tasks.json``) and the expected document (and the records of results.json).
 
 Both are inert JSON: they are parsed and checked here, never evaluated by a shell.
 Every check is linear in the number of tasks and reports the FIRST problem with
@@ -239,11 +239,25 @@ if msgspec is not None:
         schemaVersion: int
         results: list[_Expected]
 
+    class _Result(_Expected):
+        """A result of results.json (the coordinator's): an expected result and the worker that made it."""
+
+        workerId: str
+
+    # Unknown keys refused at the top too (verification ignores them: its one-by-one checks decide),
+    # so every number in a document msgspec accepts is schemaVersion: none reads differently in the
+    # standard library.
+    class _ResultsDocument(msgspec.Struct, forbid_unknown_fields=True, gc=False):
+        schemaVersion: int
+        results: list[_Result]
+
     _TASK_DOCUMENT = msgspec.json.Decoder(_TaskDocument)
     _TASK = msgspec.json.Decoder(_Task)
     _EXPECTED_DOCUMENT = msgspec.json.Decoder(_ExpectedDocument)
+    #: results.json as records with output, sha256, taskId, workerId (verify.py)
+    RESULTS_DOCUMENT = msgspec.json.Decoder(_ResultsDocument)
 else:
-    _TASK_DOCUMENT = _TASK = _EXPECTED_DOCUMENT = None
+    _TASK_DOCUMENT = _TASK = _EXPECTED_DOCUMENT = RESULTS_DOCUMENT = None
 
 
 def _fast_document(raw: bytes, decoder: Any) -> Any:
