@@ -126,3 +126,20 @@ def test_good_inputs_summary(tmp_path):
     done, summary = validate(tmp_path, GOOD_TASKS, GOOD_EXPECTED)
     assert done.returncode == 0, done.stderr
     assert json.loads(summary.read_text())["taskCount"] == 3
+
+
+def test_the_decision_record_is_written_only_after_the_inputs_passed(tmp_path):
+    decisions = json.dumps({key: {"owner": "launch script", "how": f"how {key}"} for key in
+                            ("allocation", "startup_order", "runtime_state", "service_access", "accelerators")})
+    record = tmp_path / "decision-record.md"
+    extra = ("--decision-record", record, "--run", "r1", "--decisions-json", decisions, "--facts-json", '{"nodes": 1}')
+    bad = make_tasks(3)
+    bad["tasks"][1]["payload"]["repeat"] = 0
+    done, summary = validate(tmp_path, bad, expected_for(make_tasks(3)), *extra)
+    assert_refused(done, summary, "payload.repeat")
+    assert not record.exists()  # bad inputs write nothing, not even the record
+    tasks = make_tasks(3)
+    done, summary = validate(tmp_path, tasks, expected_for(tasks), *extra)
+    assert done.returncode == 0, done.stderr
+    text = record.read_text()
+    assert text.startswith("# Decision record: run `r1`") and "how runtime_state" in text and "- nodes: `1`" in text

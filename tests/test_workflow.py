@@ -60,6 +60,8 @@ def test_baseline_end_to_end_rerun_and_forcerun(project):
     for rule in ("serve_coordinator", "await_readiness", "collect_results", "verify_results", "validate_inputs"):
         assert (project / "logs" / rule / "baseline.log").stat().st_size > 0
     assert (project / "logs/run_worker/baseline/worker-02.log").exists()
+    # outside Slurm and without an image verification is a plain process: no launch.py supervisor line
+    assert (project / "logs/verify_results/baseline.log").read_text().startswith("verify: ")
 
     again = snakemake(project, "--cores", "4")
     assert again.returncode == 0 and "Nothing to be done" in again.stdout + again.stderr
