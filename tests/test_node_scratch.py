@@ -158,7 +158,8 @@ def test_a_lock_held_elsewhere_is_waited_for(tmp_path):
 @pytest.mark.parametrize("runtime", ["apptainer", "charliecloud"])
 def test_a_step_off_the_first_node_runs_the_wrapper_first_and_as_its_task_epilog(tmp_path, monkeypatch, runtime):
     image = tmp_path / "image"
-    for top in ("tmp", "work"):
+    # the image has the top-level directories the run's paths live under, wherever the checkout is
+    for top in {Path(path).resolve().parts[1] for path in (Path.cwd(), SCRIPTS, tmp_path)}:
         (image / top).mkdir(parents=True)
     scratch = tmp_path / "allocstack-0" / "run"
     monkeypatch.setattr(launch, "node_for", lambda index, here, job: f"mn{index + 1}")

@@ -143,7 +143,8 @@ sys.exit(run(main))
 
 
 def test_a_second_ctrl_c_during_the_cleanup_of_the_first_prints_no_traceback():
+    # Ctrl-C as in a terminal: a run started in the background by a shell (`cmd &`) inherits SIGINT ignored
     done = subprocess.run([sys.executable, "-c", TWICE, str(SCRIPTS)], capture_output=True, text=True, timeout=30,
-                          check=False)
+                          check=False, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     assert done.returncode == 130
     assert "Traceback" not in done.stderr and done.stderr.strip().endswith("interrupted (SIGINT)"), done.stderr

@@ -208,6 +208,8 @@ def tool_version(argv: list[str], env: Mapping[str, str] | None = None) -> str |
         return None
     text = (done.stdout or done.stderr).strip().splitlines()
     return text[0] if text else None
+
+
 def add_network_options(parser: argparse.ArgumentParser) -> None:
     """The options of a service of the first node that also listens for the other nodes (config ``nodes`` > 1)."""
     parser.add_argument("--network-endpoint-file", type=Path,
