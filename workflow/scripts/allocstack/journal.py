@@ -140,11 +140,10 @@ class Journal:
         self._flushing = False
         self._flusher: asyncio.Task[None] | None = None  # held: the loop keeps only weak references to tasks
         self._gathering: asyncio.Future[None] | None = None  # set while a flush waits for more appends
-        #: The thread that writes and syncs (started at the first flush) and what it is handed: (data, the
-        #: loop, the future it settles); None stops it.
+        #: The thread that writes and syncs (started at the first flush) and what it is handed (see
+        #: :func:`_sync_forever`); None stops it.
         self._syncer: threading.Thread | None = None
-        self._to_sync: queue.SimpleQueue[tuple[bytes, asyncio.AbstractEventLoop, asyncio.Future[None]] | None] = (
-            queue.SimpleQueue())
+        self._to_sync: queue.SimpleQueue[_SyncItem | None] = queue.SimpleQueue()
         self.fsyncs = 0
         self.records = 0
 
@@ -226,26 +225,16 @@ class Journal:
     def _sync(self, loop: asyncio.AbstractEventLoop, data: bytes) -> asyncio.Future[None]:
         """:meth:`_write_and_sync` ``data`` on the journal's own thread; the future settles when it is done.
 
-        One queue and one wake-up of the loop per flush: ``run_in_executor`` costs three times the CPU
-        (a ``concurrent.futures`` future, its condition and callbacks), once per flush, at batch 1 per result.
+        One queue put and one wake-up of the loop per flush: ``run_in_executor`` costs twice the CPU
+        (a ``concurrent.futures`` future, its condition and callbacks), once per flush: at batch 1, per result.
         """
         if self._syncer is None:
-            self._syncer = threading.Thread(target=self._sync_loop, name="journal-sync", daemon=True)
+            self._syncer = threading.Thread(target=_sync_forever, args=(self._to_sync,), name="journal-sync",
+                                            daemon=True)
             self._syncer.start()
         done: asyncio.Future[None] = loop.create_future()
-        self._to_sync.put((data, loop, done))
+        self._to_sync.put((self._write_and_sync, data, loop, done))
         return done
-
-    def _sync_loop(self) -> None:
-        """The journal thread: write and sync what it is handed, settle its future on the loop."""
-        while (item := self._to_sync.get()) is not None:
-            data, loop, done = item
-            try:
-                self._write_and_sync(data)
-            except Exception as exc:  # noqa: BLE001  (an OSError, or a bug: either way the flush must hear of it)
-                loop.call_soon_threadsafe(_settle, done, exc)
-            else:
-                loop.call_soon_threadsafe(_settle, done, None)
 
     def _write_and_sync(self, data: bytes) -> None:
         """Write and fsync ``data``; on failure cut the file back to its last whole line and re-raise."""
@@ -280,6 +269,26 @@ class Journal:
             self._syncer.join()
             self._syncer = None
         os.close(self._fd)
+
+
+_SyncItem = tuple[Callable[[bytes], None], bytes, asyncio.AbstractEventLoop, "asyncio.Future[None]"]
+
+
+def _sync_forever(items: queue.SimpleQueue[_SyncItem | None]) -> None:
+    """A journal's thread: run each ``(write_and_sync, data, loop, future)`` it is handed and settle the future on
+    its loop, until None. It holds no journal between items (an unclosed journal can still be collected)."""
+    while (item := items.get()) is not None:
+        write_and_sync, data, loop, done = item
+        error: Exception | None = None
+        try:
+            write_and_sync(data)
+        except Exception as exc:  # noqa: BLE001  (an OSError, or a bug: either way the flush must hear of it)
+            error = exc
+        del item, write_and_sync, data
+        try:
+            loop.call_soon_threadsafe(_settle, done, error)
+        except RuntimeError:  # the loop was closed meanwhile: nobody waits for this flush any more
+            pass
 
 
 def _settle(future: asyncio.Future[None], error: BaseException | None) -> None:
