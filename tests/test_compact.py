@@ -9,6 +9,7 @@ import copy
 import hashlib
 import json
 import os
+import threading
 
 import pytest
 from test_inputs import TASK_CASES
@@ -188,6 +189,31 @@ def test_group_commit_never_acknowledges_before_fsync(tmp_path, monkeypatch):
     asyncio.run(run())
     results, _ = replay(path, "abc")
     assert len(results) == 60
+
+
+def test_the_journal_thread_serves_each_loop_reports_a_failed_write_and_stops_on_close(tmp_path):
+    """Writes and fsyncs run on the journal's own thread: appends from two event loops in turn are
+    durable, a write that fails reaches the appender as the journal's error, and close() ends the thread."""
+    path = tmp_path / "journal.jsonl"
+    fail = {"now": False}
+
+    def write(fd, data):
+        if fail["now"]:
+            raise OSError(28, "No space left on device")
+        return os.write(fd, data)
+
+    journal = Journal(path, "abc", write=write)
+    for name in ("a", "b"):  # a new loop each time (asyncio.run): the thread answers on the loop that asked
+        asyncio.run(journal.append_lines([result_line(f"{name}-0", name, "x", "0" * 64)]))
+    thread = journal._syncer
+    assert thread is not None and thread.is_alive() and thread is not threading.current_thread()
+    fail["now"] = True
+    with pytest.raises(AllocstackError) as failed:
+        asyncio.run(journal.append_lines([result_line("c-0", "c", "x", "0" * 64)]))
+    assert failed.value.diag == "storage"
+    journal.close()
+    assert not thread.is_alive()
+    assert [r["taskId"] for r in replay(path, "abc")[0]] == ["a-0", "b-0"]
 
 
 def test_the_window_gathers_a_late_submitter_and_is_bounded(tmp_path, monkeypatch):

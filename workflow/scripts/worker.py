@@ -30,6 +30,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from operator import itemgetter
 from pathlib import Path
 from typing import Any
 
@@ -53,7 +54,7 @@ from allocstack.errors import EXIT_OK, EXIT_TEMPFAIL, AllocstackError, report
 from allocstack.events import append_event, ensure_log_dir
 from allocstack.handlers import TaskFailure, baseline, command_handler
 from allocstack.httpclient import ConnectFailed, TimedOut, TransportError
-from allocstack.jsonio import atomic_write_json, sha256_text
+from allocstack.jsonio import atomic_write_json, sha256_texts
 from allocstack.lifeline import watch_launcher
 from allocstack.program import await_gates, expand_argv, program_environment
 from allocstack.tunnel import remote_services_environment
@@ -72,8 +73,10 @@ class Tally:
     batch_started: float = 0.0
 
 
-def make_result(task: dict[str, Any], output: str) -> dict[str, Any]:
-    return {"taskId": task["id"], "output": output, "sha256": sha256_text(output)}
+def make_results(done: list[tuple[str, str]]) -> list[dict[str, Any]]:
+    """The results of ``done`` (task id, output) as the coordinator takes them, digests computed in one pass."""
+    return [{"taskId": task_id, "output": output, "sha256": digest}
+            for (task_id, output), digest in zip(done, sha256_texts([output for _, output in done]), strict=True)]
 
 
 def simulated(handler: Handler, seconds: float) -> Handler:
@@ -145,6 +148,8 @@ MAX_POST_BYTES = 8 << 20
 def post_large(client: CoordinatorClient, worker: str, results: list[dict[str, Any]], tally: Tally,
                log: Callable[[str], None]) -> list[dict[str, Any]]:
     """Post all but the last ~MAX_POST_BYTES of ``results`` now; return what is left to ride on the next claim."""
+    if sum(map(len, map(itemgetter("output"), results))) <= MAX_POST_BYTES:
+        return results  # the usual batch: it all rides on the next claim
     chunk: list[dict[str, Any]] = []
     size = 0
     for result in results:
@@ -212,25 +217,29 @@ def work(client: CoordinatorClient, worker: str, handler: Handler, batch: int, w
             tasks = reply["tasks"]
             ids = [t["id"] for t in tasks]
             tally.current, tally.batch_started = ids, time.monotonic()
-            flushed = time.monotonic()
+            done: list[tuple[str, str]] = []  # (task id, output): digests and records once per post
+            flushed = last = time.monotonic()
             for position, task in enumerate(tasks, start=1):
-                began = time.monotonic()
                 try:
-                    output = handler(task["id"], task["payload"])
+                    done.append((task["id"], handler(task["id"], task["payload"])))
                 except Exception as exc:  # noqa: BLE001  (a handler may raise anything: that task's failure, not ours)
                     reason = str(exc) if isinstance(exc, TaskFailure) else f"{type(exc).__name__}: {exc}"
+                    now = time.monotonic()
+                    busy, ran = busy + now - last, ran + 1
                     report_failure(client, worker, task["id"], reason, tally, log)
+                    last = time.monotonic()
                     continue
-                finally:
-                    busy, ran = busy + time.monotonic() - began, ran + 1
-                results.append(make_result(task, output))
-                if position < len(tasks) and time.monotonic() - flushed > FLUSH_SECONDS:
+                now = time.monotonic()
+                busy, ran = busy + now - last, ran + 1
+                last = now
+                if position < len(tasks) and now - flushed > FLUSH_SECONDS:
                     try:  # a slow batch: acknowledge what is done now (the last result rides on the next claim)
-                        count(client.post_results(worker, results), tally, log)
-                        results, tally.current = [], ids[position:]
+                        count(client.post_results(worker, make_results(done)), tally, log)
+                        done, tally.current = [], ids[position:]
                     except TransportError as exc:
                         log(f"could not post results mid-batch ({type(exc).__name__}); they go with the next claim")
-                    flushed = time.monotonic()
+                    flushed = last = time.monotonic()
+            results = make_results(done)
             tally.current = []
         elif status == "wait":
             now = time.monotonic()

@@ -20,6 +20,8 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import queue
+import threading
 import time
 from collections.abc import Callable
 from json.encoder import encode_basestring_ascii
@@ -49,13 +51,19 @@ def result_line(task_id: str, worker: str, output: str, sha256: str) -> bytes:
 
 
 def result_lines(task_ids: list[str], worker: str, escaped: list[str], sha256: list[str]) -> bytes:
-    """The journal lines of a batch of results by one worker, one string operation per result: the bytes of
-    :func:`result_line` for each (tested).
+    """The journal lines of a batch of results by one worker: the bytes of :func:`result_line` for each (tested),
+    in one join over the batch (the constant pieces between the values repeat).
 
     :param escaped: the outputs as JSON text (``encode_basestring_ascii``).
+    :raises ValueError: when the three lists differ in length.
     """
-    template = '{"kind":"result","output":%s,"sha256":"%s","taskId":"%s","workerId":"' + worker + '"}\n'
-    return "".join(map(template.__mod__, zip(escaped, sha256, task_ids, strict=True))).encode("ascii")
+    count = len(task_ids)
+    if len(escaped) != count or len(sha256) != count:
+        raise ValueError(f"{count} task ids, {len(escaped)} outputs, {len(sha256)} digests")
+    parts = ['{"kind":"result","output":', "", ',"sha256":"', "", '","taskId":"', "",
+             '","workerId":"' + worker + '"}\n'] * count
+    parts[1::7], parts[3::7], parts[5::7] = escaped, sha256, task_ids
+    return "".join(parts).encode("ascii")
 
 
 def replay(path: Path, input_sha256: str) -> tuple[list[dict[str, Any]], str]:
@@ -132,6 +140,10 @@ class Journal:
         self._flushing = False
         self._flusher: asyncio.Task[None] | None = None  # held: the loop keeps only weak references to tasks
         self._gathering: asyncio.Future[None] | None = None  # set while a flush waits for more appends
+        #: The thread that writes and syncs (started at the first flush) and what it is handed (see
+        #: :func:`_sync_forever`); None stops it.
+        self._syncer: threading.Thread | None = None
+        self._to_sync: queue.SimpleQueue[_SyncItem | None] = queue.SimpleQueue()
         self.fsyncs = 0
         self.records = 0
 
@@ -191,7 +203,7 @@ class Journal:
                     if self.failed is not None:
                         raise self.failed
                     started = time.monotonic()
-                    await loop.run_in_executor(None, self._write_and_sync, data)
+                    await self._sync(loop, data)
                     self._last_sync = time.monotonic() - started
                 except OSError as exc:
                     self.failed = write_error("journal", self.path, exc)
@@ -209,6 +221,20 @@ class Journal:
                         waiter.set_result(None)
         finally:
             self._flushing = False
+
+    def _sync(self, loop: asyncio.AbstractEventLoop, data: bytes) -> asyncio.Future[None]:
+        """:meth:`_write_and_sync` ``data`` on the journal's own thread; the future settles when it is done.
+
+        One queue put and one wake-up of the loop per flush: ``run_in_executor`` costs twice the CPU
+        (a ``concurrent.futures`` future, its condition and callbacks), once per flush: at batch 1, per result.
+        """
+        if self._syncer is None:
+            self._syncer = threading.Thread(target=_sync_forever, args=(self._to_sync,), name="journal-sync",
+                                            daemon=True)
+            self._syncer.start()
+        done: asyncio.Future[None] = loop.create_future()
+        self._to_sync.put((self._write_and_sync, data, loop, done))
+        return done
 
     def _write_and_sync(self, data: bytes) -> None:
         """Write and fsync ``data``; on failure cut the file back to its last whole line and re-raise."""
@@ -238,4 +264,38 @@ class Journal:
             await asyncio.sleep(0.005)
 
     def close(self) -> None:
+        if self._syncer is not None:
+            self._to_sync.put(None)
+            self._syncer.join()
+            self._syncer = None
         os.close(self._fd)
+
+
+_SyncItem = tuple[Callable[[bytes], None], bytes, asyncio.AbstractEventLoop, "asyncio.Future[None]"]
+
+
+def _sync_forever(items: queue.SimpleQueue[_SyncItem | None]) -> None:
+    """A journal's thread: run each ``(write_and_sync, data, loop, future)`` it is handed and settle the future on
+    its loop, until None. It holds no journal between items (an unclosed journal can still be collected)."""
+    while (item := items.get()) is not None:
+        write_and_sync, data, loop, done = item
+        error: Exception | None = None
+        try:
+            write_and_sync(data)
+        except Exception as exc:  # noqa: BLE001  (an OSError, or a bug: either way the flush must hear of it)
+            error = exc
+        del item, write_and_sync, data
+        try:
+            loop.call_soon_threadsafe(_settle, done, error)
+        except RuntimeError:  # the loop was closed meanwhile: nobody waits for this flush any more
+            pass
+
+
+def _settle(future: asyncio.Future[None], error: BaseException | None) -> None:
+    """Give ``future`` its outcome (on the loop's thread), unless it was cancelled meanwhile."""
+    if future.done():
+        return
+    if error is None:
+        future.set_result(None)
+    else:
+        future.set_exception(error)

@@ -52,7 +52,7 @@ MAX_OUTPUT_CHARS = 16 << 20
 ALLOCATION_ENDING = "less than one lease remains before the allocation ends"
 #: results.json entries encoded per chunk (see :meth:`TaskBoard.result_rows`).
 RESULTS_CHUNK = 4096
-_DONE_BYTE, _LEASED_BYTE = bytes([DONE]), bytes([LEASED])
+_DONE_BYTE, _LEASED_BYTE, _ONE = bytes([DONE]), bytes([LEASED]), b"\x01"
 #: :data:`RESULT_ENTRY` around its four values, for a digest and a task id given bare (neither has a
 #: character JSON escapes); and what separates two entries.
 _ENTRY = RESULT_ENTRY.replace(b'"sha256": %s', b'"sha256": "%s"').replace(b'"taskId": %s', b'"taskId": "%s"').split(b"%s")
@@ -159,8 +159,8 @@ class TaskBoard:
     attempts: dict[int, int] = field(default_factory=dict)
     failures: dict[str, str] = field(default_factory=dict)
     workers: dict[str, WorkerStats] = field(default_factory=dict)
-    #: Tasks whose result is being written to the journal (staged, not yet committed).
-    committing: set[int] = field(default_factory=set)
+    #: 1 for each task whose result is being written to the journal (staged, not yet committed).
+    committing: bytearray = field(init=False)
     expired_leases: int = 0
     restored: int = 0
     #: Results by position: the output as JSON text (``encode_basestring_ascii``: ASCII, quoted, in one
@@ -179,6 +179,7 @@ class TaskBoard:
         count = len(self.tasks)
         self.state = bytearray(count)
         self.granted = bytearray(count)
+        self.committing = bytearray(count)
         self.output_at = array("Q", bytes(8 * count))
         self.output_size = array("I", bytes(4 * count))
         self.digests = bytearray(32 * count)
@@ -376,7 +377,7 @@ class TaskBoard:
             return []
         self.cursor = end
         state[start:end] = _LEASED_BYTE * wanted
-        self.granted[start:end] = b"\x01" * wanted
+        self.granted[start:end] = _ONE * wanted
         run = range(start, end)
         self.leases.update(dict.fromkeys(run, lease))
         return run
@@ -413,7 +414,7 @@ class TaskBoard:
             return Verdict(task_id, 400, "sha256 must be 64 lowercase hex digits"), -1
         if position is None:
             return Verdict(task_id, 409, "unknown task"), -1
-        if self.state[position] == DONE or position in self.committing:
+        if self.state[position] == DONE or self.committing[position]:
             return Verdict(task_id, 409, "duplicate: the task already has a result"), -1
         if not self.granted[position]:
             return Verdict(task_id, 409, "unclaimed: the task was never handed out"), -1
@@ -436,7 +437,7 @@ class TaskBoard:
                 stats.rejected += 1
                 rejected.append({"taskId": verdict.task_id, "code": verdict.code, "reason": verdict.reason})
                 continue
-            committing.add(position)
+            committing[position] = 1
             staged.append(Staged(position, result["taskId"], worker, result["output"], result["sha256"]))
         return staged, rejected
 
@@ -454,7 +455,7 @@ class TaskBoard:
         end = start + count
         if (self.state.find(DONE, start, end) >= 0 or self.granted.find(0, start, end) >= 0
                 or max(map(len, outputs)) > MAX_OUTPUT_CHARS
-                or (self.committing and not self.committing.isdisjoint(range(start, end)))):
+                or self.committing.find(1, start, end) >= 0):
             return None
         try:
             encoded = list(map(str.encode, outputs))
@@ -463,16 +464,15 @@ class TaskBoard:
         if list(map(_hexdigest, map(hashlib.sha256, encoded))) != sha256:
             return None
         self._seen(worker, now)
-        self.committing.update(range(start, end))
+        self.committing[start:end] = _ONE * count
         return StagedRun(start, task_ids, worker, list(map(encode_basestring_ascii, outputs)), sha256)
 
     def commit_run(self, run: StagedRun, now: float) -> None:
         """:meth:`commit` of a :meth:`stage_run` batch: the same state, written a slice at a time."""
         start, count = run.start, len(run.task_ids)
         end = start + count
-        positions = range(start, end)
-        self.committing.difference_update(positions)
-        deque(map(self.leases.pop, positions, repeat(None)), maxlen=0)
+        self.committing[start:end] = bytes(count)
+        deque(map(self.leases.pop, range(start, end), repeat(None)), maxlen=0)
         self.state[start:end] = _DONE_BYTE * count
         sizes = list(map(len, run.escaped))
         self.output_at[start:end] = array("Q", islice(accumulate(sizes, initial=len(self.outputs)), count))
@@ -485,13 +485,13 @@ class TaskBoard:
 
     def abort_run(self, run: StagedRun) -> None:
         """The journal could not store ``run``: nothing of it was accepted."""
-        self.committing.difference_update(range(run.start, run.start + len(run.task_ids)))
+        self.committing[run.start:run.start + len(run.task_ids)] = bytes(len(run.task_ids))
 
     def commit(self, staged: list[Staged], now: float) -> None:
         """The journal holds ``staged`` durably: their tasks are done."""
         for record in staged:
             position = record.position
-            self.committing.discard(position)
+            self.committing[position] = 0
             self.leases.pop(position, None)
             self._record(position, record.worker, record.output, record.sha256)
         if staged:
@@ -500,7 +500,7 @@ class TaskBoard:
     def abort(self, staged: list[Staged]) -> None:
         """The journal could not store ``staged``: nothing of them was accepted."""
         for record in staged:
-            self.committing.discard(record.position)
+            self.committing[record.position] = 0
 
     def heartbeat(self, worker: str, task_ids: list[str], now: float) -> list[str]:
         """Extend ``worker``'s leases on ``task_ids``; return the ids it still holds."""
@@ -522,7 +522,7 @@ class TaskBoard:
         """
         position = self.tasks.position(task_id)
         lease = self.leases.get(position)
-        if lease is None or lease.worker != worker or position in self.committing:
+        if lease is None or lease.worker != worker or self.committing[position]:
             return "ignored"
         del self.leases[position]
         self._seen(worker, now)

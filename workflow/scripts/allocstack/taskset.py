@@ -104,13 +104,17 @@ class TaskSet:
 
     def tasks_json(self, positions: list[int] | range) -> bytes:
         """The JSON list of the tasks at ``positions``, each as :meth:`task_json` writes it; consecutive
-        positions (a :class:`range`) in one string operation per task."""
+        positions (a :class:`range`) in one join over them."""
         if type(positions) is not range or positions.step != 1:
             return b"[" + b",".join(map(self.task_json, positions)) + b"]"
         start, end, offsets = positions.start, positions.stop, self._offsets
-        payloads = map(self._payloads.__getitem__, map(slice, offsets[start:end], offsets[start + 1:end + 1]))
-        return b"[" + b",".join(map(b'{"id":"%s","payload":%s}'.__mod__,
-                                    zip(map(str.encode, self.ids[start:end]), payloads, strict=True))) + b"]"
+        if start >= end:
+            return b"[]"
+        parts = [b'{"id":"', b"", b'","payload":', b"", b"},"] * (end - start)
+        parts[1::5] = map(str.encode, self.ids[start:end])
+        parts[3::5] = map(self._payloads.__getitem__, map(slice, offsets[start:end], offsets[start + 1:end + 1]))
+        parts[-1] = b"}]"
+        return b"[" + b"".join(parts)
 
     def task(self, index: int) -> dict[str, Any]:
         return {"id": self.ids[index], "payload": self.payload(index)}
