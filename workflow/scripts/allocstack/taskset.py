@@ -264,9 +264,12 @@ else:
     _TASK_DOCUMENT = _TASK = _EXPECTED_DOCUMENT = RESULTS_DOCUMENT = None
 
 
-def _fast_document(raw: bytes, decoder: Any) -> Any:
-    """``raw`` read by msgspec's ``decoder`` when msgspec may read it, does, and finds schemaVersion 1; else None."""
-    if msgspec is None or not plain_json(raw):
+def _fast_document(raw: bytes, decoder: Any, validated: bool = False) -> Any:
+    """``raw`` read by msgspec's ``decoder`` when msgspec may read it, does, and finds schemaVersion 1; else None.
+
+    :param validated: ``raw`` passed validation (either parser): so it is UTF-8 without a huge number.
+    """
+    if msgspec is None or not (validated or plain_json(raw)):
         return None
     try:
         document = decoder.decode(raw)
@@ -423,8 +426,28 @@ def parse_expected(document: Any, tasks: TaskSet, what: str = "expected",
 def load_expected(path: str, tasks: TaskSet, what: str = "expected",
                   mismatch_hint: str = "") -> ExpectedResults:
     """Read and validate an expected document from ``path``; the results in task order."""
+    return load_expected_and_digest(path, tasks, what, mismatch_hint)[0]
+
+
+def load_expected_and_digest(path: str, tasks: TaskSet, what: str = "expected",
+                             mismatch_hint: str = "") -> tuple[ExpectedResults, str]:
+    """:func:`load_expected`, and the SHA-256 (hex) of exactly the bytes validated (one read for both)."""
     raw = read_bytes(path, what)
     fast = _expected_fast(raw, tasks)
-    if fast is not None:
-        return fast
-    return parse_expected(loads_strict(raw, path, what), tasks, f"{what} {path}", mismatch_hint)
+    if fast is None:
+        fast = parse_expected(loads_strict(raw, path, what), tasks, f"{what} {path}", mismatch_hint)
+    return fast, hashlib.sha256(raw).hexdigest()
+
+
+def validated_expected(raw: bytes) -> tuple[list[str], ExpectedResults] | None:
+    """An expected document that validation already accepted (these very bytes: their digest says so),
+    read again without its checks: its task ids and results in the document's order.
+
+    None when msgspec does not read it (the caller then validates it again, which names any problem).
+    """
+    document = _fast_document(raw, _EXPECTED_DOCUMENT, validated=True)
+    if document is None:
+        return None
+    entries = document.results
+    return ([entry.taskId for entry in entries],
+            ExpectedResults([entry.output for entry in entries], [entry.sha256 for entry in entries]))
