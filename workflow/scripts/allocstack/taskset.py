@@ -22,7 +22,8 @@ import re
 from array import array
 from bisect import bisect_left
 from dataclasses import dataclass
-from itertools import islice
+from itertools import accumulate, islice
+from operator import sub
 from typing import Any
 
 from . import SCHEMA_VERSION
@@ -44,6 +45,8 @@ _HUGE_DIGITS = b"0" * 4300
 #: Every digit to "0", every other byte to " ": a run of digits becomes a run of "0" that bytes search finds fast.
 _DIGITS_TO_ZERO = bytes(0x30 if 0x30 <= byte <= 0x39 else 0x20 for byte in range(256))
 _SCAN_CHUNK = 1 << 20
+#: Tasks read as records at a time (half a megabyte of a generated document: more raises the peak).
+TASK_CHUNK = 1 << 12
 #: A raw payload this short is within MAX_PAYLOAD_BYTES however the standard library writes it
 #: (its compact form of a number is at most 4.5 times as long: 1e15 -> 1000000000000000.0).
 _SURELY_SMALL = MAX_PAYLOAD_BYTES // 5
@@ -256,12 +259,12 @@ if msgspec is not None:
         results: list[_Result]
 
     _TASK_DOCUMENT = msgspec.json.Decoder(_TaskDocument)
-    _TASK = msgspec.json.Decoder(_Task)
+    _TASKS = msgspec.json.Decoder(list[_Task])
     _EXPECTED_DOCUMENT = msgspec.json.Decoder(_ExpectedDocument)
     #: results.json as records with output, sha256, taskId, workerId (verify.py)
     RESULTS_DOCUMENT = msgspec.json.Decoder(_ResultsDocument)
 else:
-    _TASK_DOCUMENT = _TASK = _EXPECTED_DOCUMENT = RESULTS_DOCUMENT = None
+    _TASK_DOCUMENT = _TASKS = _EXPECTED_DOCUMENT = RESULTS_DOCUMENT = None
 
 
 def _fast_document(raw: bytes, decoder: Any, validated: bool = False) -> Any:
@@ -298,33 +301,43 @@ def has_huge_number(raw: bytes) -> bool:
 def decode_tasks_fast(raw: bytes) -> TaskSet | None:
     """The task document in ``raw`` when msgspec accepts all of it as valid; None to ask the standard library.
 
-    Each element is decoded on its own from the list of raw elements, so the document's
-    million small objects never exist at once (a third less peak memory than one pass).
+    The list of tasks is read as raw elements first, then :data:`TASK_CHUNK` of them at a time
+    as records (one call each, not one a task: three times faster), each chunk's elements freed
+    once read, so the document's million small objects never exist at once (a third less peak
+    memory than one pass).
     """
     document = _fast_document(raw, _TASK_DOCUMENT)
     if document is None or not 0 < len(document.tasks) <= MAX_TASKS:
         return None
     elements = document.tasks
+    del document
+    count = len(elements)
     ids: list[str] = []
     payloads = bytearray()
     offsets = array("Q", [0])
-    decode = _TASK.decode
     # A pretty-printed document (make_tasks.py writes one) keeps its payloads without their
-    # indentation: half the bytes, for 0.4 s a million.
+    # indentation: half the bytes, for 0.2 s a million.
     pretty = b"\n" in raw[raw.find(b"["):raw.find(b"[") + 4096]
-    for number in range(len(elements)):
-        element, elements[number] = elements[number], None  # its memory serves the next ids
+    for first in range(0, count, TASK_CHUNK):
+        last = min(first + TASK_CHUNK, count)
+        chunk = b"[" + b",".join(elements[first:last]) + b"]"
+        elements[first:last] = [None] * (last - first)  # their memory serves the next ids
         try:
-            task = decode(element)
+            tasks = _TASKS.decode(msgspec.json.format(chunk, indent=-1) if pretty else chunk)
         except msgspec.MsgspecError:
             return None
+        del chunk
+        ids += [task.id for task in tasks]
+        values = [task.payload for task in tasks]
+        del tasks
         start = len(payloads)
-        payloads += msgspec.json.format(task.payload, indent=-1) if pretty else task.payload
-        if payloads[start] != 0x7B or len(payloads) - start > _SURELY_SMALL:  # not an object, or maybe too big
-            return None
-        ids.append(task.id)
-        offsets.append(len(payloads))
-    del document, elements
+        payloads += b"".join(values)
+        ends = list(accumulate(map(len, values), initial=start))
+        del values
+        firsts = bytes(map(payloads.__getitem__, ends[:-1]))
+        if firsts.count(b"{") != len(firsts) or max(map(sub, ends[1:], ends)) > _SURELY_SMALL:
+            return None  # not an object, or maybe too big
+        offsets.extend(ends[1:])
     if not valid_ids(ids):
         return None
     return _build(ids, payloads, offsets)  # None for a duplicate id: the standard library names the first one
