@@ -585,3 +585,23 @@ def test_results_written_in_one_piece_are_the_standard_librarys_text(outputs):
         assert b"".join(text) == b"".join(results_document(fields, rows))
     else:
         assert text is None  # msgspec would write it differently: results_document writes it
+
+
+def test_a_validated_document_skips_only_the_checks_its_digest_proves_passed(tmp_path):
+    """validate_inputs' digest of the task document lets the coordinator skip the id and number checks: the
+    same tasks; any other bytes (here an id the checks refuse) are checked in full."""
+    from allocstack.taskset import load_tasks_and_digest
+
+    document = make_tasks(30)
+    path = tmp_path / "tasks.json"
+    path.write_bytes(raw(document))
+    tasks, digest = load_tasks_and_digest(str(path))
+    validated, same_digest = load_tasks_and_digest(str(path), validated_sha256=digest)
+    assert same_digest == digest
+    same_tasks(validated, tasks)
+    document["tasks"][4]["id"] = "-starts-with-a-dash"
+    path.write_bytes(raw(document))
+    with pytest.raises(AllocstackError, match="must match"):
+        load_tasks_and_digest(str(path), validated_sha256=digest)
+    new_digest = hashlib.sha256(path.read_bytes()).hexdigest()
+    assert load_tasks_and_digest(str(path), validated_sha256=new_digest)[0].ids[4] == "-starts-with-a-dash"  # skipped

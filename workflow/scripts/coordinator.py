@@ -66,7 +66,7 @@ from allocstack.progress import Progress, live_line, progress_line
 from allocstack.scratch import ensure_private_dir, private_level
 from allocstack.settings import CoordinatorSettings, parse_settings
 from allocstack.taskboard import ALLOCATION_ENDING, TaskBoard
-from allocstack.taskset import load_tasks_and_digest
+from allocstack.taskset import load_tasks_and_digest, validated_digests
 
 #: Seconds between housekeeping ticks (lease expiry, progress samples, own bounds).
 TICK_SECONDS = 0.25
@@ -327,7 +327,8 @@ def check_room(settings: CoordinatorSettings, board: TaskBoard) -> None:
     """
     summary = read_json(settings.inputs_summary, "inputs summary", diag="prerequisite") if settings.inputs_summary else {}
     output_bytes = (summary.get("outputBytes") if isinstance(summary, dict) else None) or 0
-    journal, results = storage.estimate(board.tasks.ids, output_bytes, board.pending_ids())
+    pending = board.tasks.ids if not board.restored else board.pending_ids()  # a fresh run: every task
+    journal, results = storage.estimate(board.tasks.ids, output_bytes, pending)
     storage.check_room([("the journal", settings.journal, journal),
                         ("results.json and the marker", settings.results, results)])
 
@@ -338,7 +339,7 @@ def prepare(settings: CoordinatorSettings) -> tuple[TaskBoard, Journal, str]:
     :raises AllocstackError: on bad input, a corrupt journal, or no room.
     """
     start_fresh(settings)
-    tasks, input_sha256 = load_tasks_and_digest(str(settings.input))
+    tasks, input_sha256 = load_tasks_and_digest(str(settings.input), validated_sha256=validated_digests(settings.inputs_summary)[0])
     try:
         settings.journal.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
     except OSError as exc:

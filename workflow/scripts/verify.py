@@ -51,6 +51,7 @@ from allocstack.taskset import (
     ascending,
     load_expected,
     load_tasks_and_digest,
+    validated_digests,
     validated_expected,
 )
 
@@ -100,17 +101,6 @@ def results_in_order(raw: bytes, ids: list[str], expected: ExpectedResults | Non
     return results
 
 
-def summary_digests(path: Path | None) -> tuple[Any, Any]:
-    """validate_inputs' summary's inputSha256 and expectedSha256 (None, None when it has none)."""
-    if path is None:
-        return None, None
-    try:
-        summary = loads_bytes(path.read_bytes())
-    except (OSError, ValueError, RecursionError):
-        return None, None
-    return (summary.get("inputSha256"), summary.get("expectedSha256")) if isinstance(summary, dict) else (None, None)
-
-
 def verify_validated(args) -> tuple[dict[str, Any], list[Any]] | None:
     """:func:`verify_tasks` when validate_inputs' summary proves the task and expected documents are the
     bytes it validated (their SHA-256 is the summary's): they are not validated again, the results
@@ -118,7 +108,7 @@ def verify_validated(args) -> tuple[dict[str, Any], list[Any]] | None:
     same first error where one is certain (the coordinator's end record); None for every other
     case (e.g. a swapped file, results out of order), which :func:`verify_tasks` then checks one by one.
     """
-    input_digest, expected_digest = summary_digests(args.inputs_summary)
+    input_digest, expected_digest = validated_digests(args.inputs_summary)
     if args.expected is None or not isinstance(input_digest, str) or not isinstance(expected_digest, str):
         return None
     input_sha256 = sha256_bytes(read_bytes(args.input, "tasks"))
