@@ -214,3 +214,30 @@ def test_validated_inputs_are_not_checked_again(run_files, monkeypatch):
     write_json(tmp_path / "results.json", results)
     assert verify.verify_validated(args) is None and verify.verify_one_by_one(args)[0] == facts | {
         "resultsSha256": hashlib.sha256((tmp_path / "results.json").read_bytes()).hexdigest()}
+
+
+def test_the_coordinators_results_list_is_copied_into_the_marker(run_files):
+    """results.json as the coordinator writes it (json.dumps' text, its digest in the end record), in task
+    order: its list is copied into the marker, which is the text every other path writes."""
+    import verify
+
+    tmp_path, tasks, expected, results = run_files
+    results["results"][3]["output"] = expected["results"][3]["output"] = 'quote " \\ \n ü'
+    results["results"][3]["sha256"] = expected["results"][3]["sha256"] = digest('quote " \\ \n ü')
+    summary = validated_summary(tmp_path, tasks, expected)
+    (tmp_path / "results.json").write_text(json.dumps(results, indent=2, sort_keys=True) + "\n")
+    raw = (tmp_path / "results.json").read_bytes()
+    end = write_json(tmp_path / "end.json", {"status": "completed", "resultCount": 5, "resultsSha256": hashlib.sha256(
+        raw).hexdigest(), "inputSha256": hashlib.sha256((tmp_path / "tasks.json").read_bytes()).hexdigest()})
+    common = ["--input", str(tmp_path / "tasks.json"), "--expected", str(tmp_path / "expected.json"),
+              "--results", str(tmp_path / "results.json"), "--end-record", str(end)]
+    facts, listing = verify.verify_validated(verify.parse_args([*common, "--output", "x", "--inputs-summary",
+                                                                str(summary)]))
+    assert isinstance(listing, memoryview)  # copied, not written again
+    markers = []
+    for extra in (("--inputs-summary", summary), ()):
+        done = run_script("verify.py", *common, "--output", tmp_path / "result.json", *extra)
+        assert done.returncode == 0, done.stderr
+        markers.append((tmp_path / "result.json").read_bytes())
+    document = {"schemaVersion": 1, "status": "success", **facts, "results": results["results"]}
+    assert markers[0] == markers[1] == (json.dumps(document, indent=2, sort_keys=True) + "\n").encode()

@@ -38,6 +38,8 @@ from allocstack.jsonio import (
     read_json,
     results_document,
     results_document_fast,
+    results_document_listing,
+    results_listing,
     sha256_bytes,
     sha256_text,
     sha256_texts,
@@ -101,12 +103,14 @@ def results_in_order(raw: bytes, ids: list[str], expected: ExpectedResults | Non
     return results
 
 
-def verify_validated(args) -> tuple[dict[str, Any], list[Any]] | None:
+def verify_validated(args) -> tuple[dict[str, Any], list[Any] | memoryview] | None:
     """:func:`verify_tasks` when validate_inputs' summary proves the task and expected documents are the
     bytes it validated (their SHA-256 is the summary's): they are not validated again, the results
     are compared with the expected ones list against list. The same verdict, the same marker, the
     same first error where one is certain (the coordinator's end record); None for every other
     case (e.g. a swapped file, results out of order), which :func:`verify_tasks` then checks one by one.
+    With the end record, results.json's list is copied into the marker (see :func:`write_marker`): the
+    record's digest says the coordinator wrote it, in the marker's own text.
     """
     input_digest, expected_digest = validated_digests(args.inputs_summary)
     if args.expected is None or not isinstance(input_digest, str) or not isinstance(expected_digest, str):
@@ -129,7 +133,11 @@ def verify_validated(args) -> tuple[dict[str, Any], list[Any]] | None:
     results = results_in_order(raw, ids, expected)
     if results is None:
         return None
-    return {"taskCount": len(ids), "inputSha256": input_sha256, "resultsSha256": results_sha256}, results
+    facts = {"taskCount": len(ids), "inputSha256": input_sha256, "resultsSha256": results_sha256}
+    # The coordinator's results.json (its end record has their digest) in task id order: its list is
+    # the marker's list, as the marker's writer would write it (the same writer, json.dumps' text).
+    listing = results_listing(raw, {"schemaVersion": SCHEMA_VERSION}) if args.end_record else None
+    return facts, results if listing is None else listing
 
 
 def check_results(document: Any, tasks: TaskSet, expected: ExpectedResults | None) -> list[dict[str, Any]]:
@@ -174,12 +182,13 @@ def decode_results(raw: bytes, path: Path) -> Any:
         return read_json(path, "results", diag="verification")
 
 
-def write_marker(path: Path, marker: dict[str, Any], results: list[Any] | None = None) -> None:
+def write_marker(path: Path, marker: dict[str, Any], results: list[Any] | memoryview | None = None) -> None:
     """The success marker, its results written in one pass or in chunks (the same text as
     :func:`atomic_write_json`'s).
 
-    :param results: the marker's results (default ``marker["results"]``, if it has results): dicts, or
-        records with their attributes (:func:`check_results_fast`).
+    :param results: the marker's results (default ``marker["results"]``, if it has results): dicts,
+        records with their attributes (:func:`check_results_fast`), or their list's text as the
+        marker holds it (:func:`verify_validated`: copied, not written again).
     """
     if results is None:
         results = marker.get("results")
@@ -187,6 +196,9 @@ def write_marker(path: Path, marker: dict[str, Any], results: list[Any] | None =
         atomic_write_json(path, marker)
         return
     fields = {key: value for key, value in marker.items() if key != "results"}
+    if isinstance(results, memoryview):
+        atomic_write_chunks(path, results_document_listing(fields, results))
+        return
     chunks = results_document_fast(fields, results)
     if chunks is not None:
         atomic_write_chunks(path, chunks)
@@ -261,7 +273,7 @@ def parse_args(argv: list[str] | None):
     return args
 
 
-def verify_tasks(args) -> tuple[dict[str, Any], list[Any]]:
+def verify_tasks(args) -> tuple[dict[str, Any], list[Any] | memoryview]:
     """With the built-in coordinator: its results, checked task by task; the success marker's content
     and its results (see :func:`write_marker`)."""
     checked = verify_validated(args)
@@ -289,7 +301,7 @@ def verify_one_by_one(args) -> tuple[dict[str, Any], list[Any]]:
     return {"taskCount": len(tasks), "inputSha256": input_sha256, "resultsSha256": results_sha256}, results
 
 
-def verify(args) -> tuple[dict[str, Any], list[Any] | None]:
+def verify(args) -> tuple[dict[str, Any], list[Any] | memoryview | None]:
     """Every check, in order; the success marker's content (and with the built-in coordinator its
     results, see :func:`write_marker`).
 
