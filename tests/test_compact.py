@@ -48,6 +48,27 @@ def test_fast_and_standard_parsers_agree_on_a_good_document():
     assert fast.payload_bytes(3) == json.dumps(document["tasks"][3]["payload"], separators=(",", ":")).encode()
 
 
+@pytest.mark.parametrize("indent", [1, None])
+def test_tasks_read_in_chunks_are_the_tasks_read_at_once(indent, monkeypatch):
+    """Chunks of 7 tasks (the last one shorter): the same tasks and payload bytes as the standard library's,
+    a pretty-printed document's payloads compact, a compact one's as written; a bad task in any chunk
+    leaves the document to the standard library."""
+    document = make_tasks(50)
+    document["tasks"][20]["payload"] = {"nested": {"list": [1, 2.5, None, True], "text": "ü\n\"q\""}, "big": 10**30}
+    text = json.dumps(document, indent=indent).encode()
+    monkeypatch.setattr(taskset, "TASK_CHUNK", 7)
+    fast = decode_tasks_fast(text)
+    same_tasks(fast, parse_tasks(document))
+    written = (", ", ": ") if indent is None else (",", ":")
+    assert [fast.payload_bytes(i) for i in range(50)] == [
+        json.dumps(task["payload"], separators=written).encode() for task in document["tasks"]]
+    for bad in ([], {"payload": {}}, {"id": 3, "payload": {}}, {"id": "x", "payload": 5}, {"id": "x", "payload": {},
+                                                                                          "more": 1}):
+        broken = copy.deepcopy(document)
+        broken["tasks"][45] = bad
+        assert decode_tasks_fast(json.dumps(broken, indent=indent).encode()) is None
+
+
 @pytest.mark.parametrize("order", ["ascending", "shuffled"])
 def test_positions_by_bisection_or_by_table(order):
     document = make_tasks(30)
@@ -72,8 +93,10 @@ def test_without_msgspec_the_standard_library_gives_the_same_tasks(monkeypatch):
     same_tasks(decode_tasks(raw(document)), with_msgspec)
 
 
+@pytest.mark.parametrize("chunk", [taskset.TASK_CHUNK, 2])
 @pytest.mark.parametrize("case", sorted(TASK_CASES))
-def test_the_fast_path_leaves_every_malformed_document_to_the_standard_library(case):
+def test_the_fast_path_leaves_every_malformed_document_to_the_standard_library(case, chunk, monkeypatch):
+    monkeypatch.setattr(taskset, "TASK_CHUNK", chunk)  # 2: the problem is in a later chunk than the first
     document, _ = TASK_CASES[case]
     if case.startswith(("repeat", "message", "unknown payload")):
         return  # the baseline handler's payload rules: validate_inputs checks them, not the task document
@@ -559,6 +582,26 @@ def test_results_written_in_one_piece_are_the_standard_librarys_text(outputs):
     assert b"".join(results_document(fields, rows)) == (json.dumps({**fields, "results": results}, indent=2,
                                                                    sort_keys=True) + "\n").encode()
     if all(o.isascii() and "\x7f" not in o for o in outputs):
-        assert text == b"".join(results_document(fields, rows))
+        assert b"".join(text) == b"".join(results_document(fields, rows))
     else:
         assert text is None  # msgspec would write it differently: results_document writes it
+
+
+def test_a_validated_document_skips_only_the_checks_its_digest_proves_passed(tmp_path):
+    """validate_inputs' digest of the task document lets the coordinator skip the id and number checks: the
+    same tasks; any other bytes (here an id the checks refuse) are checked in full."""
+    from allocstack.taskset import load_tasks_and_digest
+
+    document = make_tasks(30)
+    path = tmp_path / "tasks.json"
+    path.write_bytes(raw(document))
+    tasks, digest = load_tasks_and_digest(str(path))
+    validated, same_digest = load_tasks_and_digest(str(path), validated_sha256=digest)
+    assert same_digest == digest
+    same_tasks(validated, tasks)
+    document["tasks"][4]["id"] = "-starts-with-a-dash"
+    path.write_bytes(raw(document))
+    with pytest.raises(AllocstackError, match="must match"):
+        load_tasks_and_digest(str(path), validated_sha256=digest)
+    new_digest = hashlib.sha256(path.read_bytes()).hexdigest()
+    assert load_tasks_and_digest(str(path), validated_sha256=new_digest)[0].ids[4] == "-starts-with-a-dash"  # skipped

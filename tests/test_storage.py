@@ -217,3 +217,15 @@ def test_a_run_with_state_and_results_on_a_disk_that_fills_fails_cleanly_and_res
     computed = sum(json.loads(p.read_text())["tasksCompleted"]
                    for p in (project / f"results/{run}/workers").glob("*.json"))
     assert computed == 40 - len(acknowledged)  # no acknowledged result was computed again
+
+
+def test_the_room_estimate_counts_each_id_and_output():
+    """The journal's need for the pending tasks, results.json's and the marker's for every task, whether the ids
+    come as lists (a fresh run: every task pending) or one at a time (a resumed run's pending ids)."""
+    from allocstack import storage
+
+    ids = [f"task-{number:0{number % 7 + 1}d}" for number in range(1000)]
+    pending = ids[::3]
+    journal = sum(storage.JOURNAL_LINE_BYTES + len(task_id) for task_id in pending) + 5000 * len(pending) // 1000
+    results = 2 * (sum(storage.RESULTS_ENTRY_BYTES + len(task_id) for task_id in ids) + 5000)
+    assert storage.estimate(ids, 5000, pending) == storage.estimate(iter(ids), 5000, iter(pending)) == (journal, results)

@@ -122,3 +122,122 @@ def test_verification_is_linear(tmp_path):
     done, _marker = verify(tmp_path, tasks, expected, results)
     assert done.returncode == 0, done.stderr
     assert time.monotonic() - started < 30
+
+
+def validated_summary(tmp_path, tasks, expected):
+    """validate_inputs.py's real summary of these documents (their digests), as the workflow passes it."""
+    summary = tmp_path / "inputs.json"
+    done = run_script("validate_inputs.py", "--tasks", write_json(tmp_path / "tasks.json", tasks),
+                      "--expected", write_json(tmp_path / "expected.json", expected), "--workers", "1",
+                      "--output", summary)
+    assert done.returncode == 0, done.stderr
+    return summary
+
+
+def _swap_tasks(tmp_path):  # another (valid) task set after validation: its expected results no longer fit
+    write_json(tmp_path / "tasks.json", make_tasks(6))
+
+
+def _corrupt_tasks(tmp_path):
+    (tmp_path / "tasks.json").write_text('{"schemaVersion": 1, "tasks": [')
+
+
+def _corrupt_expected(tmp_path):
+    (tmp_path / "expected.json").write_text("not json")
+
+
+def _edit_expected(tmp_path):  # still valid, but not what was validated: its new output is what counts
+    document = json.loads((tmp_path / "expected.json").read_text())
+    document["results"][1].update(output="other", sha256=digest("other"))
+    write_json(tmp_path / "expected.json", document)
+
+
+def _wrong_expected_digest(tmp_path):  # as _wrong_digest makes result 3's: only validation tells
+    document = json.loads((tmp_path / "expected.json").read_text())
+    document["results"][2]["sha256"] = "0" * 64
+    write_json(tmp_path / "expected.json", document)
+
+
+@pytest.mark.parametrize("corrupt, change", [
+    *((corrupt, None) for corrupt in (None, _dup, _drop, _wrong_output, _wrong_digest, _unknown_id, _extra_key,
+                                      _bad_version, reversed)),
+    *((None, change) for change in (_swap_tasks, _corrupt_tasks, _corrupt_expected, _edit_expected)),
+    (_wrong_digest, _wrong_expected_digest), (reversed, _swap_tasks),
+])
+def test_validated_inputs_give_the_same_verdict(run_files, corrupt, change):
+    """Documents whose digests validate_inputs' summary holds are not checked again: the same marker, or the
+    same one line, as when every document is checked again (also for a file swapped after validation)."""
+    tmp_path, tasks, expected, results = run_files
+    summary = validated_summary(tmp_path, tasks, expected)
+    if corrupt is reversed:
+        results["results"].reverse()
+    elif corrupt:
+        corrupt(results)
+    end = write_json(tmp_path / "end.json", {})
+    outcomes = []
+    for extra in ((), ("--inputs-summary", summary)):
+        (tmp_path / "result.json").unlink(missing_ok=True)
+        write_json(tmp_path / "results.json", results)
+        raw_results = (tmp_path / "results.json").read_bytes()
+        write_json(end, {"status": "completed", "resultCount": 5, "inputSha256": hashlib.sha256(
+            (tmp_path / "tasks.json").read_bytes()).hexdigest(), "resultsSha256": hashlib.sha256(raw_results).hexdigest()})
+        if change:
+            change(tmp_path)
+        marker = tmp_path / "result.json"
+        done = run_script("verify.py", "--input", tmp_path / "tasks.json", "--expected", tmp_path / "expected.json",
+                          "--results", tmp_path / "results.json", "--end-record", end, "--output", marker, *extra)
+        outcomes.append((done.returncode, done.stderr, marker.read_bytes() if marker.exists() else None))
+        write_json(tmp_path / "tasks.json", tasks)
+        write_json(tmp_path / "expected.json", expected)
+    assert outcomes[0] == outcomes[1]
+    assert (outcomes[0][0] == 0) == (change is None and corrupt in (None, reversed))
+
+
+def test_validated_inputs_are_not_checked_again(run_files, monkeypatch):
+    """The summary's digests skip the documents' checks only while the files are the bytes validated."""
+    import verify
+
+    tmp_path, tasks, expected, results = run_files
+    summary = validated_summary(tmp_path, tasks, expected)
+    write_json(tmp_path / "results.json", results)
+    args = verify.parse_args(["--input", str(tmp_path / "tasks.json"), "--expected", str(tmp_path / "expected.json"),
+                              "--results", str(tmp_path / "results.json"), "--output", str(tmp_path / "result.json"),
+                              "--inputs-summary", str(summary)])
+    facts, records = verify.verify_validated(args)
+    again, checked = verify.verify_one_by_one(args)
+    assert (facts, verify.msgspec.to_builtins(records)) == (again, verify.msgspec.to_builtins(checked))
+    assert facts["taskCount"] == 5 and facts["inputSha256"] == json.loads(summary.read_text())["inputSha256"]
+    write_json(tmp_path / "tasks.json", {**tasks, "tasks": list(reversed(tasks["tasks"]))})  # valid, not validated
+    assert verify.verify_validated(args) is None
+    write_json(tmp_path / "tasks.json", tasks)
+    results["results"].reverse()  # not in the order of the ids: checked one by one
+    write_json(tmp_path / "results.json", results)
+    assert verify.verify_validated(args) is None and verify.verify_one_by_one(args)[0] == facts | {
+        "resultsSha256": hashlib.sha256((tmp_path / "results.json").read_bytes()).hexdigest()}
+
+
+def test_the_coordinators_results_list_is_copied_into_the_marker(run_files):
+    """results.json as the coordinator writes it (json.dumps' text, its digest in the end record), in task
+    order: its list is copied into the marker, which is the text every other path writes."""
+    import verify
+
+    tmp_path, tasks, expected, results = run_files
+    results["results"][3]["output"] = expected["results"][3]["output"] = 'quote " \\ \n ü'
+    results["results"][3]["sha256"] = expected["results"][3]["sha256"] = digest('quote " \\ \n ü')
+    summary = validated_summary(tmp_path, tasks, expected)
+    (tmp_path / "results.json").write_text(json.dumps(results, indent=2, sort_keys=True) + "\n")
+    raw = (tmp_path / "results.json").read_bytes()
+    end = write_json(tmp_path / "end.json", {"status": "completed", "resultCount": 5, "resultsSha256": hashlib.sha256(
+        raw).hexdigest(), "inputSha256": hashlib.sha256((tmp_path / "tasks.json").read_bytes()).hexdigest()})
+    common = ["--input", str(tmp_path / "tasks.json"), "--expected", str(tmp_path / "expected.json"),
+              "--results", str(tmp_path / "results.json"), "--end-record", str(end)]
+    facts, listing = verify.verify_validated(verify.parse_args([*common, "--output", "x", "--inputs-summary",
+                                                                str(summary)]))
+    assert isinstance(listing, memoryview)  # copied, not written again
+    markers = []
+    for extra in (("--inputs-summary", summary), ()):
+        done = run_script("verify.py", *common, "--output", tmp_path / "result.json", *extra)
+        assert done.returncode == 0, done.stderr
+        markers.append((tmp_path / "result.json").read_bytes())
+    document = {"schemaVersion": 1, "status": "success", **facts, "results": results["results"]}
+    assert markers[0] == markers[1] == (json.dumps(document, indent=2, sort_keys=True) + "\n").encode()

@@ -817,6 +817,7 @@ def verify_options(wildcards, input):
             ("--input", input.tasks[0]),
             ("--results", input.results),
             ("--end-record", input.end_record),
+            ("--inputs-summary", input.validated),
             ("--environment-json", json.dumps(config["verify"]["environment"])),
         ]
         if input.expected:

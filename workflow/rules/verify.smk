@@ -10,6 +10,7 @@ rule verify_results:
         unpack(coordinator_outputs),
         tasks=tasks_input,
         expected=expected_input,
+        validated="results/{run}/inputs.json",
         check=check_record,
         services="results/{run}/services.json",
         events="results/{run}/events.jsonl",

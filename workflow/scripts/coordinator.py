@@ -66,7 +66,7 @@ from allocstack.progress import Progress, live_line, progress_line
 from allocstack.scratch import ensure_private_dir, private_level
 from allocstack.settings import CoordinatorSettings, parse_settings
 from allocstack.taskboard import ALLOCATION_ENDING, TaskBoard
-from allocstack.taskset import load_tasks_and_digest
+from allocstack.taskset import load_tasks_and_digest, validated_digests
 
 #: Seconds between housekeeping ticks (lease expiry, progress samples, own bounds).
 TICK_SECONDS = 0.25
@@ -103,6 +103,7 @@ class Coordinator:
         self.stop_reason = ""
         self.last_request = time.monotonic()
         self.outcome_written = False
+        self.outcome: asyncio.Future[None] | None = None  # results.json being written on completion
         self.fault: AllocstackError | None = None
         self.reported: set[str] = set()
         # A person watches a terminal: a live line instead of a line every 5 s (the log keeps those).
@@ -266,11 +267,13 @@ class Coordinator:
         log(line)
 
     def finish_if_finished(self) -> None:
-        if self.board.finished and not self.outcome_written:
+        """On completion, write the outcome in a thread: the workers hear "done" at once and end while it is
+        written (a million results: a second), and the coordinator ends only once it is written (shutdown)."""
+        if self.board.finished and not self.outcome_written and self.outcome is None:
             failed = len(self.board.failures)
-            self.write_outcome("all tasks done" if not failed else
-                               f"{failed} task(s) failed {self.board.max_attempts} times: "
-                               + ", ".join(list(self.board.failures)[:5]))
+            reason = ("all tasks done" if not failed else f"{failed} task(s) failed {self.board.max_attempts} times: "
+                      + ", ".join(list(self.board.failures)[:5]))
+            self.outcome = asyncio.get_running_loop().run_in_executor(None, self.write_outcome, reason)
 
     async def shutdown(self, keeper: asyncio.Task[None]) -> int:
         self.board.close_claims("the coordinator is draining")
@@ -286,6 +289,8 @@ class Coordinator:
         for published in (self.settings.endpoint_file, self.settings.network_endpoint_file):
             if published:
                 published.unlink(missing_ok=True)
+        if self.outcome is not None:
+            await self.outcome  # written, or a fault reported: then written again below
         if not self.outcome_written:  # why the run is incomplete: a storage fault, the allocation's end, ...
             self.write_outcome(f"storage: {self.fault.message}" if self.fault else
                                ALLOCATION_ENDING if self.board.allocation_ending else self.stop_reason)
@@ -327,7 +332,8 @@ def check_room(settings: CoordinatorSettings, board: TaskBoard) -> None:
     """
     summary = read_json(settings.inputs_summary, "inputs summary", diag="prerequisite") if settings.inputs_summary else {}
     output_bytes = (summary.get("outputBytes") if isinstance(summary, dict) else None) or 0
-    journal, results = storage.estimate(board.tasks.ids, output_bytes, board.pending_ids())
+    pending = board.tasks.ids if not board.restored else board.pending_ids()  # a fresh run: every task
+    journal, results = storage.estimate(board.tasks.ids, output_bytes, pending)
     storage.check_room([("the journal", settings.journal, journal),
                         ("results.json and the marker", settings.results, results)])
 
@@ -338,7 +344,7 @@ def prepare(settings: CoordinatorSettings) -> tuple[TaskBoard, Journal, str]:
     :raises AllocstackError: on bad input, a corrupt journal, or no room.
     """
     start_fresh(settings)
-    tasks, input_sha256 = load_tasks_and_digest(str(settings.input))
+    tasks, input_sha256 = load_tasks_and_digest(str(settings.input), validated_sha256=validated_digests(settings.inputs_summary)[0])
     try:
         settings.journal.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
     except OSError as exc:

@@ -22,9 +22,9 @@ from allocstack.cli import ArgumentParser, positive_int, run
 from allocstack.containers import check_image_format
 from allocstack.errors import EXIT_OK, AllocstackError, report
 from allocstack.handlers import check_baseline_tasks
-from allocstack.jsonio import atomic_write_json, atomic_write_text, check_sidecar, sha256_file
+from allocstack.jsonio import atomic_write_json, atomic_write_text, check_sidecar
 from allocstack.runtimes import PROGRAMS
-from allocstack.taskset import load_expected, load_tasks_and_digest
+from allocstack.taskset import load_expected_and_digest, load_tasks_and_digest
 
 
 def mismatch_hint(tasks: Path, expected: Path) -> str:
@@ -63,10 +63,12 @@ def check_tasks(args) -> dict[str, Any]:
     output_bytes = None  # unknown: the user's program decides
     if args.handler == "baseline":
         output_bytes = check_baseline_tasks(tasks, f"tasks {args.tasks}")
-    if args.expected:
-        load_expected(str(args.expected), tasks, mismatch_hint=mismatch_hint(args.tasks, args.expected))
-    return {"taskCount": len(tasks), "inputSha256": tasks_sha256,
-            "expectedSha256": sha256_file(args.expected) if args.expected else None, "outputBytes": output_bytes}
+    expected_sha256 = None
+    if args.expected:  # the digest of exactly the bytes validated: verification trusts what it names (verify.py)
+        _, expected_sha256 = load_expected_and_digest(str(args.expected), tasks,
+                                                      mismatch_hint=mismatch_hint(args.tasks, args.expected))
+    return {"taskCount": len(tasks), "inputSha256": tasks_sha256, "expectedSha256": expected_sha256,
+            "outputBytes": output_bytes}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -38,13 +38,24 @@ from allocstack.jsonio import (
     read_json,
     results_document,
     results_document_fast,
+    results_document_listing,
+    results_listing,
     sha256_bytes,
     sha256_text,
     sha256_texts,
 )
 from allocstack.program import expand_argv, program_environment, run_check, service_problem
 from allocstack.scratch import remove_scratch
-from allocstack.taskset import RESULTS_DOCUMENT, ExpectedResults, TaskSet, load_expected, load_tasks_and_digest
+from allocstack.taskset import (
+    RESULTS_DOCUMENT,
+    ExpectedResults,
+    TaskSet,
+    ascending,
+    load_expected,
+    load_tasks_and_digest,
+    validated_digests,
+    validated_expected,
+)
 
 _RESULT_KEYS = {"taskId", "workerId", "output", "sha256"}
 #: Results written to the success marker per chunk.
@@ -64,14 +75,23 @@ def check_results_fast(raw: bytes, tasks: TaskSet, expected: ExpectedResults | N
     ascend: so sorted), each output (and digest) the expected one, whose digest load_expected
     checked, or without expected results each digest that of its output.
     """
-    if msgspec is None or not tasks.ascending:
+    if not tasks.ascending:
+        return None
+    return results_in_order(raw, tasks.ids, expected)
+
+
+def results_in_order(raw: bytes, ids: list[str], expected: ExpectedResults | None) -> list[Any] | None:
+    """The results of ``raw`` (records) when msgspec reads them, they are for ``ids`` in this order, and
+    each output and digest is the expected one (without ``expected``: each digest that of its output);
+    else None."""
+    if msgspec is None:
         return None
     try:
         document = RESULTS_DOCUMENT.decode(raw)
     except msgspec.MsgspecError:
         return None
     results = document.results
-    if document.schemaVersion != SCHEMA_VERSION or [result.taskId for result in results] != tasks.ids:
+    if document.schemaVersion != SCHEMA_VERSION or [result.taskId for result in results] != ids:
         return None
     outputs = [result.output for result in results]
     digests = [result.sha256 for result in results]
@@ -81,6 +101,43 @@ def check_results_fast(raw: bytes, tasks: TaskSet, expected: ExpectedResults | N
     elif sha256_texts(outputs) != digests:
         return None
     return results
+
+
+def verify_validated(args) -> tuple[dict[str, Any], list[Any] | memoryview] | None:
+    """:func:`verify_tasks` when validate_inputs' summary proves the task and expected documents are the
+    bytes it validated (their SHA-256 is the summary's): they are not validated again, the results
+    are compared with the expected ones list against list. The same verdict, the same marker, the
+    same first error where one is certain (the coordinator's end record); None for every other
+    case (e.g. a swapped file, results out of order), which :func:`verify_tasks` then checks one by one.
+    With the end record, results.json's list is copied into the marker (see :func:`write_marker`): the
+    record's digest says the coordinator wrote it, in the marker's own text.
+    """
+    input_digest, expected_digest = validated_digests(args.inputs_summary)
+    if args.expected is None or not isinstance(input_digest, str) or not isinstance(expected_digest, str):
+        return None
+    input_sha256 = sha256_bytes(read_bytes(args.input, "tasks"))
+    if input_sha256 != input_digest:
+        return None
+    raw_expected = read_bytes(args.expected, "expected")
+    if sha256_bytes(raw_expected) != expected_digest:
+        return None
+    validated = validated_expected(raw_expected)
+    del raw_expected
+    if validated is None or not ascending(validated[0]):  # ids in order: so those of results sorted by task id
+        return None
+    ids, expected = validated
+    raw = read_bytes(args.results, "results", diag="verification")
+    results_sha256 = sha256_bytes(raw)
+    if args.end_record:  # validation passed on these bytes: this check comes next, with the same facts
+        endrecord.check_completed(endrecord.read(args.end_record), len(ids), input_sha256, results_sha256)
+    results = results_in_order(raw, ids, expected)
+    if results is None:
+        return None
+    facts = {"taskCount": len(ids), "inputSha256": input_sha256, "resultsSha256": results_sha256}
+    # The coordinator's results.json (its end record has their digest) in task id order: its list is
+    # the marker's list, as the marker's writer would write it (the same writer, json.dumps' text).
+    listing = results_listing(raw, {"schemaVersion": SCHEMA_VERSION}) if args.end_record else None
+    return facts, results if listing is None else listing
 
 
 def check_results(document: Any, tasks: TaskSet, expected: ExpectedResults | None) -> list[dict[str, Any]]:
@@ -125,12 +182,13 @@ def decode_results(raw: bytes, path: Path) -> Any:
         return read_json(path, "results", diag="verification")
 
 
-def write_marker(path: Path, marker: dict[str, Any], results: list[Any] | None = None) -> None:
+def write_marker(path: Path, marker: dict[str, Any], results: list[Any] | memoryview | None = None) -> None:
     """The success marker, its results written in one pass or in chunks (the same text as
     :func:`atomic_write_json`'s).
 
-    :param results: the marker's results (default ``marker["results"]``, if it has results): dicts, or
-        records with their attributes (:func:`check_results_fast`).
+    :param results: the marker's results (default ``marker["results"]``, if it has results): dicts,
+        records with their attributes (:func:`check_results_fast`), or their list's text as the
+        marker holds it (:func:`verify_validated`: copied, not written again).
     """
     if results is None:
         results = marker.get("results")
@@ -138,9 +196,12 @@ def write_marker(path: Path, marker: dict[str, Any], results: list[Any] | None =
         atomic_write_json(path, marker)
         return
     fields = {key: value for key, value in marker.items() if key != "results"}
-    text = results_document_fast(fields, results)
-    if text is not None:
-        atomic_write_chunks(path, [text])
+    if isinstance(results, memoryview):
+        atomic_write_chunks(path, results_document_listing(fields, results))
+        return
+    chunks = results_document_fast(fields, results)
+    if chunks is not None:
+        atomic_write_chunks(path, chunks)
         return
     if msgspec is not None:
         results = msgspec.to_builtins(results)  # records -> dicts
@@ -190,6 +251,8 @@ def parse_args(argv: list[str] | None):
                         help="the application's own check as a JSON argv list (verify.command)")
     parser.add_argument("--output", required=True, type=Path, help="success marker to write (result.json)")
     parser.add_argument("--end-record", type=Path, help="the coordinator's end record to check")
+    parser.add_argument("--inputs-summary", type=Path,
+                        help="validate_inputs' summary: documents with its digests are not validated again")
     parser.add_argument("--events", type=Path, help="event log whose gate/worker order to check")
     parser.add_argument("--services-record", type=Path,
                         help="how each of your services ended (services.json from collect_results)")
@@ -210,9 +273,21 @@ def parse_args(argv: list[str] | None):
     return args
 
 
-def verify_tasks(args) -> tuple[dict[str, Any], list[Any]]:
+def verify_tasks(args) -> tuple[dict[str, Any], list[Any] | memoryview]:
     """With the built-in coordinator: its results, checked task by task; the success marker's content
     and its results (see :func:`write_marker`)."""
+    checked = verify_validated(args)
+    if checked is None:
+        checked = verify_one_by_one(args)
+    if args.command_json:
+        env = program_environment(user_check_environment(args.input, args.results, args.expected), {},
+                                  args.environment_json, "verify")
+        run_check(expand_argv(args.command_json, env, "verify"), env)
+    return checked
+
+
+def verify_one_by_one(args) -> tuple[dict[str, Any], list[Any]]:
+    """Every document read and checked again (see :func:`verify_tasks`), the first problem named."""
     tasks, input_sha256 = load_tasks_and_digest(str(args.input))
     expected = load_expected(str(args.expected), tasks) if args.expected else None
     raw = read_bytes(args.results, "results", diag="verification")
@@ -223,14 +298,10 @@ def verify_tasks(args) -> tuple[dict[str, Any], list[Any]]:
     if results is None:
         results = check_results(decode_results(raw, args.results), tasks, expected)
     del raw
-    if args.command_json:
-        env = program_environment(user_check_environment(args.input, args.results, args.expected), {},
-                                  args.environment_json, "verify")
-        run_check(expand_argv(args.command_json, env, "verify"), env)
     return {"taskCount": len(tasks), "inputSha256": input_sha256, "resultsSha256": results_sha256}, results
 
 
-def verify(args) -> tuple[dict[str, Any], list[Any] | None]:
+def verify(args) -> tuple[dict[str, Any], list[Any] | memoryview | None]:
     """Every check, in order; the success marker's content (and with the built-in coordinator its
     results, see :func:`write_marker`).
 

