@@ -511,7 +511,9 @@ def launch(
             return PYTHON
         argv = [
             PYTHON,
-            script("launch.py"),
+            # Absolute, like the component's own path when launch.py starts it as a child: a component that
+            # runs in launch.py's process (outside an allocation, no image) is still found by its path.
+            os.path.abspath(script("launch.py")),
             f"--component={component.format(wildcards=wildcards)}",
             f"--run={wildcards.run}",
             f"--scratch-root={config['scratch'] or ''}",
