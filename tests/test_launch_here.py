@@ -86,3 +86,26 @@ def test_a_worker_that_may_be_killed_from_outside_stays_a_supervised_child(tmp_p
     _, stderr = proc.communicate(timeout=60)
     assert proc.returncode == 0, stderr  # tolerated, and recorded
     assert json.loads(record.read_text())["status"] == "killed"
+
+
+# A process that fills 200 MB, then forks and execs Python (as Snakemake's shell execs launch.py, which runs
+# the coordinator in its own process): what the exec'd program reports as its peak.
+INHERITED_PEAK = """\
+import os, sys
+ballast = bytearray(200 * 1024 * 1024)
+ballast[::4096] = b"x" * len(ballast[::4096])
+child = os.fork()
+if child == 0:
+    os.execv(sys.executable, [sys.executable, "-c", "import resource, coordinator; "
+             "print(coordinator.peak_rss_mb(), resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)"])
+os.waitpid(child, 0)
+"""
+
+
+def test_the_coordinators_peak_memory_is_its_own_not_that_of_the_process_it_was_forked_from():
+    env = {**os.environ, "PYTHONPATH": str(SCRIPTS)}
+    done = subprocess.run([sys.executable, "-c", INHERITED_PEAK], env=env, capture_output=True, text=True,
+                          timeout=60, check=True)
+    own, inherited = (float(value) for value in done.stdout.split())
+    assert inherited > 200  # getrusage carries the forking process's peak over fork and exec
+    assert own < 150  # the end record's peakRssMb: this interpreter and the coordinator's modules only
