@@ -28,11 +28,11 @@ def drained(signum, frame):
     sys.exit(7)
 signal.signal(signal.SIGTERM, drained)
 record.write_text(json.dumps({"pid": os.getpid(), "argv": sys.argv, "scratch": os.environ.get("ALLOCSTACK_SCRATCH"),
-                              "launcher": os.environ.get("%s"), "name": __name__}))
+                              "launcher": os.environ.get("LIFELINE"), "name": __name__}))
 if sys.argv[2] == "wait":
     time.sleep(60)
 sys.exit(int(sys.argv[2]))
-""" % LIFELINE_ENV
+""".replace("LIFELINE", LIFELINE_ENV)
 
 
 def launch(tmp_path: Path, *options: str, code: str) -> subprocess.Popen[str]:

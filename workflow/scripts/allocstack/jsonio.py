@@ -17,7 +17,6 @@ from .errors import AllocstackError
 from .storage import write_error
 
 
-
 def __getattr__(name: str) -> Any:
     """``jsonio.msgspec``: the msgspec module, or None without it (an image built before msgspec was pinned:
     the standard library alone, the same results, slower). Imported on first use, not with this module: a
