@@ -41,6 +41,10 @@ signal that did not come through launch.py (``kill -9``, the OOM killer, its job
 step cancelled, its node lost) is recorded in RECORD and the job succeeds: its
 leased tasks return to the queue and the other workers finish them; verification
 still decides whether the run succeeded.
+
+Outside an allocation (or without job steps) and without an image, a component without
+``--tolerate-kill`` runs in this launcher's own process (:func:`runs_here`): supervision would
+add nothing there, and it saves an interpreter per component when the stack starts.
 """
 
 from __future__ import annotations
