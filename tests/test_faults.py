@@ -36,16 +36,26 @@ def start(project: Path, config: Path) -> subprocess.Popen:
 
 
 def component_pids(project: Path, needle: str) -> list[int]:
-    """PIDs of the real component processes (python SCRIPT), not their launch.py supervisors."""
-    found = []
+    """PIDs of the processes that run the component's code: ``python SCRIPT`` under a launch.py supervisor
+    (workers), or launch.py itself where it runs the script in its own process (see launch.py runs_here)."""
+    found, launchers = [], {}
     for pid in pids_mentioning(str(project)):
         try:
             argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-        except OSError:
+            parent = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+            environ = b"\0" + Path(f"/proc/{pid}/environ").read_bytes()
+        except (OSError, ValueError, IndexError):
             continue
         if len(argv) > 1 and argv[1].endswith(needle.encode()):
-            found.append(pid)
-    return found
+            found.append((pid, parent))
+        elif len(argv) > 1 and argv[1].endswith(b"launch.py") and b"--" in argv:
+            options, command = argv[:argv.index(b"--")], argv[argv.index(b"--") + 1:]
+            in_step = b"--job-steps" in options and b"\0SLURM_JOB_ID=" in environ
+            supervised = in_step or any(o.startswith((b"--tolerate-kill", b"--image")) for o in options)  # a child
+            if command and command[0].endswith(needle.encode()) and not supervised:
+                launchers[pid] = parent
+    supervising = {parent for _, parent in found}
+    return [pid for pid, _ in found] + [pid for pid in launchers if pid not in supervising]
 
 
 def wait_for(predicate, timeout: float = 60) -> None:

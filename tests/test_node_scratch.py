@@ -19,6 +19,7 @@ from pathlib import Path
 import launch
 import pytest
 
+from allocstack import network
 from allocstack.nodescratch import FIRST_NODE, STEP_ENV, enter, leave, lock_path, locked, step_mount_tree
 from conftest import SCRIPTS
 
@@ -162,7 +163,7 @@ def test_a_step_off_the_first_node_runs_the_wrapper_first_and_as_its_task_epilog
     for top in {Path(path).resolve().parts[1] for path in (Path.cwd(), SCRIPTS, tmp_path)}:
         (image / top).mkdir(parents=True)
     scratch = tmp_path / "allocstack-0" / "run"
-    monkeypatch.setattr(launch, "node_for", lambda index, here, job: f"mn{index + 1}")
+    monkeypatch.setattr(network, "node_for", lambda index, here, job: f"mn{index + 1}")  # launch.py imports it there
     args = launch.parse_args(["--component=worker-03", "--run=run", "--job-steps", "--node-index=1",
                               f"--image={image}", f"--runtime={runtime}", "--", str(SCRIPTS / "worker.py")])
     environ = {"SLURM_JOB_ID": "7", "SLURMD_NODENAME": "mn1", "USER": "root"}

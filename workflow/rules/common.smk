@@ -19,7 +19,6 @@ from snakemake.exceptions import WorkflowError
 from snakemake.logging import logger
 from snakemake.settings.types import DeploymentMethod
 from snakemake.sourcecache import LocalSourceFile
-from snakemake.utils import validate
 
 STARTED_AT = time.time()
 
@@ -87,18 +86,37 @@ def nulls_from_command_line(values, schema):
             nulls_from_command_line(values[key], spec)
 
 
+def fill_defaults(validator, properties, instance, schema):
+    """The ``properties`` keyword that also sets each missing property's ``default`` (as
+    snakemake.utils.validate does), then checks the properties as usual."""
+    if validator.is_type(instance, "object"):  # else "type" names the problem
+        for name, subschema in properties.items():
+            if "default" in subschema:
+                instance.setdefault(name, subschema["default"])
+    yield from jsonschema.Draft202012Validator.VALIDATORS["properties"](
+        validator, properties, instance, schema
+    )
+
+
 def validate_config():
-    """Validate (and fill defaults of) the config; a violation is ONE line naming the key."""
+    """Validate (and fill defaults of) the config; a violation is ONE line naming the key.
+
+    What snakemake.utils.validate does (it honours a module's ``skip_validation`` too), on
+    the schema read once with libyaml: Snakemake would read it again with its pure-Python
+    YAML reader, a twentieth of a second of every command's start.
+    """
     schema_path = workflow.source_path("../schemas/config.schema.yaml")
     with open(schema_path) as handle:
         # libyaml's loader where PyYAML has it: the same document in a tenth of the time
         schema = yaml.load(handle, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
     nulls_from_command_line(config, schema)
-    try:
-        validate(config, schema_path)
-    except WorkflowError:
-        validator = jsonschema.Draft202012Validator(schema)
-        error = jsonschema.exceptions.best_match(validator.iter_errors(config))
+    if workflow.modifier.skip_validation:
+        return
+    defaults = jsonschema.validators.extend(
+        jsonschema.Draft202012Validator, {"properties": fill_defaults}
+    )
+    error = jsonschema.exceptions.best_match(defaults(schema).iter_errors(config))
+    if error is not None:
         key = ".".join(str(part) for part in error.absolute_path) or "config"
         fail_config("config", f"{key}: {error.message}")
 
@@ -511,7 +529,9 @@ def launch(
             return PYTHON
         argv = [
             PYTHON,
-            script("launch.py"),
+            # Absolute, like the component's own path when launch.py starts it as a child: a component that
+            # runs in launch.py's process (outside an allocation, no image) is still found by its path.
+            os.path.abspath(script("launch.py")),
             f"--component={component.format(wildcards=wildcards)}",
             f"--run={wildcards.run}",
             f"--scratch-root={config['scratch'] or ''}",

@@ -17,15 +17,13 @@ import json
 import os
 import sys
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 from plot_timeline import render as render_timeline
 
-from allocstack import SCHEMA_VERSION, names, slurm
+from allocstack import SCHEMA_VERSION, names
 from allocstack.cli import ArgumentParser, positive_float, run, tool_version
-from allocstack.containers import runtime_environ
 from allocstack.endpoint import service_end_path
 from allocstack.errors import EXIT_OK, AllocstackError, report
 from allocstack.events import read_events
@@ -40,9 +38,28 @@ def container_runtime(summary: dict[str, Any]) -> dict[str, Any] | None:
     """The runtime that ran the image, and its version as this node reports it (None without an image)."""
     if not summary.get("image"):
         return None
+    from allocstack.containers import runtime_environ
+
     runtime = summary.get("runtime", "apptainer")
     version = tool_version(version_argv(runtime), runtime_environ(os.environ))
     return {"name": runtime, "program": PROGRAMS[runtime], "version": version}
+
+
+def cluster_facts(job: str | None, summary: dict[str, Any]) -> tuple[str | None, Any, dict[str, Any] | None]:
+    """Slurm's version, the job's steps as accounting records them, and the container runtime: three client
+    programs at once (this runs in the job). Outside an allocation and without an image there is none to ask,
+    and nothing of Slurm's or the runtimes' code is imported."""
+    if not job and not summary.get("image"):
+        return None, None, None
+    from concurrent.futures import ThreadPoolExecutor
+
+    from allocstack import slurm
+
+    with ThreadPoolExecutor(max_workers=3) as pool:
+        version = pool.submit(slurm.version) if job else None
+        steps = pool.submit(slurm.job_steps, job)
+        runtime = pool.submit(container_runtime, summary)
+    return version.result() if version else None, steps.result(), runtime.result()
 
 
 def components(events: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
@@ -116,10 +133,7 @@ def main(argv: list[str] | None = None) -> int:
             atomic_write_text(args.timeline_out, render_timeline(events), 0o644)
         summary = read_json(args.inputs_summary, "inputs summary", diag="prerequisite")
         job = os.environ.get("SLURM_JOB_ID")
-        with ThreadPoolExecutor(max_workers=3) as pool:  # three client programs at once: this runs in the job
-            slurm_version = pool.submit(slurm.version) if job else None
-            steps = pool.submit(slurm.job_steps, job)
-            runtime = pool.submit(container_runtime, summary)
+        slurm_version, steps, runtime = cluster_facts(job, summary)
         atomic_write_json(args.provenance_out, {
             "schemaVersion": SCHEMA_VERSION,
             "collectedAt": time.time(),
@@ -128,12 +142,12 @@ def main(argv: list[str] | None = None) -> int:
             "image": summary.get("image"),
             "imageSha256": summary.get("imageSha256"),
             "slurm": {
-                "version": slurm_version.result() if slurm_version else None,
+                "version": slurm_version,
                 "jobId": job,
                 "node": os.environ.get("SLURMD_NODENAME"),
-                "steps": steps.result(),
+                "steps": steps,
             },
-            "containerRuntime": runtime.result(),
+            "containerRuntime": runtime,
             "components": components(events),
         }, 0o644)
         if not args.keep_scratch:

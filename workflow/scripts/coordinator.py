@@ -74,6 +74,22 @@ TICK_SECONDS = 0.25
 LIVE_INTERVAL = 0.5
 
 
+def peak_rss_mb() -> float:
+    """This process's peak resident memory since it started its program (``VmHWM``), in MB.
+
+    Not ``getrusage``'s ``ru_maxrss`` alone: Linux carries that over ``fork`` and ``exec``, so a
+    coordinator that Snakemake's shell execs into (launch.py running it in its own process) would
+    report Snakemake's own size at the fork.
+    """
+    try:
+        with open("/proc/self/status", encoding="ascii") as status:
+            for line in status:
+                if line.startswith("VmHWM:"):
+                    return round(int(line.split()[1]) / 1024, 1)
+    except OSError:
+        pass
+    return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
+
 def log(line: str) -> None:
     """The coordinator's log is its stderr."""
     print(line, file=sys.stderr, flush=True)
@@ -250,7 +266,7 @@ class Coordinator:
                     resultsSha256=results_sha256, startedAt=self.progress.started_at,
                     listeningAt=self.progress.listening_at, endedAt=time.time(), requests=self.server.requests,
                     journalFsyncs=self.journal.fsyncs, workers=summary["workers"], pid=os.getpid(),
-                    peakRssMb=round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1))
+                    peakRssMb=peak_rss_mb())
         except AllocstackError as error:
             self.fault = self.fault or error
             self.report_once(error, "; the run's outcome is not written: free space, then run the same command "

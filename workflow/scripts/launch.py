@@ -41,6 +41,10 @@ signal that did not come through launch.py (``kill -9``, the OOM killer, its job
 step cancelled, its node lost) is recorded in RECORD and the job succeeds: its
 leased tasks return to the queue and the other workers finish them; verification
 still decides whether the run succeeded.
+
+Outside an allocation (or without job steps) and without an image, a component without
+``--tolerate-kill`` runs in this launcher's own process (:func:`runs_here`): supervision would
+add nothing there, and it saves an interpreter per component when the stack starts.
 """
 
 from __future__ import annotations
@@ -58,27 +62,20 @@ import time
 from collections.abc import Mapping
 from pathlib import Path
 
-from allocstack import slurm
 from allocstack.cli import ArgumentParser, positive_int, run
-from allocstack.containers import (
-    check_mount_points,
-    container_prefix,
-    forked_components,
-    forks_component,
-    mount_tops,
-    mount_tree_dirs,
-    runtime_environ,
-)
 from allocstack.errors import AllocstackError, report
 from allocstack.jsonio import atomic_write_json
 from allocstack.lifeline import ENV as LIFELINE_ENV
 from allocstack.names import VOLUME_PREFIX
-from allocstack.network import node_for
 from allocstack.nodescratch import FIRST_NODE, SCRATCH_ENV, STEP_ENV, step_mount_tree
 from allocstack.program import volume_environment
 from allocstack.runtimes import PROGRAMS
 from allocstack.scratch import ensure_private_dir, resolve_root, run_scratch
 from allocstack.supervise import Supervised
+
+# Imported where they are used, not here: allocstack.slurm (job steps), allocstack.containers (an image) and
+# allocstack.network (a step on another node). Outside an allocation and without an image launch.py needs
+# none of them, and four launchers start at once with the stack on the login node's few CPUs.
 
 
 def step_prefix(component: str, cpus: int, step_args: list[str], node: str | None) -> list[str]:
@@ -156,12 +153,18 @@ def build_argv(args, scratch: Path | None, environ: Mapping[str, str], mount_tre
     if args.node_index and not in_step:
         raise AllocstackError("config", f"{args.component} is placed on node {args.node_index + 1}, but more than "
                                         "one node needs Slurm job steps (slurm.job_steps: true, inside an allocation)")
-    node = node_for(args.node_index, this_node(environ), environ.get("SLURM_JOB_ID", "")) if args.node_index \
-        else this_node(environ)
+    if args.node_index:
+        from allocstack.network import node_for
+
+        node = node_for(args.node_index, this_node(environ), environ.get("SLURM_JOB_ID", ""))
+    else:
+        node = this_node(environ)
     script = Path(args.command[0]).absolute()
     python = "python3" if args.image else sys.executable
     argv = [python, str(script), *args.command[1:]]
     if args.image:
+        from allocstack.containers import container_prefix
+
         env = component_env(args, scratch, environ)
         if in_step:
             env["SLURMD_NODENAME"] = node  # the node the step runs on, not this launcher's
@@ -229,6 +232,8 @@ def prepare_binds(args, scratch: Path | None, environ: Mapping[str, str]) -> tup
         Path(path).mkdir(mode=0o700, parents=True, exist_ok=True)
     if args.runtime != "charliecloud":
         return None, []
+    from allocstack.containers import check_mount_points, mount_tops, mount_tree_dirs
+
     binds, cwd = component_binds(args, scratch), os.getcwd()
     check_mount_points(args.image, mount_tops([*binds, cwd]))
     if scratch is not None and off_node(args, environ):
@@ -278,8 +283,12 @@ def supervise(command: list[str], env: dict[str, str], component: str, kill_reco
     def deliver(child: subprocess.Popen[bytes], signum: int) -> None:
         if forked and signal_forked(child.pid, env.get("SLURM_JOB_ID", "") if in_step else "", component, signum):
             return
-        if not (in_step and slurm.signal_step(env["SLURM_JOB_ID"], component, signum)):
-            child.send_signal(signum)
+        if in_step:
+            from allocstack import slurm
+
+            if slurm.signal_step(env["SLURM_JOB_ID"], component, signum):
+                return
+        child.send_signal(signum)
 
     # Its stderr goes to the log as it is (keep_tail=False): this supervisor adds no copy.
     supervised = Supervised(component, deliver, keep_tail=False)
@@ -311,12 +320,41 @@ def signal_forked(child: int, job_id: str, component: str, signum: int) -> bool:
 
     :param job_id: the allocation when the component is a job step (its processes are not ours).
     """
+    from allocstack import slurm
+    from allocstack.containers import forked_components
+
     pids = slurm.step_pids(job_id, component) if job_id else [child]
     targets = forked_components(pids)
     for pid in targets:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signum)
     return bool(targets)
+
+
+def runs_here(args, command: list[str]) -> bool:
+    """Whether the component can run in this very process: a plain ``python SCRIPT`` (no job step, no image)
+    that no one needs to watch from outside (no ``--tolerate-kill``). Supervision would add nothing then:
+    signals reach the component itself (Snakemake's SIGTERM to a service, Ctrl-C), a SIGKILL ends it as it
+    would have ended launch.py and, through the parent-death signal, the child. So locally the coordinator,
+    the gates and your services cost one interpreter each instead of two (four start at once with the stack)."""
+    return command[0] == sys.executable and args.tolerate_kill is None and not args.image
+
+
+def run_here(command: list[str], env: dict[str, str]) -> int:
+    """Run ``python SCRIPT ARGS`` (``command``) in this interpreter, as that command would, with ``env``.
+
+    No launcher stays behind to watch, so the component gets no ``$ALLOCSTACK_LAUNCHER_PID``. The script's
+    ``sys.exit(code)`` ends this process with its code.
+    """
+    import runpy
+
+    script = command[1]
+    os.environ.update((name, value) for name, value in env.items() if name != LIFELINE_ENV)
+    os.environ.pop(LIFELINE_ENV, None)
+    sys.argv = command[1:]
+    sys.path[0] = str(Path(script).parent)
+    runpy.run_path(script, run_name="__main__")
+    return 0
 
 
 def parse_args(argv: list[str] | None):
@@ -352,6 +390,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     env = {**os.environ, LIFELINE_ENV: str(os.getpid())}
     if args.image and args.runtime == "charliecloud":
+        from allocstack.containers import runtime_environ
+
         env = runtime_environ(env)
     mount_tree = step_dirs = None
     try:
@@ -364,7 +404,11 @@ def main(argv: list[str] | None = None) -> int:
             env[STEP_ENV] = args.component  # node_scratch.py's record of the step on its node
             if scratch is not None:  # a node that sees this mark shares this node's scratch: not its to remove
                 (scratch / FIRST_NODE).touch(mode=0o600)
-        end_time = slurm.allocation_end(env) if args.job_end_time else None
+        end_time = None
+        if args.job_end_time and (env.get("SLURM_JOB_ID") or env.get("SLURM_JOB_END_TIME")):  # else none to find
+            from allocstack import slurm
+
+            end_time = slurm.allocation_end(env)
         if end_time:
             env["SLURM_JOB_END_TIME"] = str(end_time)
         mount_tree, step_dirs = prepare_binds(args, scratch, env)
@@ -373,9 +417,16 @@ def main(argv: list[str] | None = None) -> int:
     except AllocstackError as error:
         remove_mount_tree(mount_tree, step_dirs)
         return report(error)
+    if runs_here(args, command):
+        print(f"launch: {args.component}: in this process: {shlex.join(command[1:])}", file=sys.stderr, flush=True)
+        return run_here(command, env)
     print(f"launch: {args.component}: {shlex.join(command)}", file=sys.stderr, flush=True)
     try:
-        forked = bool(args.image) and forks_component(args.runtime, args.image)
+        forked = False
+        if args.image:
+            from allocstack.containers import forks_component
+
+            forked = forks_component(args.runtime, args.image)
         return supervise(command, env, args.component, args.tolerate_kill, off_node=args.node_index > 0, forked=forked)
     except AllocstackError as error:
         return report(error)

@@ -27,9 +27,7 @@ from typing import Any
 
 from allocstack import names
 from allocstack.cli import ArgumentParser, run
-from allocstack.endpoint import TUNNEL_PORT, read_endpoint, read_view_token, tunnel_command
 from allocstack.errors import EXIT_OK, AllocstackError, report
-from allocstack.scratch import resolve_root, run_scratch
 from allocstack.summary import error_lines, known_runs, live_runs, read_run, render_finished
 
 
@@ -84,6 +82,8 @@ def parse_args(argv: list[str] | None):
 
 def user_scratch(scratch_root: str) -> Path | None:
     """``<root>/allocstack-<uid>``, where live runs publish their endpoints (None if it cannot be resolved)."""
+    from allocstack.scratch import resolve_root, run_scratch
+
     try:
         return run_scratch(resolve_root(scratch_root, os.environ), "x").parent
     except AllocstackError:
@@ -113,6 +113,7 @@ def live_status(path: Path) -> tuple[str, dict[str, Any]]:
     :raises AllocstackError: ``prerequisite`` when it does not answer.
     """
     from allocstack.client import CoordinatorClient  # only a live stack needs the HTTP client
+    from allocstack.endpoint import read_endpoint
     from allocstack.httpclient import TransportError
 
     endpoint = read_endpoint(path)
@@ -150,6 +151,8 @@ def show_finished(args, run: str) -> int:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     try:
+        if args.end_of_run and args.run:  # Snakemake's summary: the records alone (and a quick start)
+            return show_finished(args, args.run)
         if args.endpoint_file:
             run, path = None, args.endpoint_file
         else:
@@ -164,6 +167,8 @@ def main(argv: list[str] | None = None) -> int:
                 raise AllocstackError("prerequisite", f"no endpoint file at {path}: is the stack running on this node?")
             return show_finished(args, run)
         if args.url:
+            from allocstack.endpoint import TUNNEL_PORT, read_endpoint, read_view_token, tunnel_command
+
             endpoint = read_endpoint(path)
             port, view = endpoint.url.rsplit(":", 1)[1], read_view_token(path)
             print(f"{endpoint.url}/ui?token={view}")

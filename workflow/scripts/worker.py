@@ -57,7 +57,6 @@ from allocstack.httpclient import ConnectFailed, TimedOut, TransportError
 from allocstack.jsonio import atomic_write_json, sha256_texts
 from allocstack.lifeline import watch_launcher
 from allocstack.program import await_gates, expand_argv, program_environment
-from allocstack.tunnel import remote_services_environment
 
 Handler = Callable[[str, dict[str, Any]], str]
 
@@ -321,6 +320,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         await_gates(args.gate_record, args.gate_timeout, log)
         if args.remote_services:  # off the first node: your services through their TLS tunnels
+            from allocstack.tunnel import remote_services_environment  # asyncio: only here (~20 ms to import)
+
             os.environ.update(remote_services_environment(args.remote_services, args.uses))
         elif args.scratch:  # your own services' variables (config services), for your program
             os.environ.update(services_environment(args.scratch, args.uses))

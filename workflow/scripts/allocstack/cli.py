@@ -5,10 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import signal
-import socket
-import subprocess
 import sys
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -117,6 +114,9 @@ def container_image() -> str | None:
 
 def runtime_facts() -> dict[str, Any]:
     """Where this component runs: recorded in its start event for the run's provenance."""
+    import platform
+    import socket
+
     return {
         "host": socket.gethostname(),
         "python": sys.executable,
@@ -201,6 +201,8 @@ def tool_version(argv: list[str], env: Mapping[str, str] | None = None) -> str |
 
     ``env``: its whole environment (None: ours; ch-run needs ``$USER``, see :func:`containers.runtime_environ`).
     """
+    import subprocess  # here: most components never ask a tool for its version
+
     try:
         done = subprocess.run(argv, capture_output=True, text=True, timeout=20, check=False,
                               env=None if env is None else dict(env))

@@ -16,10 +16,25 @@ from typing import Any
 from .errors import AllocstackError
 from .storage import write_error
 
-try:
-    import msgspec
-except ImportError:  # the standard library alone (an image built before msgspec was pinned): the same, slower
-    msgspec = None
+
+def __getattr__(name: str) -> Any:
+    """``jsonio.msgspec``: the msgspec module, or None without it (an image built before msgspec was pinned:
+    the standard library alone, the same results, slower). Imported on first use, not with this module: a
+    component that never decodes a document with it (launch.py, the readiness gate, collection, the end-of-run
+    summary) does not pay its import (~13 ms of CPU each). Tests set ``jsonio.msgspec = None``."""
+    if name != "msgspec":
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    try:
+        import msgspec
+    except ImportError:
+        msgspec = None
+    globals()["msgspec"] = msgspec
+    return msgspec
+
+
+def _msgspec() -> Any:
+    """:func:`__getattr__`'s ``msgspec`` from inside this module (a global set by a test wins)."""
+    return globals()["msgspec"] if "msgspec" in globals() else __getattr__("msgspec")
 
 PRIVATE_FILE = 0o600
 
@@ -266,6 +281,7 @@ def loads_bytes(data: bytes) -> Any:
     :raises ValueError: (``JSONDecodeError``, ``UnicodeDecodeError``) or ``RecursionError``, as
         the standard library does.
     """
+    msgspec = _msgspec()
     if msgspec is not None:
         try:
             return msgspec.json.decode(data)
@@ -281,6 +297,7 @@ def dumps_compact(document: Any) -> bytes:
 
     :raises TypeError: for a value JSON cannot hold.
     """
+    msgspec = _msgspec()
     if msgspec is not None:
         try:
             return msgspec.json.encode(document)
@@ -311,6 +328,7 @@ def results_document_fast(document: dict[str, Any], results: list[Any]) -> list[
     DEL (msgspec escapes control characters as the standard library does, and writes other characters as
     they are); None otherwise.
     """
+    msgspec = _msgspec()
     if msgspec is None:
         return None
     try:
