@@ -109,3 +109,22 @@ def test_the_coordinators_peak_memory_is_its_own_not_that_of_the_process_it_was_
     own, inherited = (float(value) for value in done.stdout.split())
     assert inherited > 200  # getrusage carries the forking process's peak over fork and exec
     assert own < 150  # the end record's peakRssMb: this interpreter and the coordinator's modules only
+
+
+def test_sigterm_to_the_jobs_process_group_stops_a_worker_it_is_not_a_kill_from_outside(tmp_path):
+    """A session or batch system ending sends SIGTERM to the job's whole process group: the worker (no handler of
+    its own) dies of it, launch.py gets it too. That is the job being stopped (143, so Snakemake never takes the
+    stack's outputs as complete), not a worker killed from outside (tolerated: exit 0 and a "killed" record).
+    test_supervise covers the order that made this flaky: the child reaped before launch.py's handler ran."""
+    record, script = tmp_path / "worker.json", tmp_path / "worker.py"
+    script.write_text("import pathlib, sys, time\npathlib.Path(sys.argv[1]).write_text('{}')\ntime.sleep(60)\n")
+    env = {name: value for name, value in os.environ.items() if not name.startswith("SLURM_")}
+    proc = subprocess.Popen(
+        [sys.executable, str(SCRIPTS / "launch.py"), "--component=worker-01", "--run=r", f"--scratch-root={tmp_path}",
+         "--job-steps", f"--tolerate-kill={record}", "--", str(script), str(tmp_path / "seen.json")],
+        env=env, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    seen(tmp_path)
+    os.killpg(proc.pid, signal.SIGTERM)
+    _, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 128 + signal.SIGTERM, stderr
+    assert not record.exists() and "killed by SIGTERM from outside" not in stderr

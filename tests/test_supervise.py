@@ -75,6 +75,21 @@ def test_a_child_killed_from_outside_is_not_ended_by_us():
     assert outcome.how() == "killed by SIGKILL"
 
 
+
+def test_a_stop_signal_handled_after_the_child_died_of_it_is_still_ours():
+    """SIGTERM to the job's whole process group: a child without a handler dies of it at once, and the supervisor's
+    own handler may run only after the child was reaped (it then has nothing to pass it on to). The stop is
+    remembered: launch.py must not take it for a kill from outside (tolerated, exit 0: Snakemake would then take
+    an interrupted stack's outputs as complete)."""
+    supervised = Supervised("worker-01")
+    supervised.start([sys.executable, "-c", "import time; time.sleep(60)"], dict(os.environ))
+    supervised.child.send_signal(signal.SIGTERM)  # the child's copy of the group's signal
+    supervised.child.wait()  # reaped before this process handles its own copy
+    os.kill(os.getpid(), signal.SIGTERM)  # the supervisor's copy, handled now
+    outcome = supervised.wait()
+    assert outcome.code == -signal.SIGTERM and outcome.forwarded == frozenset()
+    assert outcome.received == frozenset({signal.SIGTERM}) and outcome.ended_by_us
+
 def test_a_forwarded_signal_goes_through_deliver_and_grace_ends_a_child_that_ignores_it(tmp_path):
     delivered: list[int] = []
 

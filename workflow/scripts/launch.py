@@ -301,7 +301,7 @@ def supervise(command: list[str], env: dict[str, str], component: str, kill_reco
     if signum is None and not lost:
         return outcome.code
     killer = signal.Signals(signum).name if signum else "the loss of its node"
-    if kill_record is not None and not outcome.forwarded:
+    if kill_record is not None and not outcome.received:  # launch.py got no stop signal of its own
         # srun exits 0 when the step's node failed (after Slurm's SlurmdTimeout): the worker wrote no record.
         print(f"launch: {component} was killed by {killer} from outside; tolerated: its leased tasks "
               "return to the queue when their lease expires", file=sys.stderr, flush=True)

@@ -75,11 +75,14 @@ class Outcome:
     killed: bool = False  # still running ``grace`` seconds after that signal: SIGKILLed
     tail: list[str] = field(default_factory=list)  # its last lines of stderr (with keep_tail)
     forwarded: frozenset[int] = frozenset()  # every signal passed on to it
+    #: Every stop signal the supervisor itself got, passed on or not: a signal to the job's whole process group
+    #: may kill a child without a handler before the supervisor's own handler runs (it then finds the child gone).
+    received: frozenset[int] = frozenset()
 
     @property
     def ended_by_us(self) -> bool:
-        """It ended on a signal we passed on (not ``kill -9`` or the OOM killer from outside)."""
-        return self.code < 0 and -self.code in self.forwarded
+        """It ended on a signal we got too (not ``kill -9`` or the OOM killer from outside)."""
+        return self.code < 0 and -self.code in self.received
 
     @property
     def clean_stop(self) -> bool:
@@ -111,6 +114,7 @@ class Supervised:
         self.child: subprocess.Popen[bytes] | None = None
         self.stopped_by: int | None = None
         self.forwarded: set[int] = set()
+        self.received: set[int] = set()
         self.killed = False
         self.tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
         self.grace: float | None = None
@@ -150,6 +154,7 @@ class Supervised:
             print(f"{self.label}: stopped ({signal.Signals(signum).name}) before it started", file=sys.stderr,
                   flush=True)
             os._exit(EXIT_TEMPFAIL)
+        self.received.add(signum)
         if self.child.poll() is not None:
             return
         self.forwarded.add(signum)
@@ -184,4 +189,5 @@ class Supervised:
         code = child.wait()
         if self.reader is not None:
             self.reader.join(timeout=5)
-        return Outcome(code, self.stopped_by, self.killed, list(self.tail), frozenset(self.forwarded))
+        return Outcome(code, self.stopped_by, self.killed, list(self.tail), frozenset(self.forwarded),
+                       frozenset(self.received))
