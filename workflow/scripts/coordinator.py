@@ -90,6 +90,7 @@ def peak_rss_mb() -> float:
         pass
     return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
 
+
 def log(line: str) -> None:
     """The coordinator's log is its stderr."""
     print(line, file=sys.stderr, flush=True)

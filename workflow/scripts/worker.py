@@ -219,18 +219,18 @@ def work(client: CoordinatorClient, worker: str, handler: Handler, batch: int, w
             done: list[tuple[str, str]] = []  # (task id, output): digests and records once per post
             flushed = last = time.monotonic()
             for position, task in enumerate(tasks, start=1):
+                failure = None
                 try:
                     done.append((task["id"], handler(task["id"], task["payload"])))
                 except Exception as exc:  # noqa: BLE001  (a handler may raise anything: that task's failure, not ours)
-                    reason = str(exc) if isinstance(exc, TaskFailure) else f"{type(exc).__name__}: {exc}"
-                    now = time.monotonic()
-                    busy, ran = busy + now - last, ran + 1
-                    report_failure(client, worker, task["id"], reason, tally, log)
-                    last = time.monotonic()
-                    continue
+                    failure = str(exc) if isinstance(exc, TaskFailure) else f"{type(exc).__name__}: {exc}"
                 now = time.monotonic()
                 busy, ran = busy + now - last, ran + 1
                 last = now
+                if failure is not None:
+                    report_failure(client, worker, task["id"], failure, tally, log)
+                    last = time.monotonic()  # reporting it is not the task's time
+                    continue
                 if position < len(tasks) and now - flushed > FLUSH_SECONDS:
                     try:  # a slow batch: acknowledge what is done now (the last result rides on the next claim)
                         count(client.post_results(worker, make_results(done)), tally, log)
