@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
+import signal
+import subprocess
 import sys
 import textwrap
+import time
 
-from conftest import make_tasks, run_script, write_json
+from conftest import SCRIPTS, make_tasks, run_script, write_json
 from workflow_helpers import snakemake
 
 SERVICE = textwrap.dedent("""
@@ -100,3 +104,25 @@ def test_gate_modes_tcp_http_and_command(start_coordinator, tmp_path):
     assert closed.returncode == 24
     usage = run_script("readiness.py", "--endpoint", coordinator.url, "--mode", "command", "--timeout", 1)
     assert usage.returncode == 64
+
+
+def test_sigterm_to_the_jobs_process_group_stops_your_service_cleanly(tmp_path):
+    """Snakemake stops a service job (and Slurm signals a step) with SIGTERM to the whole process group: your
+    service (here without a handler) may die of it before app_service.py handles its own copy. Both orders are
+    the stack being stopped: "stopped", exit 0, never "exited" (verification would fail a good run with
+    service-exit). test_supervise covers the order that made this flaky, deterministically."""
+    service = tmp_path / "service.py"
+    service.write_text("import time\ntime.sleep(60)\n")
+    proc = subprocess.Popen([sys.executable, str(SCRIPTS / "app_service.py"), "--name=db", "--command-json",
+                             json.dumps([sys.executable, str(service)]), "--scratch", str(tmp_path / "scratch")],
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    published = tmp_path / "scratch" / "services" / "db.json"
+    deadline = time.monotonic() + 30
+    while not published.exists():
+        assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read()
+        time.sleep(0.05)
+    os.killpg(proc.pid, signal.SIGTERM)
+    _, stderr = proc.communicate(timeout=60)
+    end = json.loads((tmp_path / "scratch" / "services" / "db.end.json").read_text())
+    assert proc.returncode == 0 and end["status"] == "stopped", (end, stderr)
+    assert end["how"] == "killed by SIGTERM" and "stopped cleanly" in stderr

@@ -89,6 +89,29 @@ def test_a_stop_signal_handled_after_the_child_died_of_it_is_still_ours():
     outcome = supervised.wait()
     assert outcome.code == -signal.SIGTERM and outcome.forwarded == frozenset()
     assert outcome.received == frozenset({signal.SIGTERM}) and outcome.ended_by_us
+    # a service ended this way was stopped by allocstack, cleanly (app_service.py's end record says "stopped")
+    assert outcome.stop_signal == signal.SIGTERM and outcome.clean_stop
+
+
+@pytest.mark.parametrize(("code", "received", "stop_signal", "clean"), [
+    (-signal.SIGTERM, {signal.SIGTERM}, signal.SIGTERM, True),  # died of the group's signal first
+    (0, {signal.SIGTERM}, signal.SIGTERM, True),  # its own handler ended it with 0
+    (128 + signal.SIGTERM, {signal.SIGTERM}, signal.SIGTERM, True),  # ... or with 128 + N, as a shell does
+    (-signal.SIGINT, {signal.SIGHUP, signal.SIGINT}, signal.SIGINT, True),
+    (1, {signal.SIGTERM}, None, False),  # a crash is not a stop, whatever arrived at the same time
+    (-signal.SIGKILL, {signal.SIGTERM}, None, False),  # kill -9 / the OOM killer from outside
+    (-signal.SIGTERM, set(), None, False),  # a SIGTERM we never got: someone else's
+])
+def test_the_stop_signal_of_a_child_that_ended_before_it_was_passed_on(code, received, stop_signal, clean):
+    outcome = Outcome(code, received=frozenset(received))
+    assert outcome.stop_signal == stop_signal and outcome.clean_stop is clean
+
+
+def test_a_passed_on_signal_is_the_stop_whatever_else_arrived():
+    outcome = Outcome(-signal.SIGTERM, stopped_by=signal.SIGTERM, forwarded=frozenset({signal.SIGTERM}),
+                      received=frozenset({signal.SIGTERM, signal.SIGINT}))
+    assert outcome.stop_signal == signal.SIGTERM and outcome.clean_stop
+    assert not Outcome(-signal.SIGKILL, stopped_by=signal.SIGTERM, killed=True).clean_stop
 
 def test_a_forwarded_signal_goes_through_deliver_and_grace_ends_a_child_that_ignores_it(tmp_path):
     delivered: list[int] = []

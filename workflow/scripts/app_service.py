@@ -86,7 +86,7 @@ def take_port(port: int) -> int:
 
 
 def end_status(outcome: Outcome) -> str:
-    if outcome.stopped_by is None:
+    if outcome.stop_signal is None:
         return "exited"
     if outcome.killed:
         return "killed"

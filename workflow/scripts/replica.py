@@ -91,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
     status = "done" if outcome.code == 0 else "failed"
     append_event(events, "worker-end", worker=worker, status=status, exitCode=outcome.code)
     if outcome.code != 0:
-        why = " (stopped by allocstack)" if outcome.stopped_by is not None else ""
+        why = " (stopped by allocstack)" if outcome.stop_signal is not None else ""
         return report(AllocstackError("worker-exit", f"{worker} ({describe(args.command_json)}) {outcome.how()}{why}"))
     if args.record:
         atomic_write_json(args.record, {"schemaVersion": SCHEMA_VERSION, "workerId": worker, "status": status,

@@ -85,9 +85,19 @@ class Outcome:
         return self.code < 0 and -self.code in self.received
 
     @property
+    def stop_signal(self) -> int | None:
+        """The stop signal that ended it: the first one passed on to it; or, when a signal to the job's whole
+        process group (Snakemake stopping a service, Slurm signalling a step) ended it before the supervisor's
+        own handler ran, the signal the supervisor got too and it ended as that signal ends a program.
+        None: it ended by itself."""
+        if self.stopped_by is not None:
+            return self.stopped_by
+        return next((sig for sig in sorted(self.received) if self.code in (0, -sig, 128 + sig)), None)
+
+    @property
     def clean_stop(self) -> bool:
         """Stopped by us and ended as a program stopped that way should: 0, or by that signal."""
-        sig = self.stopped_by
+        sig = self.stop_signal
         return sig is not None and not self.killed and self.code in (0, -sig, 128 + sig)
 
     @property
