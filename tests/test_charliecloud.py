@@ -26,7 +26,7 @@ from container_helpers import assert_killed_launcher_leaves_nothing, assert_sigt
 from test_compose_stacks import STACK, check_stack_ran, import_test_stack
 from test_containers import make_image
 from test_faults import component_pids, journaled, slow_run, wait_for
-from test_slurm import TEST_RESOURCES, assert_a_completed_step_per_component, submitted_jobs
+from test_slurm import TEST_RESOURCES, assert_a_completed_step_per_component, the_stack_job
 
 from conftest import SCRIPTS, local_user, make_tasks, pids_mentioning, run_script, write_json
 from real_parts import require_charliecloud, require_charliecloud_squashfs, require_slurm
@@ -330,7 +330,7 @@ def test_baseline_through_the_slurm_profile_without_apptainer(project, any_image
                      *charliecloud_run(image=image), timeout=600, env={"PATH": NO_APPTAINER_PATH})
     output = done.stdout + done.stderr
     assert done.returncode == 0, output[-4000:]
-    [job] = submitted_jobs(output)  # one sbatch job for the whole stack
+    job = the_stack_job(output, project)  # one sbatch job for the whole stack
     provenance = assert_ran_in_the_image(project, "baseline", image)
     assert provenance["slurm"]["jobId"] == job
     for name, component in provenance["components"].items():

@@ -13,7 +13,7 @@ import textwrap
 import time
 
 import pytest
-from test_slurm import TEST_RESOURCES, cluster_project, steps, submitted_jobs  # noqa: F401 (a fixture)
+from test_slurm import TEST_RESOURCES, cluster_project, steps, the_stack_job  # noqa: F401 (a fixture)
 
 from conftest import ROOT, run_script
 from workflow_helpers import snakemake
@@ -107,7 +107,7 @@ def test_an_imported_stack_runs_on_the_cluster(cluster_project, name):  # noqa: 
     output = done.stdout + done.stderr
     assert done.returncode == 0, output[-4000:]
     check_stack_ran(project, name)
-    [job] = submitted_jobs(output)  # the whole stack is one sbatch job
+    job = the_stack_job(output, project)  # the whole stack is one sbatch job
     wanted = {*STACK[name][2], *(f"{s}-readiness" for s in STACK[name][2]), "worker-01", "worker-02", "check"}
     for _ in range(20):  # accounting records a step when it ends
         job_steps = steps(job)

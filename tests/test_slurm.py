@@ -36,6 +36,20 @@ def submitted_jobs(output: str) -> list[str]:
     return re.findall(r"submitted with SLURM jobid (\d+)", output)
 
 
+def the_stack_job(output: str, project) -> str:
+    """The run's one sbatch job (the whole stack). More than one means an attempt failed and the profile's
+    ``retries`` submitted the stack again: fail with what each earlier attempt's Slurm log says, not a bare count."""
+    jobs = submitted_jobs(output)
+    if len(jobs) == 1:
+        return jobs[0]
+    logs = {job: sorted(project.glob(f"logs/slurm/*/{job}.log")) for job in jobs[:-1]}
+    tails = "\n".join(f"--- job {job}: {paths[0] if paths else 'no Slurm log'}\n"
+                      + ("\n".join(paths[0].read_text(errors="replace").splitlines()[-40:]) if paths else "")
+                      for job, paths in logs.items())
+    pytest.fail(f"{len(jobs)} sbatch jobs {jobs} for one stack (retried after a failed attempt):\n{tails}\n"
+                f"--- Snakemake's output, its end:\n{output[-3000:]}")
+
+
 def steps(job: str) -> dict[str, str]:
     listing = subprocess.run(["sacct", "-j", job, "--noheader", "--parsable2", "--format=JobID,JobName,State"],
                              capture_output=True, text=True, timeout=30, check=False).stdout
@@ -70,7 +84,7 @@ def test_baseline_is_one_sbatch_job_with_a_step_per_component(cluster_project):
     assert done.returncode == 0, output[-4000:]
     marker = json.loads((project / "results/baseline/result.json").read_text())
     assert marker["status"] == "success" and marker["taskCount"] == 4
-    [job] = submitted_jobs(output)  # exactly one sbatch job for the whole stack
+    job = the_stack_job(output, project)  # exactly one sbatch job for the whole stack
     assert_a_completed_step_per_component(job)
     provenance = json.loads((project / "results/baseline/provenance.json").read_text())
     assert provenance["slurm"]["jobId"] == job and provenance["slurm"]["node"]
@@ -108,7 +122,7 @@ def test_time_limit_is_reported_nothing_is_left_and_a_rerun_succeeds(cluster_pro
     assert done.returncode != 0
     assert elapsed < 300, f"Snakemake took {elapsed:.0f} s to report the time limit"
     assert not (project / "results/long/result.json").exists()
-    [job] = submitted_jobs(output)
+    job = the_stack_job(output, project)
     state = job_state(job)
     assert state == "TIMEOUT", state
     slurm_logs = "".join(p.read_text() for p in (project / "logs/slurm").rglob("*.log"))
@@ -212,7 +226,7 @@ def test_examples_run_on_the_cluster(cluster_project, configfile, run):
                      "--configfile", configfile, "--config", f"image={image}", timeout=600)
     output = done.stdout + done.stderr
     assert done.returncode == 0, output[-4000:]
-    assert len(submitted_jobs(output)) == 1
+    the_stack_job(output, project)
     assert json.loads((project / f"results/{run}/result.json").read_text())["status"] == "success"
     if run == "wordcount":
         assert "words in 8 chunks agree" in (project / "logs/verify_results/wordcount.log").read_text()

@@ -20,7 +20,7 @@ def read(path):
 
 
 jobs = read(args.jobs)
-with urllib.request.urlopen(os.environ["KV_URL"] + "/kv", timeout=5) as response:
+with urllib.request.urlopen(os.environ["KV_URL"] + "/kv", timeout=30) as response:
     answers = json.load(response)
 notes = [read(path) for path in sorted(glob.glob(os.path.join(args.out, "*.json")))]
 done = [job_id for note in notes for job_id in note]

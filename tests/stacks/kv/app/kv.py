@@ -57,4 +57,8 @@ class Handler(BaseHTTPRequestHandler):
         pass
 
 
-ThreadingHTTPServer((args.host, args.port), Handler).serve_forever()
+class Server(ThreadingHTTPServer):
+    request_queue_size = 64  # the stdlib's 5 drops connections when replicas and probes arrive at once
+
+
+Server((args.host, args.port), Handler).serve_forever()

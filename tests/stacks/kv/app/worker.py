@@ -11,7 +11,7 @@ me = f"{socket.gethostname()}-{os.getpid()}"
 
 def call(method, path, body=None):
     request = urllib.request.Request(KV + path, method=method, data=json.dumps(body).encode())
-    with urllib.request.urlopen(request, timeout=5) as response:
+    with urllib.request.urlopen(request, timeout=30) as response:
         return json.load(response)
 
 
