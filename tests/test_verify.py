@@ -158,10 +158,24 @@ def _wrong_expected_digest(tmp_path):  # as _wrong_digest makes result 3's: only
     write_json(tmp_path / "expected.json", document)
 
 
+def _no_results(tmp_path):  # read after both documents are hashed: still their errors first
+    (tmp_path / "results.json").unlink()
+
+
+def _no_tasks_nor_results(tmp_path):
+    (tmp_path / "results.json").unlink()
+    (tmp_path / "tasks.json").unlink()
+
+
+def _no_expected(tmp_path):
+    (tmp_path / "expected.json").unlink()
+
+
 @pytest.mark.parametrize("corrupt, change", [
     *((corrupt, None) for corrupt in (None, _dup, _drop, _wrong_output, _wrong_digest, _unknown_id, _extra_key,
                                       _bad_version, reversed)),
-    *((None, change) for change in (_swap_tasks, _corrupt_tasks, _corrupt_expected, _edit_expected)),
+    *((None, change) for change in (_swap_tasks, _corrupt_tasks, _corrupt_expected, _edit_expected, _no_results,
+                                    _no_tasks_nor_results, _no_expected)),
     (_wrong_digest, _wrong_expected_digest), (reversed, _swap_tasks),
 ])
 def test_validated_inputs_give_the_same_verdict(run_files, corrupt, change):

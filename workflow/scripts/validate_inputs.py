@@ -27,8 +27,9 @@ from allocstack.handlers import check_baseline_tasks
 from allocstack.jsonio import atomic_write_json, atomic_write_text, check_sidecar
 from allocstack.runtimes import PROGRAMS
 from allocstack.taskset import (
+    expected_digests_from_facts,
     expected_facts,
-    expected_sha256_from_facts,
+    listing_sha256,
     load_expected_and_digest,
     load_tasks_and_digest,
 )
@@ -82,20 +83,22 @@ def check_tasks(args) -> dict[str, Any]:
     When the child does not prove it valid, it is validated here, which names the first problem.
     """
     if args.tasks is None:
-        return {"taskCount": None, "inputSha256": None, "expectedSha256": None, "outputBytes": None}
+        return {"taskCount": None, "inputSha256": None, "expectedSha256": None, "expectedListingSha256": None,
+                "outputBytes": None}
     with Forked(expected_facts, str(args.expected)) if large(args.expected) else nullcontext() as child:
         tasks, tasks_sha256 = load_tasks_and_digest(str(args.tasks))
         output_bytes = None  # unknown: the user's program decides
         if args.handler == "baseline":
             output_bytes = check_baseline_tasks(tasks, f"tasks {args.tasks}")
-        expected_sha256 = None
+        digests = None, None
         if args.expected:  # the digest of exactly the bytes validated: verification trusts what it names (verify.py)
-            expected_sha256 = expected_sha256_from_facts(child.result(), tasks) if child else None
-            if expected_sha256 is None:
-                _, expected_sha256 = load_expected_and_digest(str(args.expected), tasks,
-                                                              mismatch_hint=mismatch_hint(args.tasks, args.expected))
-    return {"taskCount": len(tasks), "inputSha256": tasks_sha256, "expectedSha256": expected_sha256,
-            "outputBytes": output_bytes}
+            digests = expected_digests_from_facts(child.result(), tasks) if child else None
+            if digests is None:
+                expected, expected_sha256 = load_expected_and_digest(
+                    str(args.expected), tasks, mismatch_hint=mismatch_hint(args.tasks, args.expected))
+                digests = expected_sha256, listing_sha256(tasks.ids, expected.outputs, expected.digests)
+    return {"taskCount": len(tasks), "inputSha256": tasks_sha256, "expectedSha256": digests[0],
+            "expectedListingSha256": digests[1], "outputBytes": output_bytes}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -22,6 +22,7 @@ from __future__ import annotations
 import os
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +33,7 @@ from allocstack.events import gate_precedes_workers, read_events
 from allocstack.jsonio import (
     atomic_write_chunks,
     atomic_write_json,
+    document_sha256,
     loads_bytes,
     msgspec,
     read_bytes,
@@ -51,10 +53,10 @@ from allocstack.taskset import (
     ExpectedResults,
     TaskSet,
     ascending,
+    listing_sha256,
     load_expected,
     load_tasks_and_digest,
-    validated_digests,
-    validated_expected,
+    validated_summary,
 )
 
 _RESULT_KEYS = {"taskId", "workerId", "output", "sha256"}
@@ -84,14 +86,11 @@ def results_in_order(raw: bytes, ids: list[str], expected: ExpectedResults | Non
     """The results of ``raw`` (records) when msgspec reads them, they are for ``ids`` in this order, and
     each output and digest is the expected one (without ``expected``: each digest that of its output);
     else None."""
-    if msgspec is None:
-        return None
-    try:
-        document = RESULTS_DOCUMENT.decode(raw)
-    except msgspec.MsgspecError:
+    document = decode_results_fast(raw)
+    if document is None:
         return None
     results = document.results
-    if document.schemaVersion != SCHEMA_VERSION or [result.taskId for result in results] != ids:
+    if [result.taskId for result in results] != ids:
         return None
     outputs = [result.output for result in results]
     digests = [result.sha256 for result in results]
@@ -105,39 +104,63 @@ def results_in_order(raw: bytes, ids: list[str], expected: ExpectedResults | Non
 
 def verify_validated(args) -> tuple[dict[str, Any], list[Any] | memoryview] | None:
     """:func:`verify_tasks` when validate_inputs' summary proves the task and expected documents are the
-    bytes it validated (their SHA-256 is the summary's): they are not validated again, the results
-    are compared with the expected ones list against list. The same verdict, the same marker, the
-    same first error where one is certain (the coordinator's end record); None for every other
-    case (e.g. a swapped file, results out of order), which :func:`verify_tasks` then checks one by one.
+    bytes it validated (their SHA-256 is the summary's): they are not read again, only hashed (each in a
+    thread, while results.json is decoded here), and the results are compared with the expected ones
+    through the listing digest the summary holds (:func:`listing_sha256` of the expected results in task
+    order). The same verdict, the same marker, the same first error where one is certain (a document
+    that cannot be read, the coordinator's end record); None for every other case (e.g. a swapped file,
+    results out of order), which :func:`verify_tasks` then checks one by one.
     With the end record, results.json's list is copied into the marker (see :func:`write_marker`): the
     record's digest says the coordinator wrote it, in the marker's own text.
     """
-    input_digest, expected_digest = validated_digests(args.inputs_summary)
-    if args.expected is None or not isinstance(input_digest, str) or not isinstance(expected_digest, str):
+    summary = validated_summary(args.inputs_summary)
+    input_digest, expected_digest = summary.get("inputSha256"), summary.get("expectedSha256")
+    listing, count = summary.get("expectedListingSha256"), summary.get("taskCount")
+    if (args.expected is None or not isinstance(input_digest, str) or not isinstance(expected_digest, str)
+            or not isinstance(listing, str) or type(count) is not int):
         return None
-    input_sha256 = sha256_bytes(read_bytes(args.input, "tasks"))
-    if input_sha256 != input_digest:
-        return None
-    raw_expected = read_bytes(args.expected, "expected")
-    if sha256_bytes(raw_expected) != expected_digest:
-        return None
-    validated = validated_expected(raw_expected)
-    del raw_expected
-    if validated is None or not ascending(validated[0]):  # ids in order: so those of results sorted by task id
-        return None
-    ids, expected = validated
-    raw = read_bytes(args.results, "results", diag="verification")
-    results_sha256 = sha256_bytes(raw)
+    with ThreadPoolExecutor(2) as pool:
+        input_hash = pool.submit(document_sha256, args.input, "tasks")
+        expected_hash = pool.submit(document_sha256, args.expected, "expected")
+        raw: bytes | AllocstackError
+        try:
+            raw = read_bytes(args.results, "results", diag="verification")
+        except AllocstackError as error:  # named after the documents read before it (the order of the checks)
+            raw = error
+        else:
+            results_sha256 = sha256_bytes(raw)
+            document = decode_results_fast(raw)
+        input_sha256 = input_hash.result()
+        if input_sha256 != input_digest or expected_hash.result() != expected_digest:
+            return None
+    if isinstance(raw, AllocstackError):
+        raise raw
     if args.end_record:  # validation passed on these bytes: this check comes next, with the same facts
-        endrecord.check_completed(endrecord.read(args.end_record), len(ids), input_sha256, results_sha256)
-    results = results_in_order(raw, ids, expected)
-    if results is None:
+        endrecord.check_completed(endrecord.read(args.end_record), count, input_sha256, results_sha256)
+    if document is None or len(document.results) != count:
         return None
-    facts = {"taskCount": len(ids), "inputSha256": input_sha256, "resultsSha256": results_sha256}
+    results = document.results
+    ids = [result.taskId for result in results]
+    if not ascending(ids) or listing_sha256(ids, [result.output for result in results],
+                                            [result.sha256 for result in results]) != listing:
+        return None  # ids in order: so sorted by task id, as the marker lists them
+    facts = {"taskCount": count, "inputSha256": input_sha256, "resultsSha256": results_sha256}
     # The coordinator's results.json (its end record has their digest) in task id order: its list is
     # the marker's list, as the marker's writer would write it (the same writer, json.dumps' text).
-    listing = results_listing(raw, {"schemaVersion": SCHEMA_VERSION}) if args.end_record else None
-    return facts, results if listing is None else listing
+    listing_text = results_listing(raw, {"schemaVersion": SCHEMA_VERSION}) if args.end_record else None
+    return facts, results if listing_text is None else listing_text
+
+
+def decode_results_fast(raw: bytes) -> Any:
+    """results.json's bytes as records (output, sha256, taskId, workerId) when msgspec reads them as a
+    schemaVersion 1 document; else None (the checks one by one then name the problem)."""
+    if msgspec is None:
+        return None
+    try:
+        document = RESULTS_DOCUMENT.decode(raw)
+    except msgspec.MsgspecError:
+        return None
+    return document if document.schemaVersion == SCHEMA_VERSION else None
 
 
 def check_results(document: Any, tasks: TaskSet, expected: ExpectedResults | None) -> list[dict[str, Any]]:

@@ -115,12 +115,29 @@ def read_bytes(path: str | os.PathLike, what: str, diag: str = "input") -> bytes
     try:
         with open(path, "rb") as handle:
             return handle.read()
-    except FileNotFoundError as exc:
-        raise AllocstackError(diag, f"{what} file {path} does not exist") from exc
-    except IsADirectoryError as exc:
-        raise AllocstackError(diag, f"{what} file {path} is a directory") from exc
     except OSError as exc:
-        raise AllocstackError(diag, f"cannot read {what} file {path}: {exc.strerror}") from exc
+        raise _read_error(path, what, diag, exc) from exc
+
+
+def document_sha256(path: str | os.PathLike, what: str, diag: str = "input") -> str:
+    """The SHA-256 (hex) of a document's bytes, streamed (in a thread, beside other work: hashing releases
+    the GIL); every failure to read it the line :func:`read_bytes` gives.
+
+    :raises AllocstackError: ``diag`` when the file is missing or unreadable.
+    """
+    try:
+        with open(path, "rb") as handle:
+            return hashlib.file_digest(handle, "sha256").hexdigest()
+    except OSError as exc:
+        raise _read_error(path, what, diag, exc) from exc
+
+
+def _read_error(path: str | os.PathLike, what: str, diag: str, exc: OSError) -> AllocstackError:
+    if isinstance(exc, FileNotFoundError):
+        return AllocstackError(diag, f"{what} file {path} does not exist")
+    if isinstance(exc, IsADirectoryError):
+        return AllocstackError(diag, f"{what} file {path} is a directory")
+    return AllocstackError(diag, f"cannot read {what} file {path}: {exc.strerror}")
 
 
 def loads_strict(raw: bytes, path: str | os.PathLike, what: str, diag: str = "input") -> Any:

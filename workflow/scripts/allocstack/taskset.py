@@ -413,13 +413,29 @@ def ids_sha256(ids: list[str]) -> str:
     return hashlib.sha256("\n".join(ids).encode("utf-8")).hexdigest()
 
 
+def listing_sha256(ids: list[str], outputs: list[str], digests: list[str]) -> str | None:
+    """The SHA-256 of results as ``[ids, outputs, digests]`` in one JSON document (msgspec's encoding: equal
+    digests, equal lists), or None without msgspec or for a string it cannot encode (a lone surrogate).
+
+    validate_inputs records it for the expected results in task order; verification compares
+    results.json's results with them through it, without reading the expected document again.
+    """
+    if msgspec is None:
+        return None
+    try:
+        return hashlib.sha256(msgspec.json.encode([ids, outputs, digests])).hexdigest()
+    except UnicodeEncodeError:
+        return None
+
+
 def expected_facts(path: str) -> list[Any] | None:
     """The expected document at ``path`` checked on its own, without the task set: when msgspec reads it
     and each digest is its output's, ``[its result count, ids_sha256 of its task ids in its order, the
-    SHA-256 of its bytes]``; None otherwise, or when it cannot be read.
+    SHA-256 of its bytes, the listing_sha256 of its results in its order]``; None otherwise, or when it
+    cannot be read.
 
     The task set then completes :func:`_expected_fast`'s verdict in two comparisons
-    (:func:`expected_sha256_from_facts`), so this half can run in another process while the task
+    (:func:`expected_digests_from_facts`), so this half can run in another process while the task
     document is read (validate_inputs: 1M results in about a second and a half).
     """
     try:
@@ -430,18 +446,22 @@ def expected_facts(path: str) -> list[Any] | None:
     if document is None:
         return None
     entries = document.results
-    if sha256_texts([entry.output for entry in entries]) != [entry.sha256 for entry in entries]:
+    ids = [entry.taskId for entry in entries]
+    outputs = [entry.output for entry in entries]
+    digests = [entry.sha256 for entry in entries]
+    del document, entries
+    if sha256_texts(outputs) != digests:
         return None
-    return [len(entries), ids_sha256([entry.taskId for entry in entries]), hashlib.sha256(raw).hexdigest()]
+    return [len(ids), ids_sha256(ids), hashlib.sha256(raw).hexdigest(), listing_sha256(ids, outputs, digests)]
 
 
-def expected_sha256_from_facts(facts: Any, tasks: TaskSet) -> str | None:
-    """The expected document's SHA-256 when its :func:`expected_facts` prove it valid for ``tasks`` (one
-    result per task, in the task order, as :func:`_expected_fast` accepts it); None to validate it again
-    (:func:`load_expected_and_digest`, which names any problem)."""
-    if (isinstance(facts, list) and len(facts) == 3 and facts[0] == len(tasks)
+def expected_digests_from_facts(facts: Any, tasks: TaskSet) -> tuple[str, str | None] | None:
+    """The expected document's SHA-256 and :func:`listing_sha256` when its :func:`expected_facts` prove it
+    valid for ``tasks`` (one result per task, in the task order, as :func:`_expected_fast` accepts it);
+    None to validate it again (:func:`load_expected_and_digest`, which names any problem)."""
+    if (isinstance(facts, list) and len(facts) == 4 and facts[0] == len(tasks)
             and facts[1] == ids_sha256(tasks.ids) and isinstance(facts[2], str)):
-        return facts[2]
+        return facts[2], facts[3]
     return None
 
 
@@ -498,15 +518,21 @@ def load_expected_and_digest(path: str, tasks: TaskSet, what: str = "expected",
     return fast, hashlib.sha256(raw).hexdigest()
 
 
-def validated_digests(summary: Path | None) -> tuple[Any, Any]:
-    """The inputSha256 and expectedSha256 that validate_inputs' summary holds: the digests of the task and
-    expected documents it validated ((None, None) without a summary, or one that cannot be read: whoever
-    needs the summary names that problem in its turn)."""
+def validated_summary(summary: Path | None) -> dict[str, Any]:
+    """validate_inputs' summary: its inputSha256 and expectedSha256 are the digests of the task and expected
+    documents it validated, expectedListingSha256 the expected results' :func:`listing_sha256` in task order
+    ({} without a summary, or one that cannot be read: whoever needs the summary names that problem in its turn)."""
     try:
         document = loads_bytes(summary.read_bytes()) if summary is not None else None
     except (OSError, ValueError, RecursionError):
-        return None, None
-    return (document.get("inputSha256"), document.get("expectedSha256")) if isinstance(document, dict) else (None, None)
+        return {}
+    return document if isinstance(document, dict) else {}
+
+
+def validated_digests(summary: Path | None) -> tuple[Any, Any]:
+    """The inputSha256 and expectedSha256 of :func:`validated_summary` (None where it has none)."""
+    document = validated_summary(summary)
+    return document.get("inputSha256"), document.get("expectedSha256")
 
 
 def validated_expected(raw: bytes) -> tuple[list[str], ExpectedResults] | None:
