@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
@@ -32,6 +33,7 @@ from allocstack.taskset import (
     listing_sha256,
     load_expected_and_digest,
     load_tasks_and_digest,
+    write_compact,
 )
 
 #: An expected document this large is checked in a second process while this one reads the task document
@@ -57,6 +59,8 @@ def parse_args(argv: list[str] | None):
     parser.add_argument("--image", type=Path, help="container image whose .sha256 sidecar must match")
     parser.add_argument("--runtime", choices=sorted(PROGRAMS), default="apptainer", help="container runtime of --image")
     parser.add_argument("--output", required=True, type=Path, help="where to write the summary")
+    parser.add_argument("--compact-tasks", type=Path,
+                        help="also write the validated task set here, for the coordinator to load (with --tasks)")
     parser.add_argument("--decision-record", type=Path, help="then write the run's decision record here (Markdown)")
     parser.add_argument("--run", default="", help="run name, in the decision record's title")
     parser.add_argument("--decisions-json", type=json.loads, default={}, help="config `decisions` as JSON")
@@ -64,6 +68,8 @@ def parse_args(argv: list[str] | None):
     args = parser.parse_args(argv)
     if args.decision_record and not args.decisions_json:
         parser.error("--decision-record needs --decisions-json")
+    if args.compact_tasks and not args.tasks:
+        parser.error("--compact-tasks needs --tasks")
     return args
 
 
@@ -81,12 +87,17 @@ def check_tasks(args) -> dict[str, Any]:
     A large expected document is checked on its own (decoded, each output's digest) in a forked
     child while this process reads the task document; the task set then completes the verdict.
     When the child does not prove it valid, it is validated here, which names the first problem.
+    With ``--compact-tasks`` the task set is written there for the coordinator (a thread, while the
+    payloads and the expected results are checked; removed by :func:`main` if a check fails).
     """
     if args.tasks is None:
         return {"taskCount": None, "inputSha256": None, "expectedSha256": None, "expectedListingSha256": None,
-                "outputBytes": None}
-    with Forked(expected_facts, str(args.expected)) if large(args.expected) else nullcontext() as child:
+                "compactTasksSha256": None, "outputBytes": None}
+    # The child first: a process with a thread must not fork.
+    with (Forked(expected_facts, str(args.expected)) if large(args.expected) else nullcontext() as child,
+          ThreadPoolExecutor(1) as writer):
         tasks, tasks_sha256 = load_tasks_and_digest(str(args.tasks))
+        compact = writer.submit(write_compact, args.compact_tasks, tasks, tasks_sha256) if args.compact_tasks else None
         output_bytes = None  # unknown: the user's program decides
         if args.handler == "baseline":
             output_bytes = check_baseline_tasks(tasks, f"tasks {args.tasks}")
@@ -97,8 +108,9 @@ def check_tasks(args) -> dict[str, Any]:
                 expected, expected_sha256 = load_expected_and_digest(
                     str(args.expected), tasks, mismatch_hint=mismatch_hint(args.tasks, args.expected))
                 digests = expected_sha256, listing_sha256(tasks.ids, expected.outputs, expected.digests)
+        compact_sha256 = compact.result() if compact else None
     return {"taskCount": len(tasks), "inputSha256": tasks_sha256, "expectedSha256": digests[0],
-            "expectedListingSha256": digests[1], "outputBytes": output_bytes}
+            "expectedListingSha256": digests[1], "compactTasksSha256": compact_sha256, "outputBytes": output_bytes}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -115,6 +127,8 @@ def main(argv: list[str] | None = None) -> int:
             atomic_write_text(args.decision_record, render_decisions(args.run, args.decisions_json, args.facts_json),
                               0o644)
     except AllocstackError as error:
+        if args.compact_tasks:
+            args.compact_tasks.unlink(missing_ok=True)  # bad inputs leave nothing behind
         return report(error)
     if args.tasks is None:
         print("validate_inputs: no task document (your own stack)" + (", image digest matches" if args.image else ""),
