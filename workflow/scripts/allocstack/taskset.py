@@ -407,15 +407,16 @@ def write_compact(path: str | os.PathLike, tasks: TaskSet, input_sha256: str) ->
     """Write ``tasks`` (validated, from the document whose SHA-256 is ``input_sha256``) as a compact task set,
     atomically; its SHA-256 (hex).
 
-    :data:`COMPACT_MAGIC`, one JSON line (the count, the byte length of each part, the document's
-    digest, the offsets' byte order), then the ids one a line, the payloads end to end, and their
-    offsets (``array("Q")``). :func:`read_compact` reads it back in a tenth of a document's decoding.
+    :data:`COMPACT_MAGIC`, one JSON line (the count, whether the ids ascend, the byte length of each
+    part, the document's digest, the offsets' byte order), then the ids one a line, the payloads end
+    to end, and their offsets (``array("Q")``). :func:`read_compact` reads it back in a tenth of a
+    document's decoding.
 
     :raises AllocstackError: ``storage`` or ``io`` when it cannot be written.
     """
     ids = "\n".join(tasks.ids).encode("ascii")  # valid ids are ASCII
     offsets = tasks._offsets.tobytes()
-    header = {"count": len(tasks), "inputSha256": input_sha256, "idsBytes": len(ids),
+    header = {"count": len(tasks), "inputSha256": input_sha256, "ascending": tasks.ascending, "idsBytes": len(ids),
               "payloadBytes": len(tasks._payloads), "offsetsBytes": len(offsets), "byteorder": sys.byteorder}
     return atomic_write_chunks(path, (COMPACT_MAGIC, json.dumps(header).encode("ascii") + b"\n", ids,
                                       memoryview(tasks._payloads), offsets), 0o644)
@@ -452,6 +453,8 @@ def read_compact(path: str | os.PathLike, sha256: str, input_sha256: str) -> Tas
     del raw
     if len(ids) != count or offsets[0] != 0 or offsets[-1] != len(payloads):
         return None
+    if header.get("ascending") is True:  # as validation found them (the file's digest is the one it recorded)
+        return TaskSet(ids, payloads, offsets)
     return _build(ids, payloads, offsets)
 
 
