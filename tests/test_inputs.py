@@ -155,6 +155,7 @@ def test_an_expected_document_checked_in_a_child_gives_the_same_verdict(case, tm
     (validate_inputs.FORK_BYTES, here 0): the same exit code, the same one line, the same summary
     as when this process checks it; the good document is accepted on the child's word alone."""
     import validate_inputs
+
     from allocstack import taskset
 
     expected = GOOD_EXPECTED if case.startswith("good") or case == "child fails" else EXPECTED_CASES[case][0]
@@ -167,7 +168,7 @@ def test_an_expected_document_checked_in_a_child_gives_the_same_verdict(case, tm
         monkeypatch.setattr(validate_inputs, "FORK_BYTES", fork_bytes)
         calls = []
         monkeypatch.setattr(validate_inputs, "load_expected_and_digest",
-                            lambda *a, **k: calls.append(1) or taskset.load_expected_and_digest(*a, **k))
+                            lambda *a, calls=calls, **k: calls.append(1) or taskset.load_expected_and_digest(*a, **k))
         if case == "child fails":
             monkeypatch.setattr(validate_inputs, "expected_facts", lambda path: 1 / 0)
         summary = tmp_path / f"inputs-{fork_bytes}.json"
