@@ -605,3 +605,64 @@ def test_a_validated_document_skips_only_the_checks_its_digest_proves_passed(tmp
         load_tasks_and_digest(str(path), validated_sha256=digest)
     new_digest = hashlib.sha256(path.read_bytes()).hexdigest()
     assert load_tasks_and_digest(str(path), validated_sha256=new_digest)[0].ids[4] == "-starts-with-a-dash"  # skipped
+
+
+@pytest.mark.parametrize("order", ["ascending", "shuffled"])
+def test_the_compact_task_set_is_the_validated_one_and_taken_only_while_both_digests_hold(order, tmp_path,
+                                                                                         monkeypatch):
+    """validate_inputs writes the task set it validated compactly; the coordinator takes it instead of decoding
+    the document while the document's digest is the validated one and the copy's is the one recorded; a
+    changed document, an edited copy or one of another document: the document is read as without it."""
+    from allocstack.taskset import load_tasks_and_digest, read_compact, write_compact
+
+    document = make_tasks(40)
+    if order == "shuffled":
+        document["tasks"] = document["tasks"][::-3] + [t for i, t in enumerate(document["tasks"][::-1]) if i % 3]
+    document["tasks"][7]["payload"]["message"] = TRICKY_OUTPUTS[4]
+    path, compact = tmp_path / "tasks.json", tmp_path / "tasks.compact"
+    path.write_bytes(raw(document))
+    tasks, digest = load_tasks_and_digest(str(path))
+    compact_sha256 = write_compact(compact, tasks, digest)
+    assert compact_sha256 == hashlib.sha256(compact.read_bytes()).hexdigest()
+    same_tasks(read_compact(compact, compact_sha256, digest), tasks)
+    assert read_compact(compact, compact_sha256, "0" * 64) is None  # another document's
+    assert read_compact(compact, "0" * 64, digest) is None
+    assert read_compact(tmp_path / "missing", compact_sha256, digest) is None
+
+    decoded = []
+    real_decode = taskset.decode_tasks
+    monkeypatch.setattr(taskset, "decode_tasks", lambda *a, **k: decoded.append(1) or real_decode(*a, **k))
+    loaded, same_digest = load_tasks_and_digest(str(path), validated_sha256=digest, compact=compact,
+                                                compact_sha256=compact_sha256)
+    assert (same_digest, decoded) == (digest, [])  # taken from the copy, not decoded
+    same_tasks(loaded, tasks)
+    assert [loaded.tasks_json(range(3, 9))] == [tasks.tasks_json(range(3, 9))]
+    edited = bytearray(compact.read_bytes())
+    edited[-9] ^= 1  # an offset
+    compact.write_bytes(bytes(edited))
+    same_tasks(load_tasks_and_digest(str(path), validated_sha256=digest, compact=compact,
+                                     compact_sha256=compact_sha256)[0], tasks)
+    assert decoded == [1]
+    write_compact(compact, tasks, digest)
+    document["tasks"][0]["payload"]["repeat"] += 1  # the document changed after validation
+    path.write_bytes(raw(document))
+    changed, new_digest = load_tasks_and_digest(str(path), validated_sha256=digest, compact=compact,
+                                                compact_sha256=compact_sha256)
+    assert new_digest != digest and changed.payload(0) == document["tasks"][0]["payload"] and decoded == [1, 1]
+
+
+def test_validate_inputs_writes_the_compact_task_set_only_for_good_inputs(tmp_path):
+    from conftest import run_script, write_json
+
+    tasks = make_tasks(5)
+    compact, summary = tmp_path / "tasks.compact", tmp_path / "inputs.json"
+    args = ["--tasks", tmp_path / "tasks.json", "--expected", tmp_path / "expected.json", "--workers", 1,
+            "--output", summary, "--compact-tasks", compact]
+    write_json(tmp_path / "tasks.json", tasks)
+    write_json(tmp_path / "expected.json", {**expected_for(tasks), "schemaVersion": 2})
+    done = run_script("validate_inputs.py", *args)
+    assert done.returncode != 0 and not compact.exists() and not summary.exists()
+    write_json(tmp_path / "expected.json", expected_for(tasks))
+    done = run_script("validate_inputs.py", *args)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(summary.read_text())["compactTasksSha256"] == hashlib.sha256(compact.read_bytes()).hexdigest()

@@ -143,3 +143,39 @@ def test_the_decision_record_is_written_only_after_the_inputs_passed(tmp_path):
     assert done.returncode == 0, done.stderr
     text = record.read_text()
     assert text.startswith("# Decision record: run `r1`") and "how runtime_state" in text and "- nodes: `1`" in text
+
+
+def reversed_expected(document):
+    return {**document, "results": document["results"][::-1]}
+
+
+@pytest.mark.parametrize("case", ["good", "good in another order", "child fails", *sorted(EXPECTED_CASES)])
+def test_an_expected_document_checked_in_a_child_gives_the_same_verdict(case, tmp_path, capsys, monkeypatch):
+    """A large expected document is checked in a forked child while the task document is read
+    (validate_inputs.FORK_BYTES, here 0): the same exit code, the same one line, the same summary
+    as when this process checks it; the good document is accepted on the child's word alone."""
+    import validate_inputs
+
+    from allocstack import taskset
+
+    expected = GOOD_EXPECTED if case.startswith("good") or case == "child fails" else EXPECTED_CASES[case][0]
+    if case == "good in another order":
+        expected = reversed_expected(expected)
+    tasks_path = write_json(tmp_path / "tasks.json", GOOD_TASKS)
+    expected_path = write_json(tmp_path / "expected.json", expected)
+    seen = {}
+    for fork_bytes in (1 << 40, 0):
+        monkeypatch.setattr(validate_inputs, "FORK_BYTES", fork_bytes)
+        calls = []
+        monkeypatch.setattr(validate_inputs, "load_expected_and_digest",
+                            lambda *a, calls=calls, **k: calls.append(1) or taskset.load_expected_and_digest(*a, **k))
+        if case == "child fails":
+            monkeypatch.setattr(validate_inputs, "expected_facts", lambda path: 1 / 0)
+        summary = tmp_path / f"inputs-{fork_bytes}.json"
+        code = validate_inputs.main(["--tasks", str(tasks_path), "--expected", str(expected_path), "--workers", "2",
+                                     "--output", str(summary)])
+        seen[fork_bytes] = (code, capsys.readouterr().err, summary.read_bytes() if summary.exists() else None)
+        if fork_bytes == 0:
+            assert calls == ([] if case == "good" else [1])  # only the child's "valid" is taken as it is
+    assert seen[0] == seen[1 << 40]
+    assert (seen[0][0] == 0) == (case.startswith("good") or case == "child fails")

@@ -158,15 +158,32 @@ def _wrong_expected_digest(tmp_path):  # as _wrong_digest makes result 3's: only
     write_json(tmp_path / "expected.json", document)
 
 
+def _no_results(tmp_path):  # read after both documents are hashed: still their errors first
+    (tmp_path / "results.json").unlink()
+
+
+def _no_tasks_nor_results(tmp_path):
+    (tmp_path / "results.json").unlink()
+    (tmp_path / "tasks.json").unlink()
+
+
+def _no_expected(tmp_path):
+    (tmp_path / "expected.json").unlink()
+
+
 @pytest.mark.parametrize("corrupt, change", [
     *((corrupt, None) for corrupt in (None, _dup, _drop, _wrong_output, _wrong_digest, _unknown_id, _extra_key,
                                       _bad_version, reversed)),
-    *((None, change) for change in (_swap_tasks, _corrupt_tasks, _corrupt_expected, _edit_expected)),
+    *((None, change) for change in (_swap_tasks, _corrupt_tasks, _corrupt_expected, _edit_expected, _no_results,
+                                    _no_tasks_nor_results, _no_expected)),
     (_wrong_digest, _wrong_expected_digest), (reversed, _swap_tasks),
 ])
-def test_validated_inputs_give_the_same_verdict(run_files, corrupt, change):
+@pytest.mark.parametrize("as_the_coordinator_writes", [False, True])
+def test_validated_inputs_give_the_same_verdict(run_files, corrupt, change, as_the_coordinator_writes):
     """Documents whose digests validate_inputs' summary holds are not checked again: the same marker, or the
-    same one line, as when every document is checked again (also for a file swapped after validation)."""
+    same one line, as when every document is checked again (also for a file swapped after validation).
+    results.json in the coordinator's text: the marker is written ahead while the results are checked,
+    and put in place only if they pass (no temp file is left either way)."""
     tmp_path, tasks, expected, results = run_files
     summary = validated_summary(tmp_path, tasks, expected)
     if corrupt is reversed:
@@ -177,7 +194,10 @@ def test_validated_inputs_give_the_same_verdict(run_files, corrupt, change):
     outcomes = []
     for extra in ((), ("--inputs-summary", summary)):
         (tmp_path / "result.json").unlink(missing_ok=True)
-        write_json(tmp_path / "results.json", results)
+        if as_the_coordinator_writes:
+            (tmp_path / "results.json").write_text(json.dumps(results, indent=2, sort_keys=True) + "\n")
+        else:
+            write_json(tmp_path / "results.json", results)
         raw_results = (tmp_path / "results.json").read_bytes()
         write_json(end, {"status": "completed", "resultCount": 5, "inputSha256": hashlib.sha256(
             (tmp_path / "tasks.json").read_bytes()).hexdigest(), "resultsSha256": hashlib.sha256(raw_results).hexdigest()})
@@ -187,6 +207,7 @@ def test_validated_inputs_give_the_same_verdict(run_files, corrupt, change):
         done = run_script("verify.py", "--input", tmp_path / "tasks.json", "--expected", tmp_path / "expected.json",
                           "--results", tmp_path / "results.json", "--end-record", end, "--output", marker, *extra)
         outcomes.append((done.returncode, done.stderr, marker.read_bytes() if marker.exists() else None))
+        assert not list(tmp_path.glob(".result.json.*"))
         write_json(tmp_path / "tasks.json", tasks)
         write_json(tmp_path / "expected.json", expected)
     assert outcomes[0] == outcomes[1]
@@ -231,9 +252,11 @@ def test_the_coordinators_results_list_is_copied_into_the_marker(run_files):
         raw).hexdigest(), "inputSha256": hashlib.sha256((tmp_path / "tasks.json").read_bytes()).hexdigest()})
     common = ["--input", str(tmp_path / "tasks.json"), "--expected", str(tmp_path / "expected.json"),
               "--results", str(tmp_path / "results.json"), "--end-record", str(end)]
-    facts, listing = verify.verify_validated(verify.parse_args([*common, "--output", "x", "--inputs-summary",
-                                                                str(summary)]))
-    assert isinstance(listing, memoryview)  # copied, not written again
+    facts, staged = verify.verify_validated(verify.parse_args([*common, "--output", str(tmp_path / "x"),
+                                                               "--inputs-summary", str(summary)]))
+    assert isinstance(staged.listing, memoryview)  # copied, not written again: written ahead, while checked
+    staged.discard()
+    assert sorted(path.name for path in tmp_path.iterdir() if path.name.startswith(".x")) == []
     markers = []
     for extra in (("--inputs-summary", summary), ()):
         done = run_script("verify.py", *common, "--output", tmp_path / "result.json", *extra)

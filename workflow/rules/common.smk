@@ -500,6 +500,20 @@ def tasks_option(wildcards, input):
     return f"--tasks {shlex.quote(input.tasks[0])}" if input.tasks else ""
 
 
+# validate_inputs' compact copy of the task set it validated: the coordinator loads it instead
+# of decoding the task document again (while the summary's digests say it is that document's).
+COMPACT_TASKS = "results/{run}/tasks.compact"
+
+
+def compact_tasks_output():
+    """validate_inputs' named output for the compact task set: only with a task document."""
+    return {"compact": COMPACT_TASKS} if TASKS else {}
+
+
+def compact_tasks_option(wildcards, output):
+    return f"--compact-tasks {shlex.quote(output.compact)}" if TASKS else ""
+
+
 def expected_option(wildcards, input):
     return f"--expected {shlex.quote(input.expected[0])}" if input.expected else ""
 

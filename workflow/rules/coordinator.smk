@@ -18,6 +18,7 @@ rule serve_coordinator:
     input:
         tasks=tasks_input,
         validated="results/{run}/inputs.json",
+        compact=COMPACT_TASKS,
         script=script("coordinator.py"),
     output:
         service=service("results/{run}/coordinator.service"),
@@ -53,6 +54,7 @@ rule serve_coordinator:
     shell:
         ": > {output.service}; exec {params.launch} {input.script} --input {input.tasks:q} "
         "--results {output.results} --end-record {output.end_record} --inputs-summary {input.validated} "
+        "--compact-tasks {input.compact} "
         "--service-file {output.service} --journal {params.journal:q} "
         "--workers {params.workers} --max-attempts {params.attempts} --lease-seconds {params.lease} --idle-timeout {params.idle} "
         "--lifetime {params.lifetime} {params.stop_claims} {params.network} 2> {log}"

@@ -2,7 +2,9 @@
 # write the decision record (config `decisions`, the seed's "Adapt it" exercise, shown by
 # `snakemake --report`; its owners are on one line in --dry-run): bad inputs write nothing,
 # not even the record. A local rule: it runs where Snakemake runs (the login node), in
-# seconds; one job, one interpreter, done before the stack's components start.
+# seconds; one job, one interpreter, done before the stack's components start. With a task
+# document it also writes the validated task set compactly (tasks.compact), which the
+# coordinator loads instead of decoding the document again.
 
 
 rule validate_inputs:
@@ -11,6 +13,7 @@ rule validate_inputs:
         expected=expected_input,
         script=script("validate_inputs.py"),
     output:
+        **compact_tasks_output(),
         summary="results/{run}/inputs.json",
         decisions=report(
             "results/{run}/decision-record.md",
@@ -37,12 +40,13 @@ rule validate_inputs:
             else ("command" if config["worker"]["command"] else "baseline")
         ),
         tasks=tasks_option,
+        compact=compact_tasks_option,
         decisions=json.dumps(config["decisions"]),
         facts=decision_facts,
     message:
         f"validate_inputs: the inputs, then the decision record ({decision_summary()})"
     shell:
-        "{params.python} {input.script} {params.tasks} {params.expected} "
+        "{params.python} {input.script} {params.tasks} {params.compact} {params.expected} "
         "--workers {params.workers} --handler {params.handler} {params.image} "
         "--output {output.summary} --run {wildcards.run} --decisions-json {params.decisions:q} "
         "--facts-json {params.facts:q} --decision-record {output.decisions} > {log} 2>&1"

@@ -66,7 +66,7 @@ from allocstack.progress import Progress, live_line, progress_line
 from allocstack.scratch import ensure_private_dir, private_level
 from allocstack.settings import CoordinatorSettings, parse_settings
 from allocstack.taskboard import ALLOCATION_ENDING, TaskBoard
-from allocstack.taskset import load_tasks_and_digest, validated_digests
+from allocstack.taskset import load_tasks_and_digest, validated_summary
 
 #: Seconds between housekeeping ticks (lease expiry, progress samples, own bounds).
 TICK_SECONDS = 0.25
@@ -361,7 +361,10 @@ def prepare(settings: CoordinatorSettings) -> tuple[TaskBoard, Journal, str]:
     :raises AllocstackError: on bad input, a corrupt journal, or no room.
     """
     start_fresh(settings)
-    tasks, input_sha256 = load_tasks_and_digest(str(settings.input), validated_sha256=validated_digests(settings.inputs_summary)[0])
+    validated = validated_summary(settings.inputs_summary)
+    tasks, input_sha256 = load_tasks_and_digest(str(settings.input), validated_sha256=validated.get("inputSha256"),
+                                                compact=settings.compact_tasks,
+                                                compact_sha256=validated.get("compactTasksSha256"))
     try:
         settings.journal.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
     except OSError as exc:

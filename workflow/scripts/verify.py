@@ -22,6 +22,7 @@ from __future__ import annotations
 import os
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -30,8 +31,10 @@ from allocstack.cli import ArgumentParser, argv_list, json_object, run
 from allocstack.errors import EXIT_OK, AllocstackError, report
 from allocstack.events import gate_precedes_workers, read_events
 from allocstack.jsonio import (
+    StagedWrite,
     atomic_write_chunks,
     atomic_write_json,
+    document_sha256,
     loads_bytes,
     msgspec,
     read_bytes,
@@ -51,10 +54,10 @@ from allocstack.taskset import (
     ExpectedResults,
     TaskSet,
     ascending,
+    listing_sha256,
     load_expected,
     load_tasks_and_digest,
-    validated_digests,
-    validated_expected,
+    validated_summary,
 )
 
 _RESULT_KEYS = {"taskId", "workerId", "output", "sha256"}
@@ -84,14 +87,11 @@ def results_in_order(raw: bytes, ids: list[str], expected: ExpectedResults | Non
     """The results of ``raw`` (records) when msgspec reads them, they are for ``ids`` in this order, and
     each output and digest is the expected one (without ``expected``: each digest that of its output);
     else None."""
-    if msgspec is None:
-        return None
-    try:
-        document = RESULTS_DOCUMENT.decode(raw)
-    except msgspec.MsgspecError:
+    document = decode_results_fast(raw)
+    if document is None:
         return None
     results = document.results
-    if document.schemaVersion != SCHEMA_VERSION or [result.taskId for result in results] != ids:
+    if [result.taskId for result in results] != ids:
         return None
     outputs = [result.output for result in results]
     digests = [result.sha256 for result in results]
@@ -103,41 +103,111 @@ def results_in_order(raw: bytes, ids: list[str], expected: ExpectedResults | Non
     return results
 
 
-def verify_validated(args) -> tuple[dict[str, Any], list[Any] | memoryview] | None:
+def verify_validated(args) -> tuple[dict[str, Any], list[Any] | StagedMarker] | None:
     """:func:`verify_tasks` when validate_inputs' summary proves the task and expected documents are the
-    bytes it validated (their SHA-256 is the summary's): they are not validated again, the results
-    are compared with the expected ones list against list. The same verdict, the same marker, the
-    same first error where one is certain (the coordinator's end record); None for every other
-    case (e.g. a swapped file, results out of order), which :func:`verify_tasks` then checks one by one.
-    With the end record, results.json's list is copied into the marker (see :func:`write_marker`): the
-    record's digest says the coordinator wrote it, in the marker's own text.
+    bytes it validated (their SHA-256 is the summary's): they are not read again, only hashed (each in a
+    thread, while results.json is read and hashed here), and the results are compared with the expected
+    ones through the listing digest the summary holds (:func:`listing_sha256` of the expected results in
+    task order). The same verdict, the same marker, the same first error where one is certain (a document
+    that cannot be read, the coordinator's end record); None for every other case (e.g. a swapped file,
+    results out of order), which :func:`verify_tasks` then checks one by one.
+    With the end record, results.json's list is copied into the marker, which is written ahead, in a
+    thread, while results.json is decoded and compared (:class:`StagedMarker`; see :func:`write_marker`):
+    the record's digest says the coordinator wrote it, in the marker's own text.
     """
-    input_digest, expected_digest = validated_digests(args.inputs_summary)
-    if args.expected is None or not isinstance(input_digest, str) or not isinstance(expected_digest, str):
+    summary = validated_summary(args.inputs_summary)
+    input_digest, expected_digest = summary.get("inputSha256"), summary.get("expectedSha256")
+    listing, count = summary.get("expectedListingSha256"), summary.get("taskCount")
+    if (args.expected is None or not isinstance(input_digest, str) or not isinstance(expected_digest, str)
+            or not isinstance(listing, str) or type(count) is not int):
         return None
-    input_sha256 = sha256_bytes(read_bytes(args.input, "tasks"))
-    if input_sha256 != input_digest:
-        return None
-    raw_expected = read_bytes(args.expected, "expected")
-    if sha256_bytes(raw_expected) != expected_digest:
-        return None
-    validated = validated_expected(raw_expected)
-    del raw_expected
-    if validated is None or not ascending(validated[0]):  # ids in order: so those of results sorted by task id
-        return None
-    ids, expected = validated
-    raw = read_bytes(args.results, "results", diag="verification")
-    results_sha256 = sha256_bytes(raw)
-    if args.end_record:  # validation passed on these bytes: this check comes next, with the same facts
-        endrecord.check_completed(endrecord.read(args.end_record), len(ids), input_sha256, results_sha256)
-    results = results_in_order(raw, ids, expected)
-    if results is None:
-        return None
-    facts = {"taskCount": len(ids), "inputSha256": input_sha256, "resultsSha256": results_sha256}
+    with ThreadPoolExecutor(2) as pool:
+        input_hash = pool.submit(document_sha256, args.input, "tasks")
+        expected_hash = pool.submit(document_sha256, args.expected, "expected")
+        raw: bytes | AllocstackError
+        try:
+            raw = read_bytes(args.results, "results", diag="verification")
+        except AllocstackError as error:  # named after the documents read before it (the order of the checks)
+            raw = error
+        else:
+            results_sha256 = sha256_bytes(raw)
+        input_sha256 = input_hash.result()
+        if input_sha256 != input_digest or expected_hash.result() != expected_digest:
+            return None
+    if isinstance(raw, AllocstackError):
+        raise raw
+    facts = {"taskCount": count, "inputSha256": input_sha256, "resultsSha256": results_sha256}
     # The coordinator's results.json (its end record has their digest) in task id order: its list is
     # the marker's list, as the marker's writer would write it (the same writer, json.dumps' text).
-    listing = results_listing(raw, {"schemaVersion": SCHEMA_VERSION}) if args.end_record else None
-    return facts, results if listing is None else listing
+    listing_text = results_listing(raw, {"schemaVersion": SCHEMA_VERSION}) if args.end_record else None
+    staged = StagedMarker(args.output, marker_fields(facts), listing_text) if listing_text is not None else None
+    try:
+        if args.end_record:  # validation passed on these bytes: this check comes next, with the same facts
+            endrecord.check_completed(endrecord.read(args.end_record), count, input_sha256, results_sha256)
+        document = decode_results_fast(raw)
+        results = document.results if document is not None else []
+        ids = [result.taskId for result in results]
+        same = (document is not None and len(results) == count and ascending(ids)  # in order: so sorted by task id
+                and listing_sha256(ids, [result.output for result in results],
+                                   [result.sha256 for result in results]) == listing)
+    except BaseException:
+        discard(staged)
+        raise
+    if not same:
+        discard(staged)
+        return None
+    return facts, results if staged is None else staged
+
+
+class StagedMarker:
+    """The success marker for ``fields`` with the results list whose text is ``listing``, written ahead:
+    in a thread, started at once, to a temp file beside ``path`` (:class:`StagedWrite`), while the
+    results are still being checked. :func:`write_marker` renames it into place when the marker has
+    exactly these fields; any failure removes it (:meth:`discard`)."""
+
+    def __init__(self, path: Path, fields: dict[str, Any], listing: memoryview) -> None:
+        self.fields = fields
+        self.listing = listing
+        self.staged = StagedWrite(path, results_document_listing(fields, listing))
+        pool = ThreadPoolExecutor(1)
+        self.written = pool.submit(self.staged.write)
+        pool.shutdown(wait=False)  # its thread ends with the write
+
+    def commit(self) -> None:
+        """Rename the marker into place (its write's failure, if any, raised as it was)."""
+        self.written.result()
+        self.staged.commit()
+
+    def discard(self) -> None:
+        """Once its write ended, remove the temp file (the marker stays as it was: absent)."""
+        try:
+            self.written.result()
+        except AllocstackError:
+            pass  # the write removed its temp file
+        self.staged.discard()
+
+
+def discard(results: Any) -> None:
+    """A :class:`StagedMarker` among the results checked so far is removed (the check failed after it)."""
+    if isinstance(results, StagedMarker):
+        results.discard()
+
+
+def marker_fields(facts: dict[str, Any]) -> dict[str, Any]:
+    """The success marker's fields for the built-in coordinator's run (its ``results`` aside)."""
+    return {"schemaVersion": SCHEMA_VERSION, "status": "success", **facts}
+
+
+def decode_results_fast(raw: bytes) -> Any:
+    """results.json's bytes as records (output, sha256, taskId, workerId) when msgspec reads them as a
+    schemaVersion 1 document; else None (the checks one by one then name the problem)."""
+    if msgspec is None:
+        return None
+    try:
+        document = RESULTS_DOCUMENT.decode(raw)
+    except msgspec.MsgspecError:
+        return None
+    return document if document.schemaVersion == SCHEMA_VERSION else None
 
 
 def check_results(document: Any, tasks: TaskSet, expected: ExpectedResults | None) -> list[dict[str, Any]]:
@@ -182,13 +252,15 @@ def decode_results(raw: bytes, path: Path) -> Any:
         return read_json(path, "results", diag="verification")
 
 
-def write_marker(path: Path, marker: dict[str, Any], results: list[Any] | memoryview | None = None) -> None:
+def write_marker(path: Path, marker: dict[str, Any],
+                 results: list[Any] | memoryview | StagedMarker | None = None) -> None:
     """The success marker, its results written in one pass or in chunks (the same text as
     :func:`atomic_write_json`'s).
 
     :param results: the marker's results (default ``marker["results"]``, if it has results): dicts,
-        records with their attributes (:func:`check_results_fast`), or their list's text as the
-        marker holds it (:func:`verify_validated`: copied, not written again).
+        records with their attributes (:func:`check_results_fast`), their list's text as the marker
+        holds it (copied, not written again), or the marker already written with it for the marker's
+        fields (:func:`verify_validated`'s :class:`StagedMarker`: renamed into place).
     """
     if results is None:
         results = marker.get("results")
@@ -196,6 +268,12 @@ def write_marker(path: Path, marker: dict[str, Any], results: list[Any] | memory
         atomic_write_json(path, marker)
         return
     fields = {key: value for key, value in marker.items() if key != "results"}
+    if isinstance(results, StagedMarker):
+        if results.fields == fields:
+            results.commit()
+            return
+        results.discard()
+        results = results.listing
     if isinstance(results, memoryview):
         atomic_write_chunks(path, results_document_listing(fields, results))
         return
@@ -282,7 +360,11 @@ def verify_tasks(args) -> tuple[dict[str, Any], list[Any] | memoryview]:
     if args.command_json:
         env = program_environment(user_check_environment(args.input, args.results, args.expected), {},
                                   args.environment_json, "verify")
-        run_check(expand_argv(args.command_json, env, "verify"), env)
+        try:
+            run_check(expand_argv(args.command_json, env, "verify"), env)
+        except BaseException:
+            discard(checked[1])
+            raise
     return checked
 
 
@@ -312,6 +394,17 @@ def verify(args) -> tuple[dict[str, Any], list[Any] | memoryview | None]:
     if args.input is not None:
         facts, results = verify_tasks(args)
         marker.update(facts)
+    try:
+        check_the_rest(args, marker)
+    except BaseException:
+        discard(results)
+        raise
+    return marker, results
+
+
+def check_the_rest(args, marker: dict[str, Any]) -> None:
+    """:func:`verify`'s checks after the results': your services, your check, the gate's order (the marker
+    gets their facts)."""
     if args.services_record:
         services = check_services(read_json(args.services_record, "services record", diag="service-exit"))
         if args.input is None:
@@ -324,7 +417,6 @@ def verify(args) -> tuple[dict[str, Any], list[Any] | memoryview | None]:
         if not ok:
             raise fail(f"event log {args.events}: {reason}")
         print(f"verify: {reason}", flush=True)
-    return marker, results
 
 
 def main(argv: list[str] | None = None) -> int:

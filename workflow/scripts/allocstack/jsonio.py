@@ -54,31 +54,74 @@ def atomic_write_chunks(path: str | os.PathLike, chunks: Iterable[bytes | memory
     :returns: the SHA-256 of what was written (hex), computed on the way.
     :raises AllocstackError: ``storage`` when the disk or quota is full, ``io`` for another write error.
     """
-    target = Path(path)
-    try:
-        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
-    except OSError as exc:
-        raise write_error("file", target, exc) from exc
-    digest = hashlib.sha256()
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            for chunk in chunks:
-                digest.update(chunk)
-                handle.write(chunk)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.chmod(tmp, mode)
-        os.replace(tmp, target)
-    except BaseException as exc:
+    staged = StagedWrite(path, chunks, mode)
+    digest = staged.write()
+    staged.commit()
+    return digest
+
+
+class StagedWrite:
+    """:func:`atomic_write_chunks` in two steps: :meth:`write` writes the temp file (fsync'd, in its mode),
+    e.g. in a thread while what it holds is still being checked; then :meth:`commit` renames it into
+    place, or :meth:`discard` removes it. Readers of ``path`` see the old file or the whole new one.
+    """
+
+    def __init__(self, path: str | os.PathLike, chunks: Iterable[bytes | memoryview], mode: int = PRIVATE_FILE) -> None:
+        self.target = Path(path)
+        self.chunks = chunks
+        self.mode = mode
+        self.tmp: str | None = None
+
+    def write(self) -> str:
+        """The temp file, written whole; the SHA-256 (hex) of what was written.
+
+        :raises AllocstackError: as :func:`atomic_write_chunks` (the temp file removed).
+        """
+        target = self.target
         try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        if isinstance(exc, OSError):
+            fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+        except OSError as exc:
             raise write_error("file", target, exc) from exc
-        raise
-    fsync_dir(target.parent)
-    return digest.hexdigest()
+        self.tmp = tmp
+        digest = hashlib.sha256()
+        try:
+            with os.fdopen(fd, "wb") as handle:
+                for chunk in self.chunks:
+                    digest.update(chunk)
+                    handle.write(chunk)
+                handle.flush()
+                os.fsync(handle.fileno())
+            os.chmod(tmp, self.mode)
+        except BaseException as exc:
+            self.discard()
+            if isinstance(exc, OSError):
+                raise write_error("file", target, exc) from exc
+            raise
+        return digest.hexdigest()
+
+    def commit(self) -> None:
+        """Rename the written temp file into place, and make the rename durable.
+
+        :raises AllocstackError: as :func:`atomic_write_chunks` (the temp file removed).
+        """
+        try:
+            os.replace(self.tmp, self.target)
+        except BaseException as exc:
+            self.discard()
+            if isinstance(exc, OSError):
+                raise write_error("file", self.target, exc) from exc
+            raise
+        self.tmp = None
+        fsync_dir(self.target.parent)
+
+    def discard(self) -> None:
+        """Remove the temp file, if any (``path`` stays as it was)."""
+        if self.tmp is not None:
+            try:
+                os.unlink(self.tmp)
+            except FileNotFoundError:
+                pass
+            self.tmp = None
 
 
 def atomic_write_json(path: str | os.PathLike, document: Any, mode: int = PRIVATE_FILE) -> str:
@@ -115,12 +158,29 @@ def read_bytes(path: str | os.PathLike, what: str, diag: str = "input") -> bytes
     try:
         with open(path, "rb") as handle:
             return handle.read()
-    except FileNotFoundError as exc:
-        raise AllocstackError(diag, f"{what} file {path} does not exist") from exc
-    except IsADirectoryError as exc:
-        raise AllocstackError(diag, f"{what} file {path} is a directory") from exc
     except OSError as exc:
-        raise AllocstackError(diag, f"cannot read {what} file {path}: {exc.strerror}") from exc
+        raise _read_error(path, what, diag, exc) from exc
+
+
+def document_sha256(path: str | os.PathLike, what: str, diag: str = "input") -> str:
+    """The SHA-256 (hex) of a document's bytes, streamed (in a thread, beside other work: hashing releases
+    the GIL); every failure to read it the line :func:`read_bytes` gives.
+
+    :raises AllocstackError: ``diag`` when the file is missing or unreadable.
+    """
+    try:
+        with open(path, "rb") as handle:
+            return hashlib.file_digest(handle, "sha256").hexdigest()
+    except OSError as exc:
+        raise _read_error(path, what, diag, exc) from exc
+
+
+def _read_error(path: str | os.PathLike, what: str, diag: str, exc: OSError) -> AllocstackError:
+    if isinstance(exc, FileNotFoundError):
+        return AllocstackError(diag, f"{what} file {path} does not exist")
+    if isinstance(exc, IsADirectoryError):
+        return AllocstackError(diag, f"{what} file {path} is a directory")
+    return AllocstackError(diag, f"cannot read {what} file {path}: {exc.strerror}")
 
 
 def loads_strict(raw: bytes, path: str | os.PathLike, what: str, diag: str = "input") -> Any:

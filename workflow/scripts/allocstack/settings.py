@@ -22,6 +22,7 @@ class CoordinatorSettings:
     end_record: Path | None = None
     service_file: Path | None = None
     inputs_summary: Path | None = None
+    compact_tasks: Path | None = None
     max_attempts: int = 3
     workers: int = 1
     lease_seconds: float = 60.0
@@ -64,6 +65,9 @@ def parse_settings(argv: list[str] | None, description: str = "") -> Coordinator
     parser.add_argument("--service-file", type=Path, help="file written once listening (the Snakemake service output)")
     parser.add_argument("--inputs-summary", type=Path,
                         help="validate_inputs' summary: its outputBytes sharpens the up-front disk space check")
+    parser.add_argument("--compact-tasks", type=Path,
+                        help="validate_inputs' compact copy of the task set (loaded instead of decoding --input again "
+                             "while the summary's digests say it is that document's)")
     parser.add_argument("--max-attempts", type=positive_int, default=3,
                         help="a task whose handler fails is handed out again until it failed this many times")
     parser.add_argument("--workers", type=positive_int, default=1,
