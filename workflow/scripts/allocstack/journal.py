@@ -117,7 +117,10 @@ class Journal:
         self._write = write
         self.group = group
         self.window = min(window, MAX_WINDOW)
+        #: What the last flush took as its appenders saw it (the hand-off to this thread and the fsync), and
+        #: the current flush's hand-off: a window never waits longer than that for more appends.
         self._last_sync = window
+        self._handoff = 0.0
         fresh = not path.exists()
         try:
             self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
@@ -174,7 +177,7 @@ class Journal:
         done: asyncio.Future[None] = loop.create_future()
         self._handed += 1
         self._to_sync.put((self, lines[0] if len(lines) == 1 else b"".join(lines),
-                           len(lines) if records is None else records, loop, done))
+                           len(lines) if records is None else records, loop, done, time.monotonic()))
         await done
 
     def _gathered(self, first: _Append, items: queue.SimpleQueue[_Append | None]) -> tuple[list[_Append], Any]:
@@ -185,6 +188,7 @@ class Journal:
             them: None to stop, or ``_NOTHING``).
         """
         batch = [first]
+        self._handoff = time.monotonic() - first[5]
         window = min(self.window, self._last_sync)
         deadline = None
         while True:
@@ -213,7 +217,7 @@ class Journal:
             if self.failed is None:
                 started = time.monotonic()
                 self._write_and_sync(batch[0][1] if len(batch) == 1 else b"".join(item[1] for item in batch))
-                self._last_sync = time.monotonic() - started
+                self._last_sync = time.monotonic() - started + self._handoff
                 self.records += sum(item[2] for item in batch)
                 self.fsyncs += 1
         except OSError as exc:
@@ -257,8 +261,8 @@ class Journal:
         os.close(self._fd)
 
 
-#: What an append hands the journal's thread: (the journal, its bytes, its records, its loop, its future).
-_Append = tuple[Journal, bytes, int, asyncio.AbstractEventLoop, "asyncio.Future[None]"]
+#: What an append hands the journal's thread: (the journal, its bytes, its records, its loop, its future, when).
+_Append = tuple[Journal, bytes, int, asyncio.AbstractEventLoop, "asyncio.Future[None]", float]
 #: No item in hand (None stops the thread).
 _NOTHING: Any = object()
 
@@ -276,7 +280,7 @@ def _sync_forever(items: queue.SimpleQueue[_Append | None]) -> None:
         except Exception as exc:  # noqa: BLE001  (a bug: the appenders must hear of it, the thread must go on)
             error = exc
         by_loop: dict[asyncio.AbstractEventLoop, list[asyncio.Future[None]]] = {}
-        for _, _, _, loop, done in batch:
+        for _, _, _, loop, done, _ in batch:
             by_loop.setdefault(loop, []).append(done)
         del batch, journal
         for loop, futures in by_loop.items():
