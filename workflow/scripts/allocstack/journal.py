@@ -5,8 +5,11 @@ accepted result. Results that arrive while an fsync is in progress are written
 and synced together (group commit), so the cost of durability is one fsync per
 batch, not per result. When fewer appends wait than there are submitters
 (``group``: the expected workers), a flush first waits a bounded, tiny window
-(``window`` seconds, at most the last fsync's duration) for the others, so that
-workers submitting one result at a time share an fsync instead of taking turns. On start the journal is replayed: a torn last line (a
+(``window`` seconds, at most what the last flush took: the hand-off to the journal's
+thread and the fsync) for the others, so that workers submitting one result at a
+time share an fsync instead of taking turns. The journal's own thread gathers,
+writes and fsyncs; the event loop hands it each append in one queue put and is
+woken once per fsync. On start the journal is replayed: a torn last line (a
 crash mid-write) is cut off; a journal of a different input is set aside.
 
 A write that fails (a full disk, an exhausted quota) is cut back off the file, so
@@ -182,7 +185,7 @@ class Journal:
 
     def _gathered(self, first: _Append, items: queue.SimpleQueue[_Append | None]) -> tuple[list[_Append], Any]:
         """On the journal's thread: ``first`` and whatever else is queued; when that is fewer appends than
-        ``group``, also those that arrive within the window (no longer than the last fsync took).
+        ``group``, also those that arrive within the window (no longer than the last flush took).
 
         :returns: (the appends to write together, the next item taken from the queue that is not one of
             them: None to stop, or ``_NOTHING``).
