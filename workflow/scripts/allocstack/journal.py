@@ -5,12 +5,12 @@ accepted result. Results that arrive while an fsync is in progress are written
 and synced together (group commit), so the cost of durability is one fsync per
 batch, not per result. When fewer appends wait than there are submitters
 (``group``: the expected workers), a flush first waits a bounded, tiny window
-(``window`` seconds, at most what the last flush took: the hand-off to the journal's
-thread and the fsync) for the others, so that workers submitting one result at a
-time share an fsync instead of taking turns. The journal's own thread gathers,
-writes and fsyncs; the event loop hands it each append in one queue put and is
-woken once per fsync. On start the journal is replayed: a torn last line (a
-crash mid-write) is cut off; a journal of a different input is set aside.
+(``window`` seconds, at most the last fsync's duration) for the others, so that
+workers submitting one result at a time share an fsync instead of taking turns.
+On uvloop's event loop, whose timers count whole milliseconds, the window is
+rounded up to the next one (a shorter timer would end at once, sharing nothing).
+On start the journal is replayed: a torn last line (a crash mid-write) is cut
+off; a journal of a different input is set aside.
 
 A write that fails (a full disk, an exhausted quota) is cut back off the file, so
 the journal stays a sequence of whole lines; the journal then refuses every later
@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import os
 import queue
 import threading
@@ -31,7 +32,7 @@ from json.encoder import encode_basestring_ascii
 from pathlib import Path
 from typing import Any
 
-from . import SCHEMA_VERSION
+from . import SCHEMA_VERSION, eventloop
 from .errors import AllocstackError
 from .jsonio import fsync_dir
 from .storage import write_error
@@ -120,10 +121,7 @@ class Journal:
         self._write = write
         self.group = group
         self.window = min(window, MAX_WINDOW)
-        #: What the last flush took as its appenders saw it (the hand-off to this thread and the fsync), and
-        #: the current flush's hand-off: a window never waits longer than that for more appends.
         self._last_sync = window
-        self._handoff = 0.0
         fresh = not path.exists()
         try:
             self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
@@ -140,12 +138,16 @@ class Journal:
                 os.close(self._fd)
                 path.unlink(missing_ok=True)
                 raise write_error("journal", path, exc) from exc
-        #: Appends handed to the journal's thread, and appends it has written (or failed): see :attr:`busy`.
-        self._handed = self._finished = 0
-        #: The thread that gathers, writes and syncs (started at the first append) and what it is handed
-        #: (see :func:`_sync_forever`); None stops it.
+        self._buffer: list[bytes] = []
+        self._pending_records = 0
+        self._waiters: list[asyncio.Future[None]] = []
+        self._flushing = False
+        self._flusher: asyncio.Task[None] | None = None  # held: the loop keeps only weak references to tasks
+        self._gathering: asyncio.Future[None] | None = None  # set while a flush waits for more appends
+        #: The thread that writes and syncs (started at the first flush) and what it is handed (see
+        #: :func:`_sync_forever`); None stops it.
         self._syncer: threading.Thread | None = None
-        self._to_sync: queue.SimpleQueue[_Append | None] = queue.SimpleQueue()
+        self._to_sync: queue.SimpleQueue[_SyncItem | None] = queue.SimpleQueue()
         self.fsyncs = 0
         self.records = 0
 
@@ -160,11 +162,6 @@ class Journal:
         """Append whole journal lines (see :func:`result_line`; an item may hold several lines, ``records``
         in all); return once they are on disk (fsync'd).
 
-        The lines go to the journal's own thread in one queue put; the thread gathers what the other
-        submitters append meanwhile (the window), writes and fsyncs it all at once, and wakes this
-        loop once per fsync. The window is timed there, not by the loop: a loop whose timers count
-        whole milliseconds (uvloop's) would otherwise end a window of a fraction of one at once.
-
         :raises AllocstackError: ``storage`` (no room) or ``io``: then none of ``lines`` is durable,
             and every later append raises the same error.
         """
@@ -172,62 +169,78 @@ class Journal:
             return
         if self.failed is not None:
             raise self.failed
+        loop = asyncio.get_running_loop()
+        self._buffer.extend(lines)
+        self._pending_records += len(lines) if records is None else records
+        waiter: asyncio.Future[None] = loop.create_future()
+        self._waiters.append(waiter)
+        gathering = self._gathering
+        if gathering is not None and len(self._waiters) >= self.group and not gathering.done():
+            gathering.set_result(None)  # everyone expected is in: flush now
+        if not self._flushing:
+            self._flushing = True
+            self._flusher = loop.create_task(self._flush_loop())
+        await waiter
+
+    async def _gather(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Wait up to the window (and no longer than the last fsync took) for ``group`` appends."""
+        window = min(self.window, self._last_sync)
+        if len(self._waiters) >= self.group or window <= 0:
+            return
+        if eventloop.loop_name() == "uvloop":  # its timers count whole milliseconds: 0.3 ms would be none
+            window = math.ceil(window * 1000) / 1000
+        self._gathering = gathering = loop.create_future()
+        timer = loop.call_later(window, lambda: gathering.done() or gathering.set_result(None))
+        try:
+            await gathering
+        finally:
+            timer.cancel()
+            self._gathering = None
+
+    async def _flush_loop(self) -> None:
+        loop = asyncio.get_running_loop()
+        try:
+            while self._buffer:
+                await self._gather(loop)
+                data, waiters = b"".join(self._buffer), self._waiters
+                count = self._pending_records
+                self._buffer, self._waiters, self._pending_records = [], [], 0
+                try:
+                    if self.failed is not None:
+                        raise self.failed
+                    started = time.monotonic()
+                    await self._sync(loop, data)
+                    self._last_sync = time.monotonic() - started
+                except OSError as exc:
+                    self.failed = write_error("journal", self.path, exc)
+                except AllocstackError:
+                    pass
+                if self.failed is not None:
+                    for waiter in waiters:
+                        if not waiter.done():
+                            waiter.set_exception(self.failed)
+                    continue
+                self.fsyncs += 1
+                self.records += count
+                for waiter in waiters:
+                    if not waiter.done():
+                        waiter.set_result(None)
+        finally:
+            self._flushing = False
+
+    def _sync(self, loop: asyncio.AbstractEventLoop, data: bytes) -> asyncio.Future[None]:
+        """:meth:`_write_and_sync` ``data`` on the journal's own thread; the future settles when it is done.
+
+        One queue put and one wake-up of the loop per flush: ``run_in_executor`` costs twice the CPU
+        (a ``concurrent.futures`` future, its condition and callbacks), once per flush: at batch 1, per result.
+        """
         if self._syncer is None:
             self._syncer = threading.Thread(target=_sync_forever, args=(self._to_sync,), name="journal-sync",
                                             daemon=True)
             self._syncer.start()
-        loop = asyncio.get_running_loop()
         done: asyncio.Future[None] = loop.create_future()
-        self._handed += 1
-        self._to_sync.put((self, lines[0] if len(lines) == 1 else b"".join(lines),
-                           len(lines) if records is None else records, loop, done, time.monotonic()))
-        await done
-
-    def _gathered(self, first: _Append, items: queue.SimpleQueue[_Append | None]) -> tuple[list[_Append], Any]:
-        """On the journal's thread: ``first`` and whatever else is queued; when that is fewer appends than
-        ``group``, also those that arrive within the window (no longer than the last flush took).
-
-        :returns: (the appends to write together, the next item taken from the queue that is not one of
-            them: None to stop, or ``_NOTHING``).
-        """
-        batch = [first]
-        self._handoff = time.monotonic() - first[5]
-        window = min(self.window, self._last_sync)
-        deadline = None
-        while True:
-            try:
-                item = items.get_nowait()
-            except queue.Empty:
-                if len(batch) >= self.group or window <= 0:
-                    return batch, _NOTHING
-                now = time.monotonic()
-                if deadline is None:
-                    deadline = now + window
-                if now >= deadline:
-                    return batch, _NOTHING
-                try:
-                    item = items.get(timeout=deadline - now)
-                except queue.Empty:
-                    return batch, _NOTHING
-            if item is None or item[0] is not self:
-                return batch, item
-            batch.append(item)
-
-    def _flush(self, batch: list[_Append]) -> AllocstackError | None:
-        """On the journal's thread: write and fsync ``batch``; None when it is durable, else the journal's
-        error (then, and from then on, nothing is written)."""
-        try:
-            if self.failed is None:
-                started = time.monotonic()
-                self._write_and_sync(batch[0][1] if len(batch) == 1 else b"".join(item[1] for item in batch))
-                self._last_sync = time.monotonic() - started + self._handoff
-                self.records += sum(item[2] for item in batch)
-                self.fsyncs += 1
-        except OSError as exc:
-            self.failed = write_error("journal", self.path, exc)
-        finally:
-            self._finished += len(batch)
-        return self.failed
+        self._to_sync.put((self._write_and_sync, data, loop, done))
+        return done
 
     def _write_and_sync(self, data: bytes) -> None:
         """Write and fsync ``data``; on failure cut the file back to its last whole line and re-raise."""
@@ -249,7 +262,7 @@ class Journal:
     @property
     def busy(self) -> bool:
         """True while appended results are still being written and synced."""
-        return self._finished != self._handed
+        return self._flushing or bool(self._buffer)
 
     async def drain(self) -> None:
         """Wait until everything appended so far is durable."""
@@ -264,44 +277,31 @@ class Journal:
         os.close(self._fd)
 
 
-#: What an append hands the journal's thread: (the journal, its bytes, its records, its loop, its future, when).
-_Append = tuple[Journal, bytes, int, asyncio.AbstractEventLoop, "asyncio.Future[None]", float]
-#: No item in hand (None stops the thread).
-_NOTHING: Any = object()
+_SyncItem = tuple[Callable[[bytes], None], bytes, asyncio.AbstractEventLoop, "asyncio.Future[None]"]
 
 
-def _sync_forever(items: queue.SimpleQueue[_Append | None]) -> None:
-    """A journal's thread: take the appends it is handed, gather (:meth:`Journal._gathered`), write and fsync
-    them (:meth:`Journal._flush`) and settle their futures on their loops, one wake-up of each loop per
-    fsync, until None. It holds no journal between items (an unclosed journal can still be collected)."""
-    item = items.get()
-    while item is not None:
-        journal = item[0]
-        batch, item = journal._gathered(item, items)
+def _sync_forever(items: queue.SimpleQueue[_SyncItem | None]) -> None:
+    """A journal's thread: run each ``(write_and_sync, data, loop, future)`` it is handed and settle the future on
+    its loop, until None. It holds no journal between items (an unclosed journal can still be collected)."""
+    while (item := items.get()) is not None:
+        write_and_sync, data, loop, done = item
+        error: Exception | None = None
         try:
-            error: BaseException | None = journal._flush(batch)
-        except Exception as exc:  # noqa: BLE001  (a bug: the appenders must hear of it, the thread must go on)
+            write_and_sync(data)
+        except Exception as exc:  # noqa: BLE001  (an OSError, or a bug: either way the flush must hear of it)
             error = exc
-        by_loop: dict[asyncio.AbstractEventLoop, list[asyncio.Future[None]]] = {}
-        for _, _, _, loop, done, _ in batch:
-            by_loop.setdefault(loop, []).append(done)
-        del batch, journal
-        for loop, futures in by_loop.items():
-            try:
-                loop.call_soon_threadsafe(_settle, futures, error)
-            except RuntimeError:  # the loop was closed meanwhile: nobody waits for this flush any more
-                pass
-        del by_loop
-        if item is _NOTHING:
-            item = items.get()
+        del item, write_and_sync, data
+        try:
+            loop.call_soon_threadsafe(_settle, done, error)
+        except RuntimeError:  # the loop was closed meanwhile: nobody waits for this flush any more
+            pass
 
 
-def _settle(futures: list[asyncio.Future[None]], error: BaseException | None) -> None:
-    """Give each of ``futures`` its outcome (on the loop's thread), unless it was cancelled meanwhile."""
-    for future in futures:
-        if future.done():
-            continue
-        if error is None:
-            future.set_result(None)
-        else:
-            future.set_exception(error)
+def _settle(future: asyncio.Future[None], error: BaseException | None) -> None:
+    """Give ``future`` its outcome (on the loop's thread), unless it was cancelled meanwhile."""
+    if future.done():
+        return
+    if error is None:
+        future.set_result(None)
+    else:
+        future.set_exception(error)
