@@ -1,10 +1,10 @@
 """The coordinator's event loop: uvloop's when it can be imported, else the standard library's.
 
 uvloop runs asyncio's API on libuv, its transports and loop in C: the coordinator's HTTP layer
-costs about a third less CPU per request with it (measured: 204-217 -> 133-153 µs for a small
-request, 274-290 -> 136-160 µs for a 40 KB batch; benchmarks/ and docs/benchmarks.md), and at
-batch 1 or with many workers the coordinator's CPU is what bounds the rate. ``requirements.txt``
-and both image recipes pin it. A Python without it (an image of your own) runs the coordinator
+(HttpServer alone, one keep-alive client) costs about a third less CPU per request with it
+(measured on 2 CPUs: 204-217 -> 133-153 µs for a small request, 274-290 -> 136-160 µs for a 40 KB
+batch); the whole coordinator 6-9 % less per batch-1 request, where its CPU bounds the rate.
+``requirements.txt`` and both image recipes pin it. A Python without it (an image of your own) runs the coordinator
 on the standard library's loop, with the same behaviour (tested: tests/test_coordinator_http.py
 runs the protocol on both). Which loop served a run is in its ``coordinator-listening`` event.
 """
