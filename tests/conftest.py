@@ -36,7 +36,8 @@ def run_script(name: str, *args: str, env: dict | None = None, timeout: float = 
 class RunningCoordinator:
     """A real coordinator process; ``url``/``token`` come from its endpoint file."""
 
-    def __init__(self, tmp: Path, tasks: dict, *extra: str, scratch: Path | None = None) -> None:
+    def __init__(self, tmp: Path, tasks: dict, *extra: str, scratch: Path | None = None,
+                 env: dict[str, str] | None = None) -> None:
         self.tmp = tmp
         self.scratch = scratch or tmp / "scratch"
         self.tasks_path = write_json(tmp / "tasks.json", tasks)
@@ -48,7 +49,7 @@ class RunningCoordinator:
             [PYTHON, str(SCRIPTS / "coordinator.py"), "--input", str(self.tasks_path), "--results", str(self.results),
              "--scratch", str(self.scratch), "--end-record", str(self.end_record), "--journal", str(self.journal),
              "--progress-interval", "3600", *extra],
-            stdout=self.log, stderr=subprocess.STDOUT,
+            stdout=self.log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})},
         )
         endpoint = self.scratch / "endpoint.json"
         deadline = time.monotonic() + 15
@@ -75,8 +76,9 @@ class RunningCoordinator:
 def start_coordinator(tmp_path):
     started: list[RunningCoordinator] = []
 
-    def start(tasks: dict | None = None, *extra: str, scratch: Path | None = None) -> RunningCoordinator:
-        coordinator = RunningCoordinator(tmp_path, tasks or make_tasks(4), *extra, scratch=scratch)
+    def start(tasks: dict | None = None, *extra: str, scratch: Path | None = None,
+              env: dict[str, str] | None = None) -> RunningCoordinator:
+        coordinator = RunningCoordinator(tmp_path, tasks or make_tasks(4), *extra, scratch=scratch, env=env)
         started.append(coordinator)
         return coordinator
 

@@ -12,6 +12,7 @@ import os
 import threading
 
 import pytest
+import uvloop
 from test_inputs import TASK_CASES
 
 from allocstack import journal as journal_module
@@ -239,9 +240,10 @@ def test_the_journal_thread_serves_each_loop_reports_a_failed_write_and_stops_on
     assert [r["taskId"] for r in replay(path, "abc")[0]] == ["a-0", "b-0"]
 
 
-def test_the_window_gathers_a_late_submitter_and_is_bounded(tmp_path, monkeypatch):
+@pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
+def test_the_window_gathers_a_late_submitter_and_is_bounded(loop, tmp_path, monkeypatch):
     """With group 2, a result arriving within the window shares the first one's fsync; a lone one is
-    acknowledged once the window ends; without a window each takes its own fsync."""
+    acknowledged once the window ends; without a window each takes its own fsync. On either event loop."""
     monkeypatch.setattr(journal_module, "MAX_WINDOW", 5.0)
 
     async def pair(window: float, second: bool = True) -> int:
@@ -258,9 +260,10 @@ def test_the_window_gathers_a_late_submitter_and_is_bounded(tmp_path, monkeypatc
         assert len(replay(path, "abc")[0]) == 1 + second
         return journal.fsyncs
 
-    assert asyncio.run(pair(window=2.0)) == 1  # b came 50 ms later and still shared a's fsync
-    assert asyncio.run(pair(window=0.0)) == 2
-    assert asyncio.run(pair(window=0.2, second=False)) == 1  # alone: written when the window ended
+    run = asyncio.run if loop == "asyncio" else uvloop.run
+    assert run(pair(window=2.0)) == 1  # b came 50 ms later and still shared a's fsync
+    assert run(pair(window=0.0)) == 2
+    assert run(pair(window=0.2, second=False)) == 1  # alone: written when the window ended
 
 
 @pytest.mark.parametrize("body", [

@@ -204,17 +204,17 @@ def test_a_directory_image_without_the_mount_point_says_how_to_add_it(tmp_path):
 
 
 def test_the_dockerfile_is_the_same_recipe_as_the_apptainer_definition():
-    """Charliecloud builds container/Dockerfile, Apptainer allocstack.def: same base, same requests, h11 and msgspec
+    """Charliecloud builds container/Dockerfile, Apptainer allocstack.def: same base, same requests, h11, msgspec and uvloop
     (pinned as in requirements.txt), same environment."""
     definition = (ROOT / "container/allocstack.def").read_text()
     dockerfile = (ROOT / "container/Dockerfile").read_text()
     assert re.search(r"^From: (\S+)$", definition, re.MULTILINE)[1] == re.search(r"^FROM (\S+)$", dockerfile, re.MULTILINE)[1]
     requirements = (ROOT / "requirements.txt").read_text()
-    for package in ("requests", "h11", "msgspec"):
+    for package in ("requests", "h11", "msgspec", "uvloop"):
         pins = [re.findall(rf"{package}==([\d.]+)", text) for text in (definition, dockerfile, requirements)]
         assert pins[0][:1] == pins[1] == pins[2] and pins[1], package
-    test_definition = (ROOT / "container/test.def").read_text()  # takes h11 and msgspec from PyPI, digests checked
-    for package in ("h11", "msgspec"):
+    test_definition = (ROOT / "container/test.def").read_text()  # takes h11, msgspec, uvloop from PyPI, digests checked
+    for package in ("h11", "msgspec", "uvloop"):
         assert re.findall(rf"'{package}==([\d.]+) --hash=sha256:[0-9a-f]{{64}}", test_definition) == \
             re.findall(rf"^{package}==([\d.]+)$", requirements, re.MULTILINE), package
     exported = dict(re.findall(r"^\s+export (\w+)=(\S+)$", definition, re.MULTILINE))

@@ -6,11 +6,13 @@ import hashlib
 import json
 import signal
 import socket
+import subprocess
 import time
 
+import pytest
 import requests
 
-from conftest import make_tasks
+from conftest import PYTHON, SCRIPTS, make_tasks
 
 
 def digest(text: str) -> str:
@@ -204,3 +206,39 @@ def test_a_share_held_for_a_worker_that_never_comes_lapses_after_one_lease(start
     time.sleep(0.6)
     later = s.post(coordinator.url + "/claim", json=claim).json()
     assert later["status"] == "task" and len(later["tasks"]) == 1  # an equal share of the 2 left
+
+
+@pytest.mark.parametrize("loop", ["uvloop", "asyncio"])
+def test_either_event_loop_serves_the_protocol_exactly_once(loop, start_coordinator, tmp_path):
+    """uvloop when it can be imported (the venv and the images pin it), else the standard library's loop:
+    both serve two workers (batch 1 and batch 3, sharing fsyncs) exactly once, refuse a stranger and a
+    body over the bound, and drain on SIGTERM. The run's event names the loop that served it."""
+    env = {}
+    if loop == "asyncio":  # a Python without uvloop: the import fails, as there
+        hidden = tmp_path / "no-uvloop"
+        hidden.mkdir()
+        (hidden / "uvloop.py").write_text("raise ImportError('uvloop is hidden from this test')\n")
+        env["PYTHONPATH"] = str(hidden)
+    coordinator = start_coordinator(make_tasks(40), "--workers", "2", "--max-body-bytes", "100000",
+                                    env=env)
+    gate = tmp_path / "gate.json"
+    gate.write_text('{"status": "ready"}')
+    workers = [subprocess.Popen([PYTHON, str(SCRIPTS / "worker.py"), "--worker-id", f"worker-0{i}", "--scratch",
+                                 str(coordinator.scratch), "--gate-record", str(gate), "--batch", str(batch)],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+               for i, batch in ((1, 1), (2, 3))]
+    assert requests.post(coordinator.url + "/claim", json={"workerId": "stranger"}, timeout=5).status_code == 401
+    too_big = session(coordinator).post(coordinator.url + "/results", data=b"x" * 100_001)
+    assert too_big.status_code == 413
+    for worker in workers:
+        assert worker.wait(timeout=60) == 0, worker.stderr.read().decode()
+    assert coordinator.stop(signal.SIGTERM) == 0
+    results = json.loads(coordinator.results.read_text())["results"]
+    assert sorted(r["taskId"] for r in results) == [f"task-{i:06d}" for i in range(40)]
+    assert coordinator.journal.read_text().count('"kind":"result"') == 40  # each result journaled once
+    end = json.loads(coordinator.end_record.read_text())
+    assert end["status"] == "completed" and end["journalFsyncs"] <= 40
+    events = [json.loads(line) for line in (coordinator.scratch / "events.jsonl").read_text().splitlines()]
+    listening = next(e for e in events if e["event"] == "coordinator-listening")
+    assert listening["eventLoop"] == loop
+    assert f"event loop: {loop}" in coordinator.log_text()

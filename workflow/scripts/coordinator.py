@@ -50,7 +50,7 @@ import sys
 import time
 from typing import Any
 
-from allocstack import endrecord, storage
+from allocstack import endrecord, eventloop, storage
 from allocstack.api import CoordinatorApi
 from allocstack.auth import Tokens
 from allocstack.cli import echo, run, runtime_facts, silence_stdout
@@ -229,10 +229,11 @@ class Coordinator:
                            fingerprint=self.network.fingerprint)
         write_endpoint(self.settings.endpoint_file, url, self.tokens.token, self.tokens.view_token)
         self.progress.listening()
+        event_loop = eventloop.loop_name()
         self.event("coordinator-listening", endpoint=url, taskCount=len(self.board),
-                   restored=self.board.restored, networkEndpoint=network_url, **runtime_facts())
+                   restored=self.board.restored, networkEndpoint=network_url, eventLoop=event_loop, **runtime_facts())
         log(f"coordinator: listening on {url} with {len(self.board)} tasks "
-            f"({self.board.restored} restored from the journal)")
+            f"({self.board.restored} restored from the journal; event loop: {event_loop})")
         if network_url and self.network:
             how = (f"TLS, certificate SHA-256 {self.network.fingerprint}" if self.network.tls else
                    "PLAIN TEXT (config network.tls: false)")
@@ -417,7 +418,7 @@ def main(argv: list[str] | None = None) -> int:
         network = network_listener(settings)
     except AllocstackError as error:
         return startup_failed(settings, error)
-    return asyncio.run(serve(Coordinator(settings, board, journal, input_sha256, network)))
+    return eventloop.run(serve(Coordinator(settings, board, journal, input_sha256, network)))
 
 
 if __name__ == "__main__":

@@ -6,8 +6,11 @@ and synced together (group commit), so the cost of durability is one fsync per
 batch, not per result. When fewer appends wait than there are submitters
 (``group``: the expected workers), a flush first waits a bounded, tiny window
 (``window`` seconds, at most the last fsync's duration) for the others, so that
-workers submitting one result at a time share an fsync instead of taking turns. On start the journal is replayed: a torn last line (a
-crash mid-write) is cut off; a journal of a different input is set aside.
+workers submitting one result at a time share an fsync instead of taking turns.
+On uvloop's event loop, whose timers count whole milliseconds, the window is
+rounded up to the next one (a shorter timer would end at once, sharing nothing).
+On start the journal is replayed: a torn last line (a crash mid-write) is cut
+off; a journal of a different input is set aside.
 
 A write that fails (a full disk, an exhausted quota) is cut back off the file, so
 the journal stays a sequence of whole lines; the journal then refuses every later
@@ -19,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import os
 import queue
 import threading
@@ -28,7 +32,7 @@ from json.encoder import encode_basestring_ascii
 from pathlib import Path
 from typing import Any
 
-from . import SCHEMA_VERSION
+from . import SCHEMA_VERSION, eventloop
 from .errors import AllocstackError
 from .jsonio import fsync_dir
 from .storage import write_error
@@ -183,6 +187,8 @@ class Journal:
         window = min(self.window, self._last_sync)
         if len(self._waiters) >= self.group or window <= 0:
             return
+        if eventloop.loop_name() == "uvloop":  # its timers count whole milliseconds: 0.3 ms would be none
+            window = math.ceil(window * 1000) / 1000
         self._gathering = gathering = loop.create_future()
         timer = loop.call_later(window, lambda: gathering.done() or gathering.set_result(None))
         try:
