@@ -715,7 +715,15 @@ ensure_slurmd_under_tini() {
     fi
 }
 
-conf_digest() { cat "$SLURM_CONF" "$CONTROLLER_CONF" "$NODE_CONF" 2>/dev/null | sha256sum; }
+# A file that does not exist yet (the first start) counts as empty: `cat` of a missing file fails,
+# and under pipefail that failure would end `start` before it installs anything.
+conf_digest() {
+    local file
+    for file in "$SLURM_CONF" "$CONTROLLER_CONF" "$NODE_CONF"; do
+        [[ -f $file ]] && cat "$file"
+        echo "--- $file"
+    done | sha256sum
+}
 
 # Daemons that ran before this `start` re-read a configuration that changed (another
 # checkout's slurm.conf.in with a new partition, say), unless slurmctld was just restarted
