@@ -49,8 +49,8 @@ def argv_list(text: str) -> list[str]:
         value = json.loads(text)
     except json.JSONDecodeError as exc:
         raise argparse.ArgumentTypeError(f"not JSON: {exc.msg}") from exc
-    if not isinstance(value, list) or not value or not all(isinstance(arg, str) and arg for arg in value):
-        raise argparse.ArgumentTypeError("must be a non-empty JSON list of non-empty strings")
+    if not isinstance(value, list) or not value or not all(isinstance(arg, str) for arg in value) or not value[0]:
+        raise argparse.ArgumentTypeError("must be a non-empty JSON list of strings, the first (the program) not empty")
     return value
 
 
