@@ -431,7 +431,7 @@ def edit_params() -> list[Any]:
 @pytest.mark.parametrize("edit", edit_params())
 def test_an_edited_corpus_file_is_refused_or_imported_never_crashes(edit):
     outcome = outcome_of(edit.document(), CORPUS / edit.name, edit.name)
-    assert outcome.status in ("clean", "gaps", "refused")
+    assert outcome.status in ("clean", "gaps", "impossible", "refused")
 
 
 def test_an_empty_argument_imports_into_a_config_the_workflow_accepts():

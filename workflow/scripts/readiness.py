@@ -32,7 +32,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from allocstack import SCHEMA_VERSION, endrecord, names
-from allocstack.cli import ArgumentParser, argv_list, positive_float, run, runtime_facts
+from allocstack.cli import ArgumentParser, add_placement_arguments, argv_list, positive_float, run, runtime_facts
 from allocstack.endpoint import (
     Endpoint,
     read_endpoint,
@@ -45,7 +45,7 @@ from allocstack.errors import EXIT_OK, AllocstackError, report
 from allocstack.events import append_event, ensure_log_dir
 from allocstack.httpclient import HttpConnection, TransportError
 from allocstack.jsonio import atomic_write_json, read_json
-from allocstack.program import ProgramError, describe, expand_argv, program_environment, run_program
+from allocstack.program import Placement, ProgramError, describe, prepare, program_environment, run_program
 
 
 def expected_health(task_count: int) -> dict[str, Any]:
@@ -168,12 +168,12 @@ def tcp_check(url: str) -> Check:
     return check
 
 
-def command_check(argv: list[str], env: dict[str, str], probe_timeout: float) -> Check:
+def command_check(argv: list[str], env: dict[str, str], probe_timeout: float, cwd: str | None = None) -> Check:
     """``argv`` exits 0 within ``probe_timeout`` (with ``env``: the service's variables, see allocstack/program.py)."""
 
     def check(timeout: float) -> tuple[bool, str]:
         try:
-            done = run_program(argv, env, timeout=max(timeout, probe_timeout))
+            done = run_program(argv, env, timeout=max(timeout, probe_timeout), cwd=cwd)
         except ProgramError as exc:
             return False, str(exc)
         return done.returncode == 0, f"exit {done.returncode} {done.tail(120)}"
@@ -226,8 +226,13 @@ def make_check(args, get: Get, url: str) -> tuple[Check, str]:
         return tcp_check(url), f"a TCP connection to {url}"
     if args.mode == "command":
         env = command_environment(args, url)
-        argv = expand_argv(args.ready_command_json, env, f"services.{args.service or 'app'}.readiness")
-        return command_check(argv, env, args.probe_timeout), f"{describe(argv)} exiting 0"
+        # in the service's image, as Compose runs a healthcheck in the service's container
+        how = prepare(Placement.from_args(args), args.ready_command_json, env, set(),
+                      (args.scratch or Path(".")) / names.PROGRAMS / f"{args.service or 'app'}-readiness",
+                      f"services.{args.service or 'app'}.readiness", probe=True)
+        return command_check(how.argv, how.env, args.probe_timeout, how.cwd), f"{describe(how.shown)} exiting 0"
+    if args.mode == "started":
+        return (lambda timeout: (True, "started")), "its start"
     return health_check(get, url, args.task_count), f"{url}/health reporting taskCount {args.task_count}"
 
 
@@ -241,12 +246,14 @@ def parse_args(argv: list[str] | None):
     parser.add_argument("--service", help="with --scratch: gate your own service NAME (its endpoint and event file)")
     parser.add_argument("--uses", action="append", default=[],
                         help="command mode: a service whose variables the command also gets (repeatable)")
-    parser.add_argument("--mode", choices=["health", "http", "tcp", "command"], default="health",
+    parser.add_argument("--mode", choices=["health", "http", "tcp", "command", "started"], default="health",
                         help="what ready means: the seed's /health contract (default), an HTTP path with expected "
-                             "JSON fields, a TCP connection, or a command exiting 0")
+                             "JSON fields, a TCP connection, a command exiting 0 (in the service's image, see "
+                             "--image), or the service's start (Compose's service_started)")
     parser.add_argument("--path", default="/health", help="http mode: the path to GET")
     parser.add_argument("--expect-json", type=json.loads, default={}, help="http mode: JSON fields the answer must have")
     parser.add_argument("--ready-command-json", type=argv_list, default=None, help="command mode: a JSON argv list")
+    add_placement_arguments(parser)
     count = parser.add_mutually_exclusive_group()
     count.add_argument("--task-count", type=int, help="taskCount the coordinator must report")
     count.add_argument("--inputs-summary", type=Path, help="read taskCount from validate_inputs' summary")
