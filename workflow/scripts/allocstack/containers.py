@@ -141,10 +141,10 @@ def whole_tops(binds: Iterable[str]) -> list[str]:
     return [Path(path).parts[1] for path in binds if len(Path(path).parts) == 2]
 
 
-def mount_tree_dirs(binds: list[str], cwd: str, mount_tree: Path) -> list[Path]:
+def mount_tree_dirs(binds: list[str], cwd: str | None, mount_tree: Path) -> list[Path]:
     """The directories to create in ``mount_tree`` before ch-run starts: each path's own, below its top."""
     whole = set(whole_tops(binds))
-    return [mount_tree / path.lstrip("/") for path in [*binds, cwd]
+    return [mount_tree / path.lstrip("/") for path in [*binds, *([cwd] if cwd else [])]
             if len(Path(path).parts) > 1 and Path(path).parts[1] not in whole]
 
 
@@ -253,7 +253,7 @@ READ_ONLY_SCRIPT = ('while [ "$1" != -- ]; do mount --bind "$1" "$2" && mount -o
 
 
 def program_prefix(runtime: str, image: str, args: list[str], binds: list[str], mounts: list[Bind],
-                   env: Mapping[str, str], cwd: str, private: Path) -> tuple[list[str], dict[str, str]]:
+                   env: Mapping[str, str], cwd: str, private: Path, host_cwd: bool = False) -> tuple[list[str], dict[str, str]]:
     """The argv that runs a program of yours in ``image`` (before its own argv), and what its runtime's process
     needs in its environment besides ours.
 
@@ -261,7 +261,8 @@ def program_prefix(runtime: str, image: str, args: list[str], binds: list[str], 
     and a write there fails), starts in ``cwd`` and has exactly ``env`` besides the image's own variables, none of
     them on the command line: Apptainer takes them as ``APPTAINERENV_*`` from its own environment, ch-run from
     a 0600 file in ``private`` (the program's directory in the run's scratch, which also holds Charliecloud's
-    mount-point tree and the read-only views of its mounts).
+    mount-point tree and the read-only views of its mounts). ``host_cwd``: ``cwd`` is a path of this machine
+    (the directory snakemake runs in), not one of the image's, so Charliecloud needs a mount point for it.
 
     :raises AllocstackError: ``prerequisite`` for a path the runtime cannot bind or a mount target a directory
         image lacks, ``config`` for a value ch-run cannot pass unchanged.
@@ -281,8 +282,9 @@ def program_prefix(runtime: str, image: str, args: list[str], binds: list[str], 
     check_mount_targets(image, mounts)
     private.mkdir(mode=0o700, parents=True, exist_ok=True)
     tree = private / "mounts"
-    check_mount_points(image, mount_tops([*unique, cwd]))
-    for directory in mount_tree_dirs(unique, cwd, tree):
+    host_paths = [*unique, cwd] if host_cwd else list(unique)
+    check_mount_points(image, mount_tops(host_paths))
+    for directory in mount_tree_dirs(unique, cwd if host_cwd else None, tree):
         directory.mkdir(mode=0o700, parents=True, exist_ok=True)
     env_file = private / "environment"
     env_file.write_text("".join(f"{name}={charliecloud_value(name, value)}\n" for name, value in env.items()),
@@ -293,7 +295,7 @@ def program_prefix(runtime: str, image: str, args: list[str], binds: list[str], 
     if Path(image).is_dir() and (Path(image) / "ch" / "environment").is_file():
         argv.append(f"--set-env={Path(image) / 'ch' / 'environment'}")
     argv += [*args, f"--set-env={env_file}", "--private-tmp", f"--cd={cwd}"]
-    for top in sorted(mount_tops([*unique, cwd]) - set(whole_tops(unique))):
+    for top in sorted(mount_tops(host_paths) - set(whole_tops(unique))):
         argv.append(f"--bind={tree / top}:/{top}")
     for path in sorted(unique):
         argv.append(f"--bind={path}:{path}")

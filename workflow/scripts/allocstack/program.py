@@ -315,7 +315,8 @@ def prepare(placement: Placement, command: list[str] | None, env: dict[str, str]
         raise AllocstackError("config", f"{where}: environment {bad}: a value with a newline cannot pass into ch-run")
     cwd = placement.working_dir or meta.workdir or os.getcwd()
     prefix, runtime_env = program_prefix(placement.runtime, placement.image, list(placement.runtime_args),
-                                         [*placement.binds, *volumes], binds, inside, cwd, private)
+                                         [*placement.binds, *volumes], binds, inside, cwd, private,
+                                         host_cwd=not (placement.working_dir or meta.workdir))
     process_env = {**runtime_environ(os.environ), **runtime_env} if placement.runtime == "charliecloud" else \
         {**os.environ, **runtime_env}
     argv = expand_argv(argv, env, where)
