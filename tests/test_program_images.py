@@ -88,8 +88,8 @@ def test_a_volume_is_at_its_container_path_and_a_read_only_mount_refuses_writes(
         missing = replica(tmp_path, runtime, image, "--command-json", json.dumps(["-c", "pass"]),
                           "--mounts-json", json.dumps([{"target": "/in", "source": str(inputs)}]))
         assert missing.returncode == 69
-        assert f"image {image} has no directory /in to mount {inputs} onto: ch-run binds only onto paths the image " \
-               "has" in missing.stderr
+        said = f"image {image} has no directory /in to mount {inputs} onto: ch-run binds only onto paths the image has"
+        assert said in missing.stderr
 
 
 def test_the_images_own_command_and_composes_entrypoint_and_command_rules(tmp_path, runtime):
@@ -116,16 +116,16 @@ def test_an_image_without_python_runs_its_own_command_and_a_secret_comes_from_th
     image = stack_image(runtime, "redis")
     secret = "not-on-a-command-line"  # noqa: S105
     done = replica(tmp_path, runtime, image, "--command-json",
-                   json.dumps(["sh", "-c", 'test "$REDIS_PASSWORD" = "$1" && ! command -v python3 && redis-server '
-                                           '--version', "sh", "${env:SECRET_FROM_SHELL}"]),
+                   json.dumps(["sh", "-c", 'test "$REDIS_PASSWORD" = "$1" && ! command -v python3 && redis-server --version',
+                               "sh", "${env:SECRET_FROM_SHELL}"]),
                    "--environment-json", json.dumps({"REDIS_PASSWORD": "${env:SECRET_FROM_SHELL}"}),
                    env={"SECRET_FROM_SHELL": secret})
     assert done.returncode == 0, done.stderr[-2000:]
     assert "Redis server v=7.0" in done.stdout + done.stderr
     unset = replica(tmp_path, runtime, image, "--environment-json", json.dumps({"P": "${env:NOT_SET_ANYWHERE}"}))
     assert unset.returncode == 78
-    assert "allocstack: error [config]: worker: environment P: ${env:NOT_SET_ANYWHERE} is not set in the " \
-           "environment allocstack runs in" in unset.stderr
+    said = "allocstack: error [config]: worker: environment P: ${env:NOT_SET_ANYWHERE} is not set in the environment"
+    assert said in unset.stderr
 
 
 def free_port() -> int:
