@@ -352,7 +352,7 @@ def test_images_mounts_working_dir_entrypoint_secrets_and_configs_as_compose_wri
                                 {"target": "/run/secrets/key", "source": "key.txt", "read_only": True},
                                 {"target": "/etc/app.conf", "source": "conf/app.conf", "read_only": True}]
     assert "note: check: no command: in its image it runs the image's own (ENTRYPOINT + CMD" in out
-    assert "image: image: redis:7 (db) -> images/redis-7.sif: apptainer build images/redis-7.sif docker://redis:7" \
+    assert "to get: image: redis:7 (db) -> images/redis-7.sif: apptainer build images/redis-7.sif docker://redis:7" \
            in out and "sha256sum images/redis-7.sif > images/redis-7.sif.sha256" in out
     assert "docker-archive://demo-app.tar" in out
     code, config, _ = import_document(tmp_path, document, "--run", "demo", "--runtime", "charliecloud", "--images",

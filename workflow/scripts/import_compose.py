@@ -256,7 +256,7 @@ def main(argv: list[str] | None = None) -> int:
     for gap in gaps:
         print(f"gap: {gap}", flush=True)
     for item in unique(imported.report.build):
-        print(f"image: {item}", flush=True)
+        print(f"to get: {item}", flush=True)
     for note in unique(imported.report.notes):
         print(f"note: {note}", flush=True)
     return EXIT_OK
