@@ -23,7 +23,7 @@ rule run_check:
         # (Snakemake sums runtime over a group's sequential stages).
         runtime=0,
     params:
-        launch=launch("check"),
+        launch=launch("check", beside=check_beside),
         options=check_options,
     shell:
         "exec {params.launch} {input.script} {params.options} --record {output} > {log} 2>&1"

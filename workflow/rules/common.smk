@@ -174,10 +174,20 @@ RUNTIME = config["runtime"]
 # sets it); Charliecloud has no Snakemake deployment method: runtime charliecloud
 # and an image are the switch (allocstack uses no container directive, so --sdm
 # apptainer itself never needs apptainer).
-USE_IMAGE = bool(config["image"]) and (
+IMAGES_ON = (
     RUNTIME == "charliecloud"
     or DeploymentMethod.APPTAINER in workflow.deployment_settings.deployment_method
 )
+USE_IMAGE = bool(config["image"]) and IMAGES_ON
+
+
+def program_image(part):
+    """The image a program of yours runs in (config ``services.<name>``, ``worker`` or ``verify``): its own,
+    else ``image``; None without images (no ``--sdm apptainer``, runtime apptainer) or without either.
+    """
+    if not IMAGES_ON:
+        return None
+    return part.get("image") or config["image"] or None
 
 
 # Your own stack: services (config `services`), long-running workers, and with no
@@ -330,21 +340,47 @@ def check_stack():
                 "config",
                 f"services.{other} and services.{name} would both be {NAMES.variable_prefix(name)}*; rename one",
             )
-        if not spec["command"]:
+        if not spec["command"] and not spec["entrypoint"] and not program_image(spec):
             fail_config(
                 "config",
-                f"services.{name}.command is not set: the service's program as an argv list",
+                f"services.{name}.command is not set: the service's program as an argv list "
+                "(or run it in its image, whose own command then runs)",
+            )
+        if spec["port"] == "image" and not program_image(spec):
+            fail_config(
+                "config",
+                f"services.{name}.port is image (the port its image EXPOSEs) but it runs without an "
+                f"image: set services.{name}.port, or run it in its image",
             )
         if spec["readiness"]["mode"] == "command" and not spec["readiness"]["command"]:
             fail_config(
                 "config",
                 f"{key}.readiness.mode is command but {key}.readiness.command is null",
             )
-    if LONG_RUNNING and not config["worker"]["command"]:
+    worker = config["worker"]
+    if (
+        LONG_RUNNING
+        and not worker["command"]
+        and not worker["entrypoint"]
+        and not program_image(worker)
+    ):
         fail_config(
             "config",
-            "worker.mode is long-running but worker.command is not set: the workers' program, as an argv list",
+            "worker.mode is long-running but worker.command is not set: the workers' program, as an argv list "
+            "(or run them in their image, whose own command then runs)",
         )
+    if not LONG_RUNNING:
+        for key in ("entrypoint", "working_dir", "mounts"):
+            if worker[key]:
+                fail_config(
+                    "config",
+                    f"worker.{key} is for long-running workers (your own stack): per-task workers run "
+                    "allocstack's worker in worker.image (or image), which sees paths bound at the same place "
+                    f"({RUNTIME}.binds)",
+                )
+    for key, spec in parts_of_yours():
+        check_mounts(key, spec)
+    check_references()
     if not TASKS:
         if not LONG_RUNNING:
             fail_config(
@@ -357,6 +393,54 @@ def check_stack():
                 "config",
                 "expected is set but tasks is null: there are no task results to compare; set expected: null",
             )
+
+
+def parts_of_yours():
+    """(config key, config) of every program of yours: each service, the workers, the check."""
+    return [
+        *((service_key(name), spec) for name, spec in SERVICES.items()),
+        ("worker", config["worker"]),
+        ("verify", config["verify"]),
+    ]
+
+
+def check_mounts(key, spec):
+    """A mount's volume is one of ``volumes``; its source exists (relative to where snakemake runs)."""
+    for mount in spec.get("mounts", []):
+        if mount.get("volume") and mount["volume"] not in config["volumes"]:
+            fail_config(
+                "config",
+                f"{key}.mounts: {mount['target']}: volume {mount['volume']} is not one of `volumes`",
+            )
+        if mount.get("source") and not os.path.exists(mount["source"]):
+            fail_config(
+                "input",
+                f"{key}.mounts: {mount['target']}: its source {mount['source']} does not exist",
+            )
+
+
+#: ``${env:NAME}`` in a command or an environment value: read from this environment when the program starts.
+ENV_REFERENCE = re.compile(r"\$\{env:([A-Za-z_][A-Za-z0-9_]*)\}")
+
+
+def env_references(spec):
+    """The variables of this environment that a program's command or environment reads (``${env:NAME}``)."""
+    texts = [*(spec.get("command") or []), *(spec.get("entrypoint") or [])]
+    texts += list(spec.get("environment", {}).values())
+    return sorted({name for text in texts for name in ENV_REFERENCE.findall(text)})
+
+
+def check_references():
+    """Every ``${env:NAME}`` is set here before anything starts: the run reads it when the program starts,
+    on the node, where the job got this environment (one line otherwise)."""
+    for key, spec in parts_of_yours():
+        for name in env_references(spec):
+            if name not in os.environ:
+                fail_config(
+                    "config",
+                    f"{key}: ${{env:{name}}} is not set in the environment snakemake runs in: export {name} "
+                    "(it is read when the program starts, never written in a file)",
+                )
 
 
 def node_cpus(services=True):
@@ -439,13 +523,13 @@ def check_prerequisites():
     if submits_to_slurm():
         check_cluster_settings(needed)
     check_allocation_host()
-    if not config["expected"] and not config["verify"]["command"]:
+    if not config["expected"] and not check_command_set():
         fail_config(
             "config",
             "expected is null and verify.command is not set: nothing would say "
             "whether the results are correct; set one of them",
         )
-    if USE_IMAGE and shutil.which(PROGRAMS[RUNTIME]) is None:
+    if (USE_IMAGE or program_images()) and shutil.which(PROGRAMS[RUNTIME]) is None:
         switch = (
             "--sdm apptainer is on"
             if RUNTIME == "apptainer"
@@ -456,6 +540,29 @@ def check_prerequisites():
             f"image is set and {switch}, but {PROGRAMS[RUNTIME]} is not on PATH; "
             f"{config[RUNTIME]['hint']}",
         )
+
+
+def check_command_set():
+    """verify.command is set, or (your own stack) the check runs its image's own command."""
+    check = config["verify"]
+    if check["command"] or check["entrypoint"]:
+        return True
+    return not TASKS and bool(config["verify"]["image"]) and IMAGES_ON
+
+
+def program_images():
+    """Every image a program of yours runs in (with images on): config key -> its path."""
+    found = {}
+    for key, spec in parts_of_yours():
+        if key == "worker" and not LONG_RUNNING:
+            image = config["worker"]["image"] if IMAGES_ON else None
+        elif key == "verify" and TASKS and not spec["command"]:
+            image = None
+        else:
+            image = program_image(spec)
+        if image:
+            found[key] = image
+    return found
 
 
 SERVICE_ORDER = service_order()
@@ -526,6 +633,8 @@ def launch(
     job_end_time=False,
     node=None,
     one_shot=False,
+    beside=None,
+    image=None,
 ):
     """Input function: the command that starts ``component`` (see workflow/scripts/launch.py).
 
@@ -535,11 +644,20 @@ def launch(
     ``one_shot``: a component that runs once and needs no supervision (verification) is
     started as a plain process where launch.py would add nothing: no job step (outside an
     allocation, or slurm.job_steps false), no image, no scratch (one interpreter less).
+    ``beside(wildcards)``: the component runs a program of yours in an image, so it runs beside that
+    image on the node, not in ``image`` (see program_options). ``image(wildcards)``: the image it runs
+    in instead of ``image`` (per-task workers: worker.image).
     """
 
     def command(wildcards, resources):
         in_step = config["slurm"]["job_steps"] and os.environ.get("SLURM_JOB_ID")
-        if one_shot and not (scratch or USE_IMAGE or in_step):
+        own = image(wildcards) if image else None
+        in_image = (
+            (USE_IMAGE or bool(own))
+            and IMAGES_ON
+            and not (beside is not None and beside(wildcards))
+        )
+        if one_shot and not (scratch or in_image or in_step):
             return PYTHON
         argv = [
             PYTHON,
@@ -567,8 +685,8 @@ def launch(
             argv += [f"--step-arg={arg}" for arg in config["slurm"]["step_args"]]
             if gpus:
                 argv.append(f"--step-arg=--gpus={gpus}")
-        if USE_IMAGE:
-            argv.append(f"--image={os.path.abspath(config['image'])}")
+        if in_image:
+            argv.append(f"--image={os.path.abspath(own or config['image'])}")
             argv.append(f"--runtime={RUNTIME}")
             runtime_args = config[RUNTIME]["args"]
             argv += [f"--runtime-arg={arg}" for arg in runtime_args]
@@ -578,6 +696,7 @@ def launch(
                 argv.append("--runtime-arg=--nv")
             argv.append(f"--runtime-hint={config[RUNTIME]['hint']}")
             argv += [f"--bind={path}" for path in bind_paths(wildcards)]
+            argv += [f"--pass-env={name}" for name in env_references(config["worker"])]
         return shlex.join(argv) + " --"
 
     return command
@@ -680,20 +799,90 @@ def uses(names):
     return [("--uses", name) for name in names]
 
 
+def program_options(spec, with_command=True):
+    """Where a program of yours runs and what: its command (none: its image's own), and its image, mounts,
+    working directory and entrypoint for the supervisor that starts it there (allocstack/program.py).
+    """
+    pairs = []
+    if with_command and spec["command"]:
+        pairs.append(("--command-json", json.dumps(spec["command"])))
+    if spec.get("mounts"):
+        pairs.append(("--mounts-json", json.dumps(spec["mounts"])))
+    if spec.get("working_dir"):
+        pairs.append(("--working-dir", spec["working_dir"]))
+    if spec.get("entrypoint"):
+        pairs.append(("--entrypoint-json", json.dumps(spec["entrypoint"])))
+    image = program_image(spec)
+    if image:
+        pairs += [("--image", os.path.abspath(image)), ("--runtime", RUNTIME)]
+        pairs += [("--runtime-arg", arg) for arg in config[RUNTIME]["args"]]
+        pairs += [
+            ("--bind", os.path.abspath(path)) for path in config[RUNTIME]["binds"]
+        ]
+    return pairs
+
+
+def service_beside(wildcards):
+    """Your service runs in an image: its supervisor (and its gate) run beside it on the node."""
+    return bool(program_image(SERVICES[wildcards.service]))
+
+
+def worker_beside(wildcards):
+    """Long-running workers in an image: each replica's supervisor runs beside it (per-task workers run
+    allocstack's worker.py in worker.image, see worker_image)."""
+    return LONG_RUNNING and bool(program_image(config["worker"]))
+
+
+def worker_image(wildcards):
+    """The image per-task workers run allocstack's worker in: worker.image (None: ``image``)."""
+    return config["worker"]["image"] if not LONG_RUNNING and IMAGES_ON else None
+
+
+def check_beside(wildcards):
+    """Your check runs in an image: check.py (or verify.py with its command) runs beside it."""
+    return bool(program_image(config["verify"])) and (
+        not TASKS or bool(config["verify"]["command"])
+    )
+
+
+def image_checks(wildcards):
+    """validate_inputs' checks of the programs' images before anything starts: each sidecar, and what the
+    run takes from an image (its own command, the port it EXPOSEs), as JSON."""
+    parts = dict(parts_of_yours())
+    checks = []
+    for key, image in program_images().items():
+        spec = parts[key]
+        own_command = not (spec["command"] or spec["entrypoint"]) and (
+            key != "worker" or LONG_RUNNING
+        )
+        checks.append(
+            {
+                "what": key,
+                "image": image,
+                "command": own_command,
+                "port": spec.get("port") == "image",
+                "mounts": spec.get("mounts", []),
+            }
+        )
+    return json.dumps(checks)
+
+
 def service_options(wildcards):
     """app_service.py options for services.<name>."""
     spec = SERVICES[wildcards.service]
+    port = [("--port", spec["port"] or 0)] if spec["port"] != "image" else []
     return options(
         [
             ("--name", wildcards.service),
-            ("--command-json", json.dumps(spec["command"])),
+            *program_options(spec),
             ("--environment-json", json.dumps(spec["environment"])),
-            ("--port", spec["port"] or 0),
+            *port,
             ("--gate-timeout", start_bound(wildcards.service)),
             ("--stop-grace", spec["stop_grace_period"]),
             *uses(spec["depends_on"]),
             *[("--gate-record", service_gate(d)) for d in spec["depends_on"]],
-        ]
+        ],
+        ["--port-from-image"] if spec["port"] == "image" else [],
     )
 
 
@@ -726,6 +915,12 @@ def service_gate_options(wildcards):
         ]
     if ready["mode"] == "command":
         pairs.append(("--ready-command-json", json.dumps(ready["command"])))
+        # in the service's image, as Compose runs a healthcheck in the service's container
+        pairs += [
+            pair
+            for pair in program_options(SERVICES[name], with_command=False)
+            if pair[0] != "--entrypoint-json"
+        ]
     return options(pairs)
 
 
@@ -756,7 +951,9 @@ def worker_options(wildcards):
         ("--environment-json", json.dumps(worker["environment"])),
         *uses(SERVICES),
     ]
-    if worker["command"]:
+    if LONG_RUNNING:
+        program += program_options(worker)
+    elif worker["command"]:
         program.append(("--command-json", json.dumps(worker["command"])))
     if LONG_RUNNING:
         return options(
@@ -794,7 +991,7 @@ def check_options(wildcards):
     check = config["verify"]
     return options(
         [
-            ("--command-json", json.dumps(check["command"])),
+            *program_options(check),
             ("--environment-json", json.dumps(check["environment"])),
             *uses(SERVICES),
             *[("--wait-for", record) for record in worker_records(wildcards)],
@@ -857,7 +1054,7 @@ def verify_options(wildcards, input):
         if input.expected:
             pairs.append(("--expected", input.expected[0]))
         if config["verify"]["command"]:
-            pairs.append(("--command-json", json.dumps(config["verify"]["command"])))
+            pairs += program_options(config["verify"])
     else:
         pairs.append(("--check-record", input.check[0]))
     return options(pairs)

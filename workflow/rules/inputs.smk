@@ -31,7 +31,7 @@ rule validate_inputs:
         image=(
             f"--image {shlex.quote(config['image'])} --runtime {RUNTIME}"
             if USE_IMAGE
-            else ""
+            else f"--runtime {RUNTIME}"
         ),
         workers=config["workers"],
         handler=(
@@ -42,6 +42,7 @@ rule validate_inputs:
         tasks=tasks_option,
         compact=compact_tasks_option,
         decisions=json.dumps(config["decisions"]),
+        images=image_checks,
         facts=decision_facts,
     message:
         f"validate_inputs: the inputs, then the decision record ({decision_summary()})"
@@ -49,4 +50,5 @@ rule validate_inputs:
         "{params.python} {input.script} {params.tasks} {params.compact} {params.expected} "
         "--workers {params.workers} --handler {params.handler} {params.image} "
         "--output {output.summary} --run {wildcards.run} --decisions-json {params.decisions:q} "
-        "--facts-json {params.facts:q} --decision-record {output.decisions} > {log} 2>&1"
+        "--facts-json {params.facts:q} --program-images-json {params.images:q} "
+        "--decision-record {output.decisions} > {log} 2>&1"

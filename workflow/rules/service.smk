@@ -28,7 +28,7 @@ rule serve_service:
     resources:
         cpus_per_task=service_cpus,
     params:
-        launch=launch("{wildcards.service}", service_cpus),
+        launch=launch("{wildcards.service}", service_cpus, beside=service_beside),
         options=service_options,
         # With more than one node: relayed over TLS to the first node's network address too.
         network=network_options(NAMES.service_endpoint("{service}")),
@@ -51,7 +51,7 @@ rule await_service:
         STACK_ENV
     threads: 0
     params:
-        launch=launch("{wildcards.service}-readiness"),
+        launch=launch("{wildcards.service}-readiness", beside=service_beside),
         options=service_gate_options,
     shell:
         "exec {params.launch} {input.script} {params.options} --record {output} > {log} 2>&1"

@@ -29,7 +29,9 @@ rule verify_results:
         # (Snakemake sums runtime over a group's sequential stages).
         runtime=0,
     params:
-        launch=launch("verify", scratch=VOLUMES_AFTER_COLLECT, one_shot=True),
+        launch=launch(
+            "verify", scratch=VOLUMES_AFTER_COLLECT, one_shot=True, beside=check_beside
+        ),
         options=verify_options,
         journal=journal_path,
         scratch="--remove-scratch" if VOLUMES_AFTER_COLLECT else "",

@@ -44,6 +44,8 @@ rule run_worker:
                 else "results/{wildcards.run}/workers/{wildcards.worker}.json"
             ),
             node=worker_node,
+            beside=worker_beside,
+            image=worker_image,
         ),
         network=worker_network_options,
         gates=gate_records,

@@ -368,8 +368,9 @@ def main(argv: list[str] | None = None) -> int:
         append_event(args.events, "gate-failed", reason=error.message, **named)
         return report(error)
     seconds = time.monotonic() - started
+    probed_in = {"container": args.image} if args.mode == "command" and args.image else {}  # its command's image
     event = append_event(args.events, "gate-passed", endpoint=url, secondsToReady=round(seconds, 4),
-                         attempts=attempts, **named, **runtime_facts())
+                         attempts=attempts, **named, **{**runtime_facts(), **probed_in})
     if args.record:
         atomic_write_json(args.record, {
             "schemaVersion": SCHEMA_VERSION, "status": "ready", "endpoint": url, "taskCount": args.task_count,
