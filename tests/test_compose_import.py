@@ -17,32 +17,31 @@ from conftest import ROOT, run_script
 SEED = "config/examples/seed"
 
 
-def test_the_seeds_compose_file_imports_and_names_its_gaps(tmp_path):
+def test_the_seeds_compose_file_imports_as_written(tmp_path):
+    """The seed's workers and check have no command: in their image they run its own; the paths stay the
+    container's (mounts), one image for the one build context; a run without the image stops with one line."""
     done = run_script("import_compose.py", f"{SEED}/compose.yaml", "--output", tmp_path / "seed.yaml", cwd=ROOT)
     assert done.returncode == 0, done.stderr
-    # The seed leaves out the workers' and the check's commands: both named, with the way to supply them.
-    gaps = [line for line in done.stdout.splitlines() if line.startswith("gap: ")]
-    assert len(gaps) == 2, done.stdout
-    assert gaps[0].startswith("gap: worker: no command: the workers (worker.command)")
-    assert gaps[1].startswith("gap: verify: no command: the check (verify.command)")
-    assert "add `command:` to worker in the Compose file" in gaps[0]
+    assert "0 gap(s)" in done.stdout
+    assert "note: worker: no command: in its image it runs the image's own (ENTRYPOINT + CMD" in done.stdout
+    assert "to get: build: . (coordinator, worker, verify) -> images/seed.sif:" in done.stdout
     config = yaml.safe_load((tmp_path / "seed.yaml").read_text())
     assert config["tasks"] is None and config["workers"] == 2 and config["worker"]["mode"] == "long-running"
     assert config["worker"]["command"] is None and config["verify"]["command"] is None
+    assert config["worker"]["image"] == config["verify"]["image"] == "images/seed.sif"
     coordinator = config["services"]["coordinator"]
-    assert coordinator["command"][:2] == ["python3", "/opt/bssw/bin/coordinator.py"]  # a path in the seed's image
+    assert coordinator["image"] == "images/seed.sif"
+    assert coordinator["command"] == ["python3", "/opt/bssw/bin/coordinator.py", "--input", "/in/tasks.json",
+                                      "--results", "/work/results.json", "--endpoint-file", "/work/endpoint.json"]
     assert "/opt/bssw/bin/coordinator.py is inside the image" in done.stdout
-    # named volume work -> job-scoped scratch; ./inputs bind -> the directory beside the Compose file
-    assert coordinator["command"][3:] == [f"{SEED}/inputs/tasks.json", "--results",
-                                          "${ALLOCSTACK_VOLUME_WORK}/results.json", "--endpoint-file",
-                                          "${ALLOCSTACK_VOLUME_WORK}/endpoint.json"]
+    # named volume work at /work, ./inputs at /in (read-only), as the Compose file mounts them
+    assert coordinator["mounts"] == [{"target": "/work", "volume": "work"},
+                                     {"target": "/in", "source": f"{SEED}/inputs", "read_only": True}]
     gate = coordinator["readiness"]
     assert gate["mode"] == "command" and gate["timeout"] == 900  # 30 retries x the default 30 s interval
-    assert "open('${ALLOCSTACK_VOLUME_WORK}/endpoint.json')" in gate["command"][2]
-    assert config["volumes"] == ["work"] and config["apptainer"]["binds"] == [f"{SEED}/expected", f"{SEED}/inputs"]
-    assert config["charliecloud"]["binds"] == config["apptainer"]["binds"]  # whichever runtime the center has
-    assert "# GAPS - supply these before running:" in (tmp_path / "seed.yaml").read_text()
-    # The gap stops the run with one line naming the key, before anything starts.
+    assert "open('/work/endpoint.json')" in gate["command"][2]
+    assert config["volumes"] == ["work"]
+    # Without the image (no --sdm apptainer) nothing would run the workers: one line, before anything starts.
     project = tmp_path / "project"
     from workflow_helpers import copy_project, snakemake
 
