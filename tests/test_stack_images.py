@@ -81,7 +81,8 @@ def check_jobs_ran(project: Path, run: str, runtime: str, items: int = 30) -> di
         assert facts["container"], component  # the redis gate probes in redis' image too
     assert provenance["containerRuntime"]["name"] == runtime
     worker_log = (project / f"logs/run_worker/{run}/worker-01.log").read_text()
-    assert "launch: worker-01" in worker_log and "python3" not in worker_log.split("--mounts-json")[0]  # own command
+    # no command in the config: the image's own ran (ENTRYPOINT python3 + CMD app.py, in its WORKDIR /code)
+    assert "--command-json" not in worker_log and "worker-01: python3 app.py exited 0" in worker_log
     return provenance
 
 
@@ -92,7 +93,7 @@ def test_the_stack_in_its_images_with_apptainer(project):
     assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
     check_jobs_ran(project, "jobs", "apptainer")
     redis_log = (project / "logs/serve_service/jobs/redis.log").read_text()
-    assert "apptainer exec" in redis_log and "redis-server" in redis_log
+    assert "redis: in its image: apptainer exec" in redis_log and "images/redis-7.sif redis-server" in redis_log
 
 
 @pytest.mark.charliecloud
@@ -102,7 +103,7 @@ def test_the_stack_in_its_images_with_charliecloud_and_no_apptainer(project):
     assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
     check_jobs_ran(project, "jobs-ch", "charliecloud")
     # the check's :ro mount of the volume is a read-only view (ch-run binds read-write only)
-    assert "unshare" in (project / "logs/run_check/jobs-ch.log").read_text()
+    assert "check: in its image: unshare --user --map-root-user" in (project / "logs/run_check/jobs-ch.log").read_text()
 
 
 @pytest.mark.apptainer

@@ -182,6 +182,8 @@ def main(argv: list[str] | None = None) -> int:
         env = program_environment(os.environ, stack, args.environment_json, f"services.{name}")
         how = prepare(placement, args.command_json, env, set(args.environment_json),
                       args.scratch / names.PROGRAMS / name, f"services.{name}")
+        if how.container:
+            log(f"in its image: {how.line()}")
         started = time.time()
         pid = program.start(how.argv, how.env, args.stop_grace, how.cwd, how.deliver)
     except AllocstackError as error:  # its gate reads this and fails at once, with the reason

@@ -71,6 +71,8 @@ def main(argv: list[str] | None = None) -> int:
                                   args.environment_json, "verify")
         how = prepare(Placement.from_args(args), args.command_json, env, set(args.environment_json),
                       args.scratch / names.PROGRAMS / "check", "verify")
+        if how.container:
+            log(f"in its image: {how.line()}")
         started = time.time()
         append_event(events, "check-start", **({"container": how.container} if how.container else {}))
         run_check(how.argv, how.env, how.cwd, how.shown)

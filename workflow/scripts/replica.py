@@ -90,6 +90,8 @@ def main(argv: list[str] | None = None) -> int:
         env = program_environment(os.environ, stack, args.environment_json, "worker")
         how = prepare(Placement.from_args(args), args.command_json, env, set(args.environment_json),
                       args.scratch / names.PROGRAMS / worker, "worker")
+        if how.container:
+            log(f"in its image: {how.line()}")
         started = time.time()
         append_event(events, "worker-start", worker=worker,
                      **{**runtime_facts(), **({"container": how.container} if how.container else {})})

@@ -247,6 +247,12 @@ class Started:
     deliver: Callable[[Any, int], None] | None = None
     files: list[Path] = field(default_factory=list)
 
+    def line(self) -> str:
+        """The whole command, as its log shows it (no value of the environment is on it)."""
+        import shlex
+
+        return shlex.join(self.argv)
+
 
 #: What passes from a supervisor's environment into the image of a program of yours, besides allocstack's
 #: variables and the program's own (Compose passes nothing of the host's either).
