@@ -319,10 +319,13 @@ def prepare(placement: Placement, command: list[str] | None, env: dict[str, str]
     if placement.runtime == "charliecloud" and any("\n" in value for value in inside.values()):
         bad = next(name for name, value in inside.items() if "\n" in value)
         raise AllocstackError("config", f"{where}: environment {bad}: a value with a newline cannot pass into ch-run")
+    # its working directory: working_dir, else the image's WORKDIR, else (as allocstack's programs always start)
+    # the directory snakemake runs in, then bound at its own path so that relative paths there work
+    host_cwd = not (placement.working_dir or meta.workdir)
     cwd = placement.working_dir or meta.workdir or os.getcwd()
     prefix, runtime_env = program_prefix(placement.runtime, placement.image, list(placement.runtime_args),
-                                         [*placement.binds, *volumes], binds, inside, cwd, private,
-                                         host_cwd=not (placement.working_dir or meta.workdir))
+                                         [*placement.binds, *volumes, *([cwd] if host_cwd else [])], binds, inside,
+                                         cwd, private, host_cwd=host_cwd)
     process_env = {**runtime_environ(os.environ), **runtime_env} if placement.runtime == "charliecloud" else \
         {**os.environ, **runtime_env}
     argv = expand_argv(argv, env, where)
