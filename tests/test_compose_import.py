@@ -421,3 +421,38 @@ def test_hostnames_that_would_close_a_cycle_compose_has_not_are_left_as_written(
     assert config["services"]["cache"]["environment"] == {"DB_URL": "http://db:5000"}
     assert config["services"]["cache"]["depends_on"] == []
     assert "note: cache: db left as written" in out
+
+
+#: A Compose file written for a machine with a Docker daemon and root: what docs/compose.md's HPC override is for.
+DAEMON_STACK = """\
+services:
+  db:
+    image: postgres:16
+    privileged: true
+    cap_add: [SYS_ADMIN]
+    ports: ["5432:5432"]
+    restart: unless-stopped
+  app:
+    image: example/app:1
+    command: ["serve", "--port", "80"]
+    volumes: [./data:/data, /var/run/docker.sock:/var/run/docker.sock]
+    restart: unless-stopped
+    depends_on: [db]
+    deploy: {replicas: 2}
+"""
+
+
+def test_the_docs_hpc_override_holds_what_a_cluster_demands_and_nothing_else(tmp_path, capsys, monkeypatch):
+    """docs/compose.md's compose.hpc.yaml, taken from the page: the file above is refused for root, capabilities
+    and the daemon's socket; merged with the override it imports, and the rest of it is as written."""
+    page = (ROOT / "docs" / "compose.md").read_text()
+    override = page.split("# compose.hpc.yaml\n", 1)[1].split("```", 1)[0]
+    (tmp_path / "data").mkdir()
+    code, _, _ = import_document(tmp_path, DAEMON_STACK, env={}, monkeypatch=monkeypatch)
+    err = capsys.readouterr().err
+    assert code == 65 and all(word in err for word in ("privileged", "cap_add", "docker.sock")), err
+    code, config, _ = import_document(tmp_path, [DAEMON_STACK, override], env={}, monkeypatch=monkeypatch)
+    assert code == 0, capsys.readouterr().err
+    assert config["services"]["db"]["port"] == 5432 and config["services"]["db"]["image"] == "images/postgres-16.sif"
+    assert config["worker"]["command"] == ["serve", "--port", "8080"]
+    assert config["worker"]["mounts"] == [{"target": "/data", "source": "data"}]
