@@ -73,10 +73,10 @@ def ended_before_ready(path: str | os.PathLike | None, service: str | None = Non
     if scratch is not None:
         ended = launcher_saw_end(scratch, service or "coordinator", os.environ)
         if ended is not None:
-            how = f"exit {ended.get('exitCode')}" + (f": {ended['line']}" if ended.get("line") else ", no line written")
+            how = f"(exit {ended.get('exitCode')})" + (f": {ended['line']}" if ended.get("line") else ", no line written")
             if service:
-                raise AllocstackError("service-exit", f"service {service} ended before it was ready ({how})")
-            raise AllocstackError("coordinator-exit", f"the coordinator ended before it was ready ({how})")
+                raise AllocstackError("service-exit", f"service {service} ended before it was ready {how}")
+            raise AllocstackError("coordinator-exit", f"the coordinator ended before it was ready {how}")
     if path is None or not os.path.exists(path):
         return
     try:
