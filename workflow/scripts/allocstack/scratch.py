@@ -114,16 +114,23 @@ def runs_in(user_dir: Path, checkout: Path | None = None) -> dict[str, list[Path
     return found
 
 
+def remedy(source: str) -> str:
+    """What to set instead of a root from ``source`` (:func:`root_source`) that cannot be used."""
+    if source == "$TMPDIR":
+        return "point $TMPDIR (or config scratch) at a writable, node-local directory"
+    if source == "$SLURM_TMPDIR":
+        return "set config scratch to a writable, node-local directory (it wins over $SLURM_TMPDIR)"
+    return "set config scratch to a writable, node-local directory"
+
+
 def unusable(path: Path, root: Path, source: str, exc: OSError) -> AllocstackError:
     """One line for an OSError on the scratch root or a level in it, saying what is wrong and where it comes from."""
-    where = f"scratch root {root} ({source})"
-    fix = ("point $TMPDIR (or config scratch) at a writable, node-local directory" if source != "config scratch"
-           else "set config scratch to a writable, node-local directory")
+    where, fix = f"scratch root {root} ({source})", remedy(source)
     if exc.errno == errno.EROFS:
         return AllocstackError("scratch", f"{where} is read-only: allocstack keeps the run's endpoint, token and events "
                                           f"there; {fix}")
     if exc.errno in (errno.ENOSPC, errno.EDQUOT):
-        return AllocstackError("scratch", f"{where} is full ({exc.strerror}); free space there or {fix}")
+        return AllocstackError("scratch", f"{where} is full ({exc.strerror}): free space there, or {fix}")
     if exc.errno in (errno.EACCES, errno.EPERM):
         return AllocstackError("scratch", f"{where}: you may not write {path} ({exc.strerror}); {fix}")
     return AllocstackError("scratch", f"{where}: cannot make {path}: {exc.strerror or exc}")
@@ -151,7 +158,7 @@ def prepare(scratch: Path, source: str) -> Path:
     if free < MIN_FREE_BYTES:
         raise AllocstackError("scratch", f"scratch root {root} ({source}) is full: {free:,} bytes free, allocstack needs "
                                          f"at least {MIN_FREE_BYTES >> 20} MiB there (the run's endpoint, token, event "
-                                         "logs); free space there or point $TMPDIR (or config scratch) elsewhere")
+                                         f"logs): free space there, or {remedy(source)}")
     for level in (scratch.parent, scratch):
         try:
             judged_level(level)

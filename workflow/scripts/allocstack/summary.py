@@ -121,13 +121,20 @@ def known_runs(results_dir: Path) -> list[str]:
                   if entry.is_dir() and any((entry / name).exists() for name in RECORDS.values()))
 
 
+#: Under the logs directory: the Slurm job logs (profiles/slurm ``slurm-logdir``). What the Snakemake inside the
+#: stack's job says before any component starts (a $TMPDIR it refuses there) is only there.
+SLURM_LOGS = "slurm"
+
+
 def run_logs(logs_dir: Path, run: str, since: float = 0.0) -> list[Path]:
-    """``run``'s component logs written since ``since`` (epoch seconds), oldest first.
+    """``run``'s component logs written since ``since`` (epoch seconds), oldest first; and the Slurm job logs
+    written since then (they name no run: the command's jobs are those).
 
     Logs are ``logs/<rule>/<run>.log`` and ``logs/<rule>/<run>/<name>.log``.
     """
     found = []
-    for path in [*logs_dir.glob(f"*/{run}.log"), *logs_dir.glob(f"*/{run}/*.log")]:
+    slurm = [*logs_dir.glob(f"{SLURM_LOGS}/*/*.log")] if since else []
+    for path in dict.fromkeys([*logs_dir.glob(f"*/{run}.log"), *logs_dir.glob(f"*/{run}/*.log"), *slurm]):
         try:
             written = path.stat().st_mtime
         except OSError:
