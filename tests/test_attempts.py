@@ -10,8 +10,10 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -212,3 +214,63 @@ def test_retries_under_slurm_do_not_repeat_a_failure_they_cannot_change(tmp_path
     assert logs.count(f"an earlier attempt of this command (Slurm job {jobs[0]} on ") >= 3
     times = [elapsed_seconds(job) for job in jobs]
     print(f"attempts' sacct elapsed (s): {times}")
+
+
+def scratch_used(project: Path) -> Path:
+    return Path(json.loads((project / "results/baseline/provenance.json").read_text())["scratch"]["path"])
+
+
+def job_span(job: str) -> tuple[str, str, str]:
+    """(start, end, node list) as accounting records the job."""
+    line = subprocess.run(["sacct", "-j", job, "-X", "--noheader", "--parsable2", "--format=Start,End,NodeList"],
+                          capture_output=True, text=True, timeout=30, check=False).stdout.strip()
+    start, end, nodes = line.split("|")
+    return start, end, nodes
+
+
+@pytest.mark.slurm
+def test_two_slurm_jobs_on_one_node_with_the_same_tmpdir_keep_to_their_own_scratch(tmp_path):
+    """Two clones, each its own sbatch job, on the test cluster's one node at the same time, both with the same
+    $TMPDIR (a node's shared /var/tmp): the run name is the same, the scratch is not."""
+    require_slurm()
+    shared = Path(tempfile.mkdtemp(prefix="allocstack-shared-tmp-", dir="/var/tmp"))
+    try:
+        clones = [copy_project(tmp_path / f"clone-{n}") for n in (1, 2)]
+        runs = [start(clone, "--configfile", slow_config(clone, 2.0), *SLURM_ARGS, env={"TMPDIR": str(shared)})
+                for clone in clones]
+        outputs = [run.communicate(timeout=600)[0] for run in runs]
+        for run, output in zip(runs, outputs, strict=True):
+            assert run.returncode == 0, output[-4000:]
+            assert "allocstack: run baseline VERIFIED: 4 of 4 tasks correct" in output
+        jobs = [submitted(output)[0] for output in outputs]
+        spans = [job_span(job) for job in jobs]
+        assert spans[0][2] == spans[1][2]  # one node
+        assert spans[0][0] < spans[1][1] and spans[1][0] < spans[0][1], spans  # at the same time
+        used = [scratch_used(clone) for clone in clones]
+        assert [path.parent for path in used] == [shared / f"allocstack-{os.getuid()}"] * 2
+        assert used[0] != used[1] and [path.name.rsplit(".", 1)[1] for path in used] == jobs
+    finally:
+        shutil.rmtree(shared, ignore_errors=True)
+
+
+@pytest.mark.slurm
+def test_a_second_start_of_a_run_live_in_a_slurm_job_names_the_job(tmp_path):
+    require_slurm()
+    project = copy_project(tmp_path / "project")
+    first = start(project, "--configfile", slow_config(project, 3.0), *SLURM_ARGS)
+
+    def live_job() -> str | None:
+        record = attempts.read_record(project / "state/baseline" / attempts.LIVE_RECORD) or {}
+        return record.get("job")
+
+    job = wait_for(live_job, timeout=300, what="the first run's job to start")
+    second = snakemake(project, *SLURM_ARGS)
+    output = second.stdout + second.stderr
+    assert second.returncode == 75, output[-3000:]
+    [line] = [text for text in output.splitlines() if text.startswith("allocstack: error")]
+    assert line.startswith("allocstack: error [already-running]: run baseline is already running from this checkout "
+                           "(snakemake pid ") and f", Slurm job {job} on " in line, line
+    assert not submitted(output)  # nothing was submitted
+    first_output = first.communicate(timeout=600)[0]
+    assert first.returncode == 0, first_output[-3000:]
+    assert "allocstack: run baseline VERIFIED: 4 of 4 tasks correct" in first_output

@@ -236,7 +236,7 @@ def test_a_per_job_directory_made_by_the_prolog_on_one_node(tmp_path, runtime):
     project = copy_project(tmp_path / "project")
     args, env = runtime_args(runtime, "image=null" if runtime == "none" else "nodes=1")
     done = snakemake(project, "--profile", "profiles/slurm", *SINGLE_NODE, *args, timeout=600,
-                     env={**env, JOB_TMPDIR_ENV: "1"})
+                     env={**env, JOB_TMPDIR_ENV: "TMPDIR"})
     output = done.stdout + done.stderr
     assert done.returncode == 0, output[-4000:]
     job = the_job(output)
@@ -287,18 +287,14 @@ def test_every_row_under_the_slurm_profile_on_three_nodes(multinode_project, roo
         root = roots(Path("/var/tmp") / f"allocstack-test-{token}")
     elif row == "elsewhere":
         root = roots(Path("/local") / f"job{token}")
-    elif row == "prolog":
-        root, node_local = None, True
-        env[JOB_TMPDIR_ENV] = "1"
-    elif row == "slurm-tmpdir":  # node-local, as a center's: the same path on every node, its own directory on each
-        root, source, node_local = NODE_SCRATCH / f"slurm-tmpdir-{token}", "$SLURM_TMPDIR", True
-        for place in layout["scratchDirs"].values():
-            Path(place, root.name).mkdir(mode=0o1777)
-        env["SLURM_TMPDIR"] = str(root)
+    elif row in ("prolog", "slurm-tmpdir"):  # the prolog's per-job directory on each node, as $TMPDIR or as
+        root, node_local = None, True      # $SLURM_TMPDIR (centers name it either way; Slurm sets neither)
+        env[JOB_TMPDIR_ENV] = "TMPDIR" if row == "prolog" else "SLURM_TMPDIR"
+        source = "$TMPDIR" if row == "prolog" else "$SLURM_TMPDIR"
     else:  # full, on every node (each node's own mount): the Snakemake in the job refuses it in one line
         root = roots(Path("/local") / f"full{token}")
         mount_on_nodes(layout, root, "full")
-    if root is not None and row != "slurm-tmpdir":
+    if root is not None:
         env["TMPDIR"] = str(root)
     if runtime == "charliecloud":
         env["PATH"] = NO_APPTAINER_PATH
@@ -308,9 +304,6 @@ def test_every_row_under_the_slurm_profile_on_three_nodes(multinode_project, roo
     finally:
         if row == "full":
             unmount_on_nodes(layout, root)
-        if row == "slurm-tmpdir":
-            for place in layout["scratchDirs"].values():
-                shutil.rmtree(Path(place, root.name), ignore_errors=True)
     output = done.stdout + done.stderr
     if row == "full":
         assert done.returncode != 0
@@ -318,17 +311,13 @@ def test_every_row_under_the_slurm_profile_on_three_nodes(multinode_project, roo
         return
     assert done.returncode == 0, output[-4000:]
     job = the_job(output)
-    if row == "prolog":
+    if node_local:
         root = NODE_SCRATCH / f"job-{job}"
     assert_verified_in(project, output, root, source, runtime)
     provenance = json.loads((project / "results/baseline/provenance.json").read_text())
     assert {c["host"] for name, c in provenance["components"].items() if name.startswith("worker")} == \
         set(layout["nodes"])
-    if node_local:  # made on each node by its steps, and nothing of the run left on any
-        for place in layout["scratchDirs"].values():
-            local = Path(place) / root.relative_to(NODE_SCRATCH) / f"allocstack-{os.getuid()}"
-            assert not list(local.glob("baseline.*")) if local.exists() else True
-    if row == "prolog":
+    if node_local:  # each node's own directory, made by its prolog: the epilog removes it at the job's end
         deadline = time.monotonic() + 30
         while job_dirs_left(layout, job) and time.monotonic() < deadline:
             time.sleep(0.5)

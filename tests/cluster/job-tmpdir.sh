@@ -8,8 +8,9 @@
 #                $NODE_SCRATCH/job-$SLURM_JOB_ID, 0700, owned by the job's user
 #   epilog       (root, on each node, at the job's end): remove it
 #   task-prolog  (the job's user, before each task): for a job that asks for it
-#                (ALLOCSTACK_TEST_JOB_TMPDIR=1 in its environment), print
-#                `export TMPDIR=<that directory>`, which Slurm sets in the task's environment
+#                (ALLOCSTACK_TEST_JOB_TMPDIR=TMPDIR, or =SLURM_TMPDIR, in its environment),
+#                print `export TMPDIR=<that directory>` (or SLURM_TMPDIR, as centers that
+#                name it so do), which Slurm sets in the task's environment
 #
 # Every other job gets an empty directory for its lifetime and nothing else: harmless for the
 # other tests. It never fails (a failing Prolog or Epilog would drain the node): what it cannot
@@ -25,7 +26,9 @@ case "${0##*/}" in
         [ -n "$SLURM_JOB_ID" ] && rm -rf "$dir" 2>/dev/null
         ;;
     task-prolog)
-        [ "$ALLOCSTACK_TEST_JOB_TMPDIR" = 1 ] && [ -d "$dir" ] && echo "export TMPDIR=$dir"
+        case "$ALLOCSTACK_TEST_JOB_TMPDIR" in
+            TMPDIR | SLURM_TMPDIR) [ -d "$dir" ] && echo "export $ALLOCSTACK_TEST_JOB_TMPDIR=$dir" ;;
+        esac
         ;;
 esac
 exit 0
