@@ -165,3 +165,16 @@ def test_a_dead_at_start_coordinator_in_a_workflow_run_ends_its_gate_at_once(pro
     events = [json.loads(line) for line in next((project / "tmp").glob("allocstack-*/baseline.*/events.jsonl"))
               .read_text().splitlines()]
     assert [e["event"] for e in events] == ["gate-failed"]
+
+
+def test_what_a_failed_program_last_said_is_its_error_line_else_its_last_own_line():
+    from allocstack.summary import hint, last_line
+
+    traceback_tail = ("launch: coordinator: apptainer exec ...\nTraceback (most recent call last):\n  File \"x.py\"\n"
+                      "OSError: [Errno 30] Read-only file system: '/local/job123/allocstack-0'\n")
+    assert last_line(traceback_tail) == "OSError: [Errno 30] Read-only file system: '/local/job123/allocstack-0'"
+    assert hint(last_line(traceback_tail)).startswith("a directory the run writes is read-only there")
+    said = "starting\nallocstack: error [input]: tasks x.json: bad\nlaunch: coordinator exited 65\n"
+    assert last_line(said) == "allocstack: error [input]: tasks x.json: bad"
+    assert last_line("launch: coordinator: in this process: ...\n") is None
+    assert hint("FATAL: all fine") is None

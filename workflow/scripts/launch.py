@@ -374,10 +374,10 @@ def run_here(command: list[str], env: dict[str, str]) -> int:
     sys.path[0] = str(Path(script).parent)
     try:
         runpy.run_path(script, run_name="__main__")
-    except SystemExit as ended:  # as the interpreter reads it: None is 0, a number itself, anything else printed, 1
-        if ended.code is None or isinstance(ended.code, int):
-            return ended.code or 0
-        print(ended.code, file=sys.stderr, flush=True)
+    except SystemExit as exited:  # as the interpreter reads it: None is 0, a number itself, anything else printed, 1
+        if exited.code is None or isinstance(exited.code, int):
+            return exited.code or 0
+        print(exited.code, file=sys.stderr, flush=True)
         return 1
     except Exception:  # noqa: BLE001 - what the interpreter does with it (its traceback, exit 1), then the note
         traceback.print_exc()
@@ -468,8 +468,8 @@ def main(argv: list[str] | None = None) -> int:
             forked = forks_component(args.runtime, args.image)
         code, stopped = supervise(command, env, args.component, args.tolerate_kill, off_node=args.node_index > 0,
                                   forked=forked)
-    except AllocstackError as error:
-        return report(error)
+    except AllocstackError as error:  # it could not be started: as good as dead at start, for its gate too
+        code, stopped = report(error), False
     finally:
         remove_mount_tree(mount_tree, step_dirs)
     return ended(args, scratch, env, code, stopped)
