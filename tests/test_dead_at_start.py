@@ -177,4 +177,43 @@ def test_what_a_failed_program_last_said_is_its_error_line_else_its_last_own_lin
     said = "starting\nallocstack: error [input]: tasks x.json: bad\nlaunch: coordinator exited 65\n"
     assert last_line(said) == "allocstack: error [input]: tasks x.json: bad"
     assert last_line("launch: coordinator: in this process: ...\n") is None
+    in_a_step = ("Fatal Python error: init_fs_encoding\nsrun: error: vm: task 0: Exited with exit code 1\n"
+                 "srun: launch/slurm: _step_signal: Terminating StepId=97.4\n")
+    assert last_line(in_a_step) == "Fatal Python error: init_fs_encoding"
+    assert last_line("srun: error: Unable to create step for job 97: Memory required by task is not available\n") \
+        == "srun: error: Unable to create step for job 97: Memory required by task is not available"
     assert hint("FATAL: all fine") is None
+
+
+DEAD = ("import sys\nprint('Fatal Python error: init_fs_encoding: failed to get the Python codec', file=sys.stderr)\n"
+        "sys.exit(1)\n")
+
+
+@pytest.mark.slurm
+@pytest.mark.apptainer
+def test_under_slurm_a_dead_at_start_coordinator_ends_its_gate_within_2_s(tmp_path):
+    """The Slurm profile, each component a job step in the image: the coordinator's step dies at start. Its
+    gate (another step) ends within 2 s of it, quoting its line, not Slurm's about the step."""
+    from real_parts import require_slurm
+
+    require_slurm()
+    image = require_apptainer()
+    project = copy_project(tmp_path / "project")
+    (project / "workflow/scripts/coordinator.py").write_text(DEAD)
+    write_json(project / "config/long-gate.json", {"readiness": {"timeout": GATE_DEADLINE}})
+    done = snakemake(project, "--profile", "profiles/slurm", "--retries", "0", "--configfile", "config/long-gate.json",
+                     "--default-resources", "slurm_account=allocstack", "slurm_partition=debug", "mem_mb=300",
+                     "runtime=10", "--config", f"image={image}", timeout=600)
+    output = done.stdout + done.stderr
+    assert done.returncode != 0
+    gate_log = (project / "logs/await_readiness/baseline.log").read_text()
+    assert ("allocstack: error [coordinator-exit]: the coordinator ended before it was ready (exit 1): Fatal Python "
+            "error: init_fs_encoding: failed to get the Python codec") in gate_log, gate_log[-2000:]
+    assert "Fatal Python error" in output.split("allocstack: run baseline FAILED", 1)[1]
+    [scratch] = (project / "tmp").glob("allocstack-*/baseline.*.*")  # keyed by the Slurm job too
+    note = json.loads((scratch / "ended/coordinator.json").read_text())
+    [failed] = [json.loads(line) for line in (scratch / "events.jsonl").read_text().splitlines()
+                if json.loads(line)["event"] == "gate-failed"]
+    lag = failed["t"] - note["endedAt"]
+    assert lag <= GATE_BOUND, f"the gate ended {lag:.2f} s after the coordinator"
+    print(f"under Slurm: the gate ended {lag:.2f} s after the coordinator's step")

@@ -163,16 +163,21 @@ EXITED = "launch: {component} exited {code}"
 EXITED_PATTERN = re.compile(r"^launch: (?P<component>\S+) exited (?P<code>-?\d+)$")
 #: A launcher's own lines: not the component's.
 LAUNCHER_PREFIX = "launch: "
+#: What Slurm says about a job step's end (``srun: error: node: task 0: Exited with exit code 1``): the
+#: program's own last line comes before; only when there is none (the step never started) is this the why.
+STEP_PREFIXES = ("srun: ", "slurmstepd: ")
 
 
 def last_line(text: str) -> str | None:
-    """What a failed program last said: its last allocstack error line, else its last line that is not its
-    launcher's (a traceback's last line, a container runtime's own error); None when it said nothing."""
+    """What a failed program last said: its last allocstack error line, else its last line that is neither its
+    launcher's nor Slurm's about its step (a traceback's last line, a container runtime's own error), else
+    Slurm's (a step that could not start); None when nothing was said."""
     lines = [line.strip() for line in text.splitlines() if line.strip()]
     errors = [line[line.find(ERROR_PREFIX):] for line in lines if ERROR_PREFIX in line]
     if errors:
         return errors[-1]
-    own = [line for line in lines if not line.startswith(LAUNCHER_PREFIX)]
+    said = [line for line in lines if not line.startswith(LAUNCHER_PREFIX)]
+    own = [line for line in said if not line.startswith(STEP_PREFIXES)] or said
     return own[-1][-500:] if own else None
 
 
