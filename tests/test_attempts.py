@@ -41,7 +41,8 @@ def test_a_run_counts_as_live_only_while_its_command_or_its_job_lives(tmp_path):
     finally:
         first.kill()
         first.wait()
-    assert attempts.live_elsewhere(tmp_path, None, lambda job: True) is None  # same host: its pid tells
+    assert attempts.live_elsewhere(tmp_path, None, lambda job: False) is None  # its command and its job ended
+    assert "Slurm job 4242" in attempts.live_elsewhere(tmp_path, None, lambda job: True)  # its job goes on
     elsewhere = Command("login2", first.pid, 1)  # another host: only its Slurm job can tell
     attempts.claim(tmp_path, "baseline", elsewhere, "4243", "mn2")
     assert "Slurm job 4243 on mn2" in attempts.live_elsewhere(tmp_path, None, lambda job: job == "4243")

@@ -138,7 +138,8 @@ def live_elsewhere(state: Path, ours: Command | None, job_active: JobActive) -> 
     """Who runs this run now, if that is another command that still lives: a description naming it, else None.
 
     It lives while its Snakemake process does (on this host), or while its Slurm job does (asked from
-    anywhere); a command on another host without a job cannot be asked, and does not count.
+    anywhere: a job goes on when the Snakemake that submitted it was killed); a command on another host
+    without a job cannot be asked, and does not count.
     """
     record = read_record(state / LIVE_RECORD)
     other = Command.parse(record.get("command")) if record else None
@@ -146,7 +147,7 @@ def live_elsewhere(state: Path, ours: Command | None, job_active: JobActive) -> 
         return None
     job = record.get("job")
     alive = other.alive()
-    if alive is None and job:
+    if not alive and job:
         alive = job_active(str(job))
     if not alive:
         return None
