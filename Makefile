@@ -3,7 +3,8 @@
 #   make test  - set up the venv, lint the Python code (ruff, settings in
 #                pyproject.toml), then (as root) the Slurm test cluster, the
 #                Apptainer toolbox and Charliecloud, and run the whole test suite
-#   make lint  - the lint step alone
+#   make lint  - the lint step alone: ruff over the Python code, shellcheck over the
+#                scripts of tests/cluster/ and container/ (tests/cluster/shellcheck.sh)
 #   make bench - the benchmarks (table + plot), see benchmarks/run.py;
 #                make bench BENCH_ARGS=--full adds the million-task rows
 PYTHON ?= python3
@@ -11,17 +12,18 @@ BENCH_ARGS ?=
 VENV := .venv
 STAMP := $(VENV)/.installed
 
-.PHONY: run test lint bench venv cluster clean
+.PHONY: run test lint bench venv cluster purge clean
 
 run: $(STAMP)
 	$(VENV)/bin/snakemake --cores 4
 
 test: $(STAMP) lint
 	bash tests/cluster/prepare.sh
-	. tests/cluster/env.sh && $(VENV)/bin/pytest -c tests/pytest.ini tests
+	. tests/cluster/env.sh && $(VENV)/bin/pytest -c tests/pytest.ini --durations=25 tests
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
+	bash tests/cluster/shellcheck.sh
 
 # Benchmarks (prints a table, writes benchmarks/output/benchmarks.png); needs Dask and matplotlib.
 bench: $(STAMP)
@@ -37,6 +39,11 @@ $(STAMP): requirements.txt
 
 cluster:
 	bash tests/cluster/prepare.sh
+
+# Stop and remove the real parts and everything they installed (root): the next `make test`
+# starts them from nothing, as on a fresh machine.
+purge:
+	bash tests/cluster/prepare.sh purge
 
 clean:
 	rm -rf results logs state .snakemake

@@ -12,6 +12,7 @@ from workflow_helpers import snakemake
 @pytest.mark.parametrize("configfile, run", [
     ("config/examples/baseline.yaml", "example-baseline"),
     ("config/examples/wordcount/config.yaml", "wordcount"),
+    ("config/examples/primes/config.yaml", "primes"),  # the README's "Run your own program"
 ])
 def test_example_runs_locally(project, configfile, run):
     done = snakemake(project, "--cores", "4", "--configfile", configfile)

@@ -41,7 +41,23 @@ class Terminal:
         return done.stdout.rstrip("\n").splitlines()
 
     def close(self) -> None:
+        """End the session and wait until its shell has gone: tmux's kill-session only sends it
+        SIGHUP, and the leftover check of the project fixture runs right after (it once found
+        the shell still alive)."""
+        shown = subprocess.run(["tmux", "display-message", "-p", "-t", self.name, "#{pane_pid}"],
+                               capture_output=True, text=True, check=False).stdout.strip()
         subprocess.run(["tmux", "kill-session", "-t", self.name], capture_output=True, check=False)
+        if not shown.isdigit():
+            return
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            try:
+                state = Path(f"/proc/{shown}/stat").read_text(errors="replace").split(") ", 1)[1][:1]
+            except (OSError, IndexError):
+                return  # gone
+            if state == "Z":
+                return  # ended; its parent (the tmux server) reaps it
+            time.sleep(0.02)
 
 
 @pytest.fixture

@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # Install, check or remove a real Apptainer for allocstack's cluster tests.
 #
-#   tests/cluster/apptainer.sh install|status|uninstall
+#   tests/cluster/apptainer.sh install|status|uninstall|purge
+#
+# purge: uninstall, then remove the packages install added (mmdebstrap), so that the next
+# install is a first install (.ci/run starts from it).
 #
 # Why this exists: Apptainer is not packaged for Debian 12, and Debian sid's apptainer needs a
 # newer glibc than the host has. So we build a private Debian sid root filesystem (the
@@ -36,6 +39,10 @@ readonly IMAGES_DIR="$APPTAINER_HOME/images"
 # debootstrap is what `Bootstrap: debootstrap` definition files (container/test.def) run.
 readonly TOOLBOX_PACKAGES="apptainer,e2fsprogs,fuse2fs,squashfuse,debootstrap,ca-certificates"
 readonly SUBID_RANGE="root:100000:65536"
+HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+readonly HERE
+# shellcheck source=tests/cluster/packages.sh
+. "$HERE/packages.sh"
 
 die() {
   echo "$PROG: $*" >&2
@@ -47,7 +54,7 @@ log() {
 }
 
 usage() {
-  echo "usage: $PROG install|status|uninstall" >&2
+  echo "usage: $PROG install|status|uninstall|purge" >&2
   exit 2
 }
 
@@ -96,10 +103,7 @@ host_mirror() {
 }
 
 ensure_mmdebstrap() {
-  command -v mmdebstrap >/dev/null && return
-  log "installing mmdebstrap"
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq mmdebstrap >/dev/null ||
-    die "apt-get install mmdebstrap failed (run 'apt-get update' first?)"
+  packages_install apptainer mmdebstrap
 }
 
 # True when the wrapper exists and the apptainer behind it answers.
@@ -333,12 +337,23 @@ cmd_uninstall() {
   log "removed $APPTAINER_HOME (toolbox, wrapper and test images)"
 }
 
+cmd_purge() {
+  require_root
+  if [[ -e $APPTAINER_HOME ]]; then
+    cmd_uninstall
+  fi
+  packages_purge apptainer
+  [[ ! -e $APPTAINER_HOME ]] || die "purge left $APPTAINER_HOME"
+  log "purged: the next install is a first install"
+}
+
 main() {
   (($# == 1)) || usage
   case $1 in
     install) cmd_install ;;
     status) cmd_status ;;
     uninstall) cmd_uninstall ;;
+    purge) cmd_purge ;;
     *) usage ;;
   esac
 }

@@ -3,6 +3,8 @@
 #
 #   tests/cluster/charliecloud.sh install SIF    (root; SIF = the test image tests/cluster/prepare.sh built)
 #   tests/cluster/charliecloud.sh status
+#   tests/cluster/charliecloud.sh purge          (root; the images and the packages install added,
+#                                                 so that the next install is a first install)
 #
 # ch-run comes from Debian 12's `charliecloud-runtime` (0.31); it runs unprivileged (user
 # namespaces), as any user. The image is the SIF's own root filesystem, unpacked: the same
@@ -27,8 +29,12 @@
 set -Eeuo pipefail
 
 readonly PROG="${0##*/}"
-readonly HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-readonly ROOT=$(cd "$HERE/../.." && pwd)
+HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+readonly HERE
+ROOT=$(cd "$HERE/../.." && pwd)
+readonly ROOT
+# shellcheck source=tests/cluster/packages.sh
+. "$HERE/packages.sh"
 readonly CH_HOME="${ALLOCSTACK_CHARLIECLOUD_HOME:-/opt/allocstack-charliecloud}"
 readonly IMAGE="${ALLOCSTACK_TEST_CHARLIECLOUD_IMAGE:-$CH_HOME/images/allocstack-test}"
 readonly SQUASHFS="${ALLOCSTACK_TEST_CHARLIECLOUD_SQUASHFS:-$IMAGE.sqfs}"
@@ -40,15 +46,10 @@ readonly RECIPE=1
 
 log() { echo "$PROG: $*" >&2; }
 die() { log "$*"; exit 1; }
-usage() { echo "usage: $PROG install SIF | status" >&2; exit 2; }
+usage() { echo "usage: $PROG install SIF | status | purge" >&2; exit 2; }
 
 ensure_packages() {
-  command -v ch-run >/dev/null && command -v unsquashfs >/dev/null && command -v mksquashfs >/dev/null && return
-  log "installing ${PACKAGES[*]}"
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${PACKAGES[@]}" >/dev/null ||
-    { apt-get update -q >/dev/null &&
-      DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${PACKAGES[@]}" >/dev/null; } ||
-    die "apt-get install ${PACKAGES[*]} failed"
+  packages_install charliecloud "${PACKAGES[@]}"
 }
 
 # The mount point this checkout needs in the image: its top-level directory.
@@ -64,7 +65,7 @@ cache_key() {
 
 # The SIF's %environment as NAME=VALUE lines (the `export NAME=VALUE` lines Apptainer stored).
 sif_environment() {
-  local rootfs=$1 file="$1/.singularity.d/env/90-environment.sh"
+  local file="$1/.singularity.d/env/90-environment.sh"
   [[ -f $file ]] || return 0
   sed -n 's/^[[:space:]]*export[[:space:]]\{1,\}\([A-Za-z_][A-Za-z0-9_]*=.*\)$/\1/p' "$file"
 }
@@ -138,10 +139,19 @@ cmd_status() {
   fi
 }
 
+cmd_purge() {
+  [[ $EUID -eq 0 ]] || { echo "$PROG: must run as root (apt-get purge)" >&2; exit 2; }
+  [[ $CH_HOME == /?*/?* ]] || die "refusing to remove suspicious ALLOCSTACK_CHARLIECLOUD_HOME '$CH_HOME'"
+  rm -rf -- "$CH_HOME" "$IMAGE" "$IMAGE".{sha256,key} "$SQUASHFS" "$SQUASHFS".{sha256,key}
+  packages_purge charliecloud
+  log "purged: the next install is a first install"
+}
+
 main() {
   case ${1:-} in
     install) (($# == 2)) || usage; cmd_install "$2" ;;
     status) (($# == 1)) || usage; cmd_status ;;
+    purge) (($# == 1)) || usage; cmd_purge ;;
     *) usage ;;
   esac
 }

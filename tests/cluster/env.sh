@@ -1,3 +1,4 @@
+# shellcheck shell=sh
 # Sourced by `make test` (and .ci/run): puts the test toolbox's apptainer on
 # PATH and names the test images (the SIF, and the same image as a directory and as
 # a SquashFS file for Charliecloud's ch-run), when tests/cluster/prepare.sh made them.
@@ -5,7 +6,7 @@ apptainer_home=${ALLOCSTACK_APPTAINER_HOME:-/opt/allocstack-apptainer}
 if [ -x "$apptainer_home/bin/apptainer" ]; then
   export PATH="$apptainer_home/bin:$PATH"
 fi
-export ALLOCSTACK_TEST_IMAGE=${ALLOCSTACK_TEST_IMAGE:-$apptainer_home/images/allocstack-test.sif}
-export ALLOCSTACK_TEST_CHARLIECLOUD_IMAGE=${ALLOCSTACK_TEST_CHARLIECLOUD_IMAGE:-${ALLOCSTACK_CHARLIECLOUD_HOME:-/opt/allocstack-charliecloud}/images/allocstack-test}
-export ALLOCSTACK_TEST_CHARLIECLOUD_SQUASHFS=${ALLOCSTACK_TEST_CHARLIECLOUD_SQUASHFS:-$ALLOCSTACK_TEST_CHARLIECLOUD_IMAGE.sqfs}
+export ALLOCSTACK_TEST_IMAGE="${ALLOCSTACK_TEST_IMAGE:-$apptainer_home/images/allocstack-test.sif}"
+export ALLOCSTACK_TEST_CHARLIECLOUD_IMAGE="${ALLOCSTACK_TEST_CHARLIECLOUD_IMAGE:-${ALLOCSTACK_CHARLIECLOUD_HOME:-/opt/allocstack-charliecloud}/images/allocstack-test}"
+export ALLOCSTACK_TEST_CHARLIECLOUD_SQUASHFS="${ALLOCSTACK_TEST_CHARLIECLOUD_SQUASHFS:-$ALLOCSTACK_TEST_CHARLIECLOUD_IMAGE.sqfs}"
 unset apptainer_home

@@ -9,6 +9,10 @@
 #                                             partition `multi`, beside the unchanged default
 #                                             node and partitions
 #   tests/cluster/slurm.sh stop               cancel jobs, stop the daemons this script started
+#   tests/cluster/slurm.sh purge              stop, then remove every piece of state and the
+#                                             packages `start` installed, so that the next
+#                                             `start` is a first start (what a fresh machine
+#                                             runs; `.ci/run` starts from it)
 #   tests/cluster/slurm.sh status             list daemons, show sinfo
 #   tests/cluster/slurm.sh exec NODE CMD...   run CMD inside namespaced node NODE (its network,
 #                                             hostname and mounts), e.g. `exec mn2 ip -br addr`
@@ -109,6 +113,8 @@ readonly NODE_SCRATCH=/tmp/allocstack-node-scratch
 node_scratch_dir() { echo "$MULTI_DIR/$1/scratch"; }
 
 trap 'echo "$PROG: error: line $LINENO: $BASH_COMMAND failed" >&2' ERR
+# shellcheck source=tests/cluster/packages.sh
+. "$SCRIPT_DIR/packages.sh"
 
 info() { echo "$PROG: $*"; }
 die() {
@@ -241,16 +247,7 @@ wait_for() {
 # ---------------------------------------------------------------- setup
 
 install_packages() {
-    local missing=() pkg
-    for pkg in "${PACKAGES[@]}"; do
-        dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q 'ok installed' ||
-            missing+=("$pkg")
-    done
-    ((${#missing[@]})) || return 0
-    info "installing ${missing[*]}"
-    export DEBIAN_FRONTEND=noninteractive
-    apt-get update -qq
-    apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+    packages_install slurm "${PACKAGES[@]}"
 }
 
 make_dirs() {
@@ -527,7 +524,7 @@ multi_node_lines() {
     for name in $(node_names "$1"); do
         echo "NodeName=$name NodeHostname=$name NodeAddr=$(node_addr "$name") CPUs=8 RealMemory=8000 State=UNKNOWN"
     done
-    echo "PartitionName=$MULTI_PARTITION Nodes=$NODE_PREFIX[1-$1] MaxTime=INFINITE State=UP"
+    echo "PartitionName=$MULTI_PARTITION Nodes=${NODE_PREFIX}[1-$1] MaxTime=INFINITE State=UP"
 }
 
 # write_in_place PATH: stdin into PATH, only if changed, keeping PATH's inode (the nodes
@@ -818,6 +815,57 @@ cmd_stop() {
     rm -f "$LAYOUT_FILE"
 }
 
+# Paths `start` creates. The Slurm and MariaDB state, the configuration it wrote (a foreign
+# configuration it kept aside goes back), munge's key and directories when munge is its package.
+purge_paths() {
+    echo "$STATE"
+    echo "$NODE_SCRATCH"
+    local conf
+    for conf in "$SLURM_CONF" "$SLURMDBD_CONF"; do
+        if [[ -f $conf ]] && grep -q "$CONF_MARKER" "$conf"; then
+            echo "$conf"
+        fi
+    done
+    if grep -qx munge "$LEDGER_DIR/slurm.asked" 2>/dev/null; then
+        echo "$MUNGE_KEY"
+        echo /run/munge
+        echo /var/lib/munge
+        echo /var/log/munge
+    fi
+}
+
+cmd_purge() {
+    local path name paths=() leftovers=()
+    cmd_stop
+    mapfile -t paths < <(purge_paths)
+    for path in "${paths[@]}"; do
+        rm -rf -- "$path"
+    done
+    for path in "$SLURM_CONF" "$SLURMDBD_CONF"; do
+        if [[ -f $path.allocstack-backup && ! -e $path ]]; then
+            mv -- "$path.allocstack-backup" "$path"
+            info "restored the configuration that was there before: $path"
+        fi
+    done
+    ip link del "$BRIDGE" >/dev/null 2>&1 || true
+    for name in $(node_names "$MAX_NODES"); do
+        ip link del "h-$name" >/dev/null 2>&1 || true
+    done
+    packages_purge slurm
+    rmdir /etc/slurm 2>/dev/null || true
+    # What a first start must find absent: say what is left instead of starting on it later.
+    for path in "${paths[@]}"; do
+        [[ ! -e $path ]] || leftovers+=("$path")
+    done
+    for name in "${DAEMONS[@]}"; do
+        ! running_pid "$name" >/dev/null || leftovers+=("daemon $name")
+    done
+    ! ip link show "$BRIDGE" >/dev/null 2>&1 || leftovers+=("bridge $BRIDGE")
+    [[ ! -s $LEDGER_DIR/slurm.asked ]] || leftovers+=("ledger $LEDGER_DIR/slurm.asked")
+    ((${#leftovers[@]} == 0)) || die "purge left: ${leftovers[*]}"
+    info "purged: the next start is a first start"
+}
+
 cmd_status() {
     local name pid
     for name in "${DAEMONS[@]}"; do
@@ -863,7 +911,7 @@ cmd_crash() {
 }
 
 usage() {
-    echo "usage: $PROG start [--nodes N] | stop | status | exec NODE CMD... | crash NODE" >&2
+    echo "usage: $PROG start [--nodes N] | stop | purge | status | exec NODE CMD... | crash NODE" >&2
     exit 64
 }
 
@@ -884,7 +932,7 @@ main() {
                 usage
             fi
             ;;
-        stop | status) (($# == 0)) || usage ;;
+        stop | purge | status) (($# == 0)) || usage ;;
         exec) (($# >= 2)) || usage ;;
         crash) (($# == 1)) || usage ;;
         node-init) (($# == 2)) || usage ;; # internal: see start_node
@@ -894,4 +942,7 @@ main() {
     "cmd_${command//-/_}" "$@"
 }
 
-main "$@"
+# Sourced (the tests of its functions): define everything, run nothing.
+if [[ ${BASH_SOURCE[0]} == "$0" ]]; then
+    main "$@"
+fi

@@ -4,7 +4,7 @@ A failure is reported as ONE line on stderr::
 
     allocstack: error [input]: inputs/tasks.json: task 2: id 'a b' is not a valid task id
 
-The id in brackets is stable (documented in the README's diagnostic table) so
+The id in brackets is stable (documented in the diagnostics table of docs/failures.md) so
 that users and tests can match on it; the rest of the line says what is wrong.
 """
 
@@ -25,14 +25,14 @@ EXIT_TEMPFAIL = 75  # the run was stopped before it could finish (drain, time li
 EXIT_NOPERM = 77  # permission / authentication problem
 EXIT_CONFIG = 78  # bad configuration
 
-#: Diagnostic id -> (exit code, one-line meaning). The README's table is generated from this.
+#: Diagnostic id -> (exit code, one-line meaning). docs/failures.md's table is kept in step with it (tests/test_docs.py).
 DIAGNOSTICS: dict[str, tuple[int, str]] = {
     "usage": (EXIT_USAGE, "a component was called with bad arguments"),
     "config": (EXIT_CONFIG, "the workflow configuration is invalid"),
     "input": (EXIT_DATA, "the task or expected document is malformed"),
     "integrity": (EXIT_DATA, "a SHA-256 sidecar does not match its file"),
     "prerequisite": (EXIT_UNAVAILABLE, "a program, file or directory the run needs is missing or unsafe"),
-    "scratch": (EXIT_UNAVAILABLE, "job-scoped scratch ($SLURM_TMPDIR, $TMPDIR, config scratch) is unusable or unsafe"),
+    "scratch": (EXIT_UNAVAILABLE, "job-scoped scratch ($SLURM_TMPDIR, $TMPDIR or config scratch) is read-only, full or unsafe"),
     "already-running": (EXIT_TEMPFAIL, "the same run (this checkout, this run name) is already running"),
     "readiness-timeout": (EXIT_READINESS_TIMEOUT, "the coordinator did not become ready before the deadline"),
     "coordinator-exit": (EXIT_SOFTWARE, "the coordinator ended without completing every task"),
