@@ -24,14 +24,10 @@ from pathlib import Path
 
 import pytest
 from scratch_helpers import fill, mount_tmpfs, require_root, unmount
-from test_multinode import cluster_args, multinode_project, node_processes  # noqa: F401  (a fixture)
+from test_multinode import cluster_args, multinode_project  # noqa: F401  (a fixture)
 
 from conftest import local_user, pids_mentioning
-from real_parts import (
-    require_apptainer,
-    require_charliecloud,
-    require_slurm,
-)
+from real_parts import require_apptainer, require_charliecloud, require_job_tmpdir_prolog
 from workflow_helpers import copy_project, snakemake
 
 pytestmark = [pytest.mark.slurm, pytest.mark.apptainer, pytest.mark.charliecloud]
@@ -232,7 +228,7 @@ def the_job(output: str) -> str:
 
 @pytest.mark.parametrize("runtime", ["none", "apptainer"])
 def test_a_per_job_directory_made_by_the_prolog_on_one_node(tmp_path, runtime):
-    require_slurm()
+    require_job_tmpdir_prolog()
     project = copy_project(tmp_path / "project")
     args, env = runtime_args(runtime, "image=null" if runtime == "none" else "nodes=1")
     done = snakemake(project, "--profile", "profiles/slurm", *SINGLE_NODE, *args, timeout=600,
@@ -288,7 +284,8 @@ def test_every_row_under_the_slurm_profile_on_three_nodes(multinode_project, roo
     elif row == "elsewhere":
         root = roots(Path("/local") / f"job{token}")
     elif row in ("prolog", "slurm-tmpdir"):  # the prolog's per-job directory on each node, as $TMPDIR or as
-        root, node_local = None, True      # $SLURM_TMPDIR (centers name it either way; Slurm sets neither)
+        require_job_tmpdir_prolog()        # $SLURM_TMPDIR (centers name it either way; Slurm sets neither)
+        root, node_local = None, True
         env[JOB_TMPDIR_ENV] = "TMPDIR" if row == "prolog" else "SLURM_TMPDIR"
         source = "$TMPDIR" if row == "prolog" else "$SLURM_TMPDIR"
     else:  # full, on every node (each node's own mount): the Snakemake in the job refuses it in one line
