@@ -168,3 +168,21 @@ def ensure_other_user() -> str:
 @pytest.fixture
 def other_user() -> str:
     return ensure_other_user()
+
+
+@pytest.fixture
+def broken_root(tmp_path):
+    """``broken_root(kind)``: a scratch root that is ``read-only`` or ``full`` (a real filesystem: root only);
+    unmounted after the test."""
+    from scratch_helpers import ROOTS, unmount
+
+    made: list[Path] = []
+
+    def make(kind: str, path: Path | None = None) -> Path:
+        root = ROOTS[kind](path or tmp_path / f"{kind}-root")
+        made.append(root)
+        return root
+
+    yield make
+    for root in reversed(made):
+        unmount(root)

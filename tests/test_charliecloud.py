@@ -80,7 +80,7 @@ def test_local_baseline_in_a_charliecloud_image_without_apptainer(project, any_i
     assert "launch: coordinator: ch-run '--unset-env=*'" in log
     assert "coordinator: stopped (signal:SIGTERM)" in log  # drained to its last line, the image still there
     assert json.loads((project / "results/baseline/coordinator.json").read_text())["status"] == "completed"
-    assert not list((project / "tmp").glob("allocstack-*/baseline"))  # scratch and mount-point trees removed
+    assert not list((project / "tmp").glob("allocstack-*/baseline.*"))  # scratch and mount-point trees removed
     assert not pids_mentioning(str(project))
     print(f"local run with ch-run: {elapsed:.1f} s")
 
@@ -139,7 +139,7 @@ def test_only_the_run_paths_and_allocstacks_variables_are_inside(tmp_path, any_i
     assert set(seen["env"]) == expected, set(seen["env"]) ^ expected
     assert seen["env"]["USER"] == pwd.getpwuid(os.getuid()).pw_name
     assert seen["env"]["CUDA_VISIBLE_DEVICES"] == "0,1"
-    assert not list((tmp_path / "scratch").glob("allocstack-*/probe/.mounts-*"))  # the mount-point tree is gone
+    assert not list((tmp_path / "scratch").glob("allocstack-*/probe.*/.mounts-*"))  # the mount-point tree is gone
 
 
 def test_sigterm_reaches_the_component_through_ch_run_and_nothing_is_left(tmp_path, any_image):

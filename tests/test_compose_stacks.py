@@ -232,7 +232,7 @@ def test_long_running_workers_against_the_built_in_coordinator(project):
     assert marker["status"] == "success" and marker["taskCount"] == 4
     records = [json.loads((project / f"results/own-workers/workers/worker-0{i}.json").read_text()) for i in (1, 2)]
     assert all(record["mode"] == "long-running" and record["exitCode"] == 0 for record in records)
-    assert not list((project / "tmp").glob("allocstack-*/own-workers"))  # scratch, volume and all, removed
+    assert not list((project / "tmp").glob("allocstack-*/own-workers.*"))  # scratch, volume and all, removed
 
 
 def test_workers_and_a_check_alone_share_a_named_volume(project):

@@ -75,7 +75,7 @@ def test_a_scratch_someone_else_could_read_or_a_symlink_is_refused_and_the_comma
                           env=step_env(tmp_path / "root" / "allocstack-0" / "run", "worker-03"), timeout=60, check=False)
     assert done.returncode == 69 and not ran.exists()
     assert done.stderr.strip().splitlines() == [
-        f"allocstack: error [prerequisite]: scratch path {tmp_path / 'root' / 'allocstack-0'} is not a plain directory"]
+        f"allocstack: error [scratch]: scratch path {tmp_path / 'root' / 'allocstack-0'} is not a plain directory"]
 
 
 def test_the_wrapper_makes_scratch_then_becomes_the_command_and_the_epilog_removes_it(tmp_path):

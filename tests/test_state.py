@@ -169,7 +169,7 @@ def test_scratch_resolution_order(tmp_path):
     assert resolve_root(None, {"TMPDIR": "/t"}) == Path("/t")
     with pytest.raises(AllocstackError) as raised:
         resolve_root(None, {"SLURM_JOB_ID": "42"})
-    assert raised.value.diag == "prerequisite" and "42" in raised.value.message
+    assert raised.value.diag == "scratch" and "42" in raised.value.message
 
 
 def test_scratch_is_private_and_refuses_foreign_or_symlinked_dirs(tmp_path):

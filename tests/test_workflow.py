@@ -56,7 +56,7 @@ def test_baseline_end_to_end_rerun_and_forcerun(project):
     assert len(starts) == 2 and all(gate <= t for t in starts)
     assert next(e for e in log if e["event"] == "coordinator-end")["status"] == "completed"
     assert not (project / "state/baseline/journal.jsonl").exists()  # retired after verification
-    assert not list((project / "tmp").glob("allocstack-*/baseline"))  # scratch cleaned after success
+    assert not list((project / "tmp").glob("allocstack-*/baseline.*"))  # scratch cleaned after success
     for rule in ("serve_coordinator", "await_readiness", "collect_results", "verify_results", "validate_inputs"):
         assert (project / "logs" / rule / "baseline.log").stat().st_size > 0
     assert (project / "logs/run_worker/baseline/worker-02.log").exists()

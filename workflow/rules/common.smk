@@ -11,7 +11,9 @@ import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import time
+from pathlib import Path
 
 import jsonschema
 import yaml
@@ -62,6 +64,8 @@ def allocstack_module(name):
 ERRORS = allocstack_module("errors")
 NAMES = allocstack_module("names")
 SLURM = allocstack_module("slurm")
+# Which command runs a run, and what an earlier attempt of it left (allocstack/attempts.py).
+ATTEMPTS = allocstack_module("attempts")
 # Which program each container runtime (config `runtime`) needs.
 PROGRAMS = allocstack_module("runtimes").PROGRAMS
 
@@ -563,10 +567,60 @@ def program_images():
         if image:
             found[key] = image
     return found
+def check_tmpdir():
+    """A $TMPDIR that is the run's scratch root but missing, read-only or full is one line, before anything runs.
+
+    Snakemake hands its jobs Python's temporary directory as $TMPDIR, which silently skips such a
+    directory for /tmp: the run would use a /tmp shared with the node's other users instead of the
+    job's own storage, unsaid. Checked where the components run: here, or inside the stack's job
+    (not on the login node that submits it); $SLURM_TMPDIR and config scratch reach the components
+    as they are, and their launcher checks them.
+    """
+    wanted = os.environ.get("TMPDIR")
+    if (
+        config["scratch"]
+        or os.environ.get("SLURM_TMPDIR")
+        or not wanted
+        or submits_to_slurm()
+    ):
+        return
+    if os.path.realpath(tempfile.gettempdir()) == os.path.realpath(wanted):
+        return
+    try:
+        room = os.statvfs(wanted)
+        why = (
+            "read-only"
+            if room.f_flag & os.ST_RDONLY
+            else "full" if room.f_bavail == 0 else "not writable by you"
+        )
+    except OSError as exc:
+        why = f"unusable ({exc.strerror})"
+    fail_config(
+        "scratch",
+        f"$TMPDIR {wanted} (the run's scratch root) is {why}: Snakemake would give the jobs "
+        f"{tempfile.gettempdir()} instead, unsaid; point $TMPDIR (or config scratch) at a writable, "
+        "node-local directory",
+    )
+
+
+def mark_the_command():
+    """The command that starts the run marks itself for every job of it (each attempt inherits the mark,
+    and its launchers record it as the run's live command); a second start of a run another command
+    runs is refused in one line naming that command. Inside the stack's job: the same command, marked.
+    """
+    if os.environ.get(ATTEMPTS.COMMAND_ENV):
+        return
+    state = Path(config["state_dir"], RUN)
+    who = ATTEMPTS.live_elsewhere(state, None, SLURM.job_active)
+    if who is not None:
+        fail_config("already-running", ATTEMPTS.refusal(RUN, who))
+    ATTEMPTS.mark(os.environ)
 
 
 SERVICE_ORDER = service_order()
 check_prerequisites()
+check_tmpdir()
+mark_the_command()
 
 
 def script(name):
@@ -668,6 +722,7 @@ def launch(
             f"--run={wildcards.run}",
             f"--scratch-root={config['scratch'] or ''}",
             f"--cpus={cpus(wildcards) if callable(cpus) else cpus}",
+            f"--run-state={config['state_dir']}/{wildcards.run}",
         ]
         if not scratch:
             argv.append("--no-scratch")

@@ -73,7 +73,7 @@ from allocstack.program import (
     program_environment,
     service_problem,
 )
-from allocstack.scratch import ensure_private_dir, private_level
+from allocstack.scratch import make_private, private_level
 from allocstack.supervise import Outcome, Supervised
 from allocstack.tunnel import relay_to_loopback
 
@@ -149,7 +149,7 @@ def relay_for_other_nodes(args, name: str, port: int) -> tuple[str, str | None] 
     """
     if args.network_endpoint_file is None:
         return None
-    private_level(args.network_endpoint_file.parent)
+    private_level(args.network_endpoint_file.parent, "prerequisite")
     args.network_endpoint_file.unlink(missing_ok=True)
     listener = plan_listener(args.interface, args.address, args.no_tls, args.scratch / names.SERVICES, name)
     try:
@@ -168,8 +168,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         published, ended = service_endpoint_path(args.scratch, name), service_end_path(args.scratch, name)
         events = args.scratch / names.component_events(name)
-        ensure_private_dir(published.parent)
-        ensure_private_dir(events.parent)
+        make_private(published.parent)
+        make_private(events.parent)
         for stale in (published, ended, events):  # what a crashed earlier run left
             stale.unlink(missing_ok=True)
         await_gates(args.gate_record, args.gate_timeout, log)

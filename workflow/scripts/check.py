@@ -27,7 +27,7 @@ from allocstack.events import append_event
 from allocstack.jsonio import atomic_write_json
 from allocstack.lifeline import watch_launcher
 from allocstack.program import Placement, prepare, program_environment, run_check
-from allocstack.scratch import ensure_private_dir
+from allocstack.scratch import make_private
 
 
 def await_files(paths: list[Path], log) -> None:
@@ -64,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
     events = args.scratch / names.component_events("check")
     watch_launcher(lambda: os._exit(EXIT_TEMPFAIL))  # the stack was stopped: so is this
     try:
-        ensure_private_dir(events.parent)
+        make_private(events.parent)
         events.unlink(missing_ok=True)
         await_files(args.wait_for, log)
         env = program_environment(os.environ, services_environment(args.scratch, args.uses),

@@ -7,8 +7,8 @@ off the first node (``<state_dir>/<run>/events/*.jsonl``, removed once merged),
 writes them sorted by time to the results directory, draws them as the run's
 timeline (``--timeline-out``, plot_timeline.py), writes ``provenance.json`` (where each component ran: host, Python, OS release
 as seen by the component, Slurm job/step, container; the Slurm version, the
-container runtime and its version; input and image digests), then removes the
-run's scratch directory.
+container runtime and its version; input and image digests; the run's scratch and where its
+root came from), then removes the run's scratch directory.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from allocstack.errors import EXIT_OK, AllocstackError, report
 from allocstack.events import read_events
 from allocstack.jsonio import atomic_write_json, atomic_write_text, read_json
 from allocstack.runtimes import PROGRAMS, version_argv
-from allocstack.scratch import remove_scratch, resolve_root, run_scratch
+from allocstack.scratch import remove_scratch, resolve_root, root_source, scratch_of
 
 PROVENANCE_FIELDS = ("host", "python", "pythonVersion", "osRelease", "container", "slurmJobId", "slurmStepId")
 
@@ -97,7 +97,7 @@ def service_ends(scratch: Path, services: list[str], timeout: float) -> dict[str
 def parse_args(argv: list[str] | None):
     parser = ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--scratch-root", default="", help="configured scratch root ('' = $SLURM_TMPDIR, $TMPDIR, ...)")
-    parser.add_argument("--run", required=True, help="run name (scratch is ROOT/allocstack-UID/RUN)")
+    parser.add_argument("--run", required=True, help="run name (scratch is ROOT/allocstack-UID/RUN.CHECKOUT[.JOB])")
     parser.add_argument("--inputs-summary", type=Path, required=True, help="validate_inputs summary (digests)")
     parser.add_argument("--events-out", type=Path, required=True, help="merged event log to write")
     parser.add_argument("--provenance-out", type=Path, required=True, help="provenance record to write")
@@ -118,7 +118,7 @@ def parse_args(argv: list[str] | None):
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     try:
-        args.scratch = run_scratch(resolve_root(args.scratch_root, os.environ), args.run)
+        args.scratch = scratch_of(resolve_root(args.scratch_root, os.environ), args.run, os.environ)
         ends = service_ends(args.scratch, args.service, args.stop_timeout)
         if args.services_out:
             atomic_write_json(args.services_out, {"schemaVersion": SCHEMA_VERSION, "services": ends}, 0o644)
@@ -150,6 +150,7 @@ def main(argv: list[str] | None = None) -> int:
                 "steps": steps,
             },
             "containerRuntime": runtime,
+            "scratch": {"path": str(args.scratch), "from": root_source(args.scratch_root, os.environ)},
             "components": components(events),
         }, 0o644)
         if not args.keep_scratch:

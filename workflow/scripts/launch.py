@@ -2,8 +2,10 @@
 """Start one stack component: as a Slurm job step when inside an allocation, in the image when one is set.
 
 This is where a Compose service becomes a program the scheduler launches and
-tracks. ``launch.py [options] -- SCRIPT [ARGS...]`` resolves the run's job-scoped
-scratch (creating it 0700), then runs and supervises::
+tracks. ``launch.py [options] -- SCRIPT [ARGS...]`` makes and checks the run's
+job-scoped scratch on the host (0700 and yours, its root writable and not full:
+allocstack/scratch.py ``prepare``; inside the container the component only uses the
+directory it is given), then runs and supervises::
 
     [srun STEP_ARGS... [python3 node_scratch.py ... --]] [apptainer exec ... IMAGE | ch-run ... IMAGE --] python SCRIPT ARGS...
 
@@ -45,6 +47,18 @@ still decides whether the run succeeded.
 Outside an allocation (or without job steps) and without an image, a component without
 ``--tolerate-kill`` runs in this launcher's own process (:func:`runs_here`): supervision would
 add nothing there, and it saves an interpreter per component when the stack starts.
+
+When the component has ended by itself (no stop signal reached this launcher) it notes how in
+scratch (``ended/<component>.json``: the exit code and the component's last line,
+allocstack/endrecord.py), where the gate that waits for it looks: a component that died at
+start, or whose container runtime failed, ends its gate at once. A component that failed ends
+its log with ``launch: COMPONENT exited CODE`` (the end-of-run summary quotes the line before).
+
+With ``--run-state`` (the run's state directory, allocstack/attempts.py): a second start of the
+same run while another command runs it is refused in one line naming that command; a failure
+another attempt cannot change (:data:`allocstack.errors.LASTING`) is recorded there, and every
+launcher of a later attempt of the same command (the profile's ``retries``) ends at once with
+that attempt's line instead of running into it again.
 """
 
 from __future__ import annotations
@@ -59,18 +73,20 @@ import subprocess
 import sys
 import tempfile
 import time
+import traceback
 from collections.abc import Mapping
 from pathlib import Path
 
+from allocstack import attempts, endrecord
 from allocstack.cli import ArgumentParser, positive_int, run
-from allocstack.errors import AllocstackError, report
+from allocstack.errors import LASTING, AllocstackError, diag_of, report
 from allocstack.jsonio import atomic_write_json
 from allocstack.lifeline import ENV as LIFELINE_ENV
-from allocstack.names import VOLUME_PREFIX
+from allocstack.names import ENDED_DIR, VOLUME_PREFIX
 from allocstack.nodescratch import FIRST_NODE, SCRATCH_ENV, STEP_ENV, step_mount_tree
 from allocstack.program import volume_environment
 from allocstack.runtimes import PROGRAMS
-from allocstack.scratch import ensure_private_dir, resolve_root, run_scratch
+from allocstack.scratch import make_private, prepare, resolve_root, root_source, scratch_of
 from allocstack.supervise import Supervised
 
 # Imported where they are used, not here: allocstack.slurm (job steps), allocstack.containers (an image) and
@@ -103,8 +119,9 @@ def this_node(environ: Mapping[str, str]) -> str:
 
 #: What passes from the launcher's environment into the image (the runtime drops everything else).
 #: Not SLURM_STEP_ID: the launcher's is Snakemake's step, not the component's own.
+#: The command mark (allocstack/attempts.py) too: a gate tells its own attempt's notes from an earlier one's.
 PASSED_ENV = ("SLURM_JOB_ID", "SLURM_JOB_END_TIME", "SLURMD_NODENAME", "SLURM_SUBMIT_HOST", "USER",
-              "CUDA_VISIBLE_DEVICES", LIFELINE_ENV)
+              "CUDA_VISIBLE_DEVICES", LIFELINE_ENV, attempts.COMMAND_ENV)
 
 
 def component_binds(args, scratch: Path | None) -> list[str]:
@@ -269,8 +286,9 @@ def killed_by(code: int, in_step: bool) -> int | None:
 
 
 def supervise(command: list[str], env: dict[str, str], component: str, kill_record: Path | None,
-              off_node: bool = False, forked: bool = False) -> int:
-    """Run ``command``, forward signals to it, and return the job's exit code.
+              off_node: bool = False, forked: bool = False) -> tuple[int, bool]:
+    """Run ``command``, forward signals to it; return the job's exit code, and whether this launcher got a stop
+    signal (the component was stopped, it did not end by itself).
 
     :param forked: the runtime runs the component as its child and must not get the signal itself
         (ch-run with a SquashFS image, :func:`allocstack.containers.forks_component`): the signal
@@ -298,8 +316,9 @@ def supervise(command: list[str], env: dict[str, str], component: str, kill_reco
         collect_step_output()
     signum = killed_by(outcome.code, in_step)
     lost = in_step and outcome.code == 0 and kill_record is not None and not kill_record.exists()
+    stopped = bool(outcome.received)
     if signum is None and not lost:
-        return outcome.code
+        return outcome.code, stopped
     killer = signal.Signals(signum).name if signum else "the loss of its node"
     if kill_record is not None and not outcome.received:  # launch.py got no stop signal of its own
         # srun exits 0 when the step's node failed (after Slurm's SlurmdTimeout): the worker wrote no record.
@@ -308,11 +327,11 @@ def supervise(command: list[str], env: dict[str, str], component: str, kill_reco
         atomic_write_json(kill_record, {"schemaVersion": 1, "workerId": component, "status": "killed",
                                         "signal": signal.Signals(signum).name if signum else None,
                                         "reason": killer, "tasksCompleted": None, "endedAt": time.time()}, 0o644)
-        return 0
+        return 0, stopped
     if signum is None:
-        return outcome.code
+        return outcome.code, stopped
     print(f"launch: {component} ended by {killer}", file=sys.stderr, flush=True)
-    return 128 + signum
+    return 128 + signum, stopped
 
 
 def signal_forked(child: int, job_id: str, component: str, signum: int) -> bool:
@@ -353,14 +372,23 @@ def run_here(command: list[str], env: dict[str, str]) -> int:
     os.environ.pop(LIFELINE_ENV, None)
     sys.argv = command[1:]
     sys.path[0] = str(Path(script).parent)
-    runpy.run_path(script, run_name="__main__")
+    try:
+        runpy.run_path(script, run_name="__main__")
+    except SystemExit as exited:  # as the interpreter reads it: None is 0, a number itself, anything else printed, 1
+        if exited.code is None or isinstance(exited.code, int):
+            return exited.code or 0
+        print(exited.code, file=sys.stderr, flush=True)
+        return 1
+    except Exception:  # noqa: BLE001 - what the interpreter does with it (its traceback, exit 1), then the note
+        traceback.print_exc()
+        return 1
     return 0
 
 
 def parse_args(argv: list[str] | None):
     parser = ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--component", required=True, help="name of the component (the job step's name)")
-    parser.add_argument("--run", required=True, help="run name: scratch is ROOT/allocstack-UID/RUN")
+    parser.add_argument("--run", required=True, help="run name: scratch is ROOT/allocstack-UID/RUN.CHECKOUT[.JOB]")
     parser.add_argument("--scratch-root", default="", help="configured scratch root ('' = $SLURM_TMPDIR, $TMPDIR, ...)")
     parser.add_argument("--no-scratch", action="store_true", help="the component needs no scratch (e.g. verification)")
     parser.add_argument("--image", default="", help="image to run the component in ('' = none)")
@@ -385,6 +413,9 @@ def parse_args(argv: list[str] | None):
                         help="export $SLURM_JOB_END_TIME (from squeue if Slurm does not set it) to the component")
     parser.add_argument("--tolerate-kill", type=Path, metavar="RECORD",
                         help="a component killed from outside is recorded here and the job succeeds (workers)")
+    parser.add_argument("--run-state", type=Path,
+                        help="the run's state directory: refuse a second start of a live run; record a failure "
+                             "another attempt cannot change, and end at once on an earlier attempt's")
     parser.add_argument("command", nargs="+", help="-- SCRIPT [ARGS...]")
     return parser.parse_args(argv)
 
@@ -396,11 +427,18 @@ def main(argv: list[str] | None = None) -> int:
         from allocstack.containers import runtime_environ
 
         env = runtime_environ(env)
-    mount_tree = step_dirs = None
+    mount_tree = step_dirs = scratch = None
     try:
-        scratch = None if args.no_scratch else run_scratch(resolve_root(args.scratch_root, env), args.run)
+        earlier = attempt_checks(args, env)
+        if earlier is not None:
+            return earlier
+        root = None if args.no_scratch else resolve_root(args.scratch_root, env)
+        scratch = None if root is None else scratch_of(root, args.run, env)
         if scratch is not None:
-            ensure_private_dir(scratch)  # this node's; a step on another node makes its own there
+            # This node's, checked here on the host; a step on another node makes its own there.
+            prepare(scratch, root_source(args.scratch_root, env))
+            make_private(scratch / ENDED_DIR)
+            endrecord.clear_ended(scratch, args.component)  # an earlier command's, in a reused scratch
             env[SCRATCH_ENV] = str(scratch)
             env.update(volume_environment(scratch, args.volume))
         if off_node(args, env):
@@ -419,10 +457,11 @@ def main(argv: list[str] | None = None) -> int:
         check_programs(command, args.runtime, args.runtime_hint)
     except AllocstackError as error:
         remove_mount_tree(mount_tree, step_dirs)
+        record_lasting(args, env, error.line(), error.exit_code)
         return report(error)
     if runs_here(args, command):
         print(f"launch: {args.component}: in this process: {shlex.join(command[1:])}", file=sys.stderr, flush=True)
-        return run_here(command, env)
+        return ended(args, scratch, env, run_here(command, env), stopped=False)
     print(f"launch: {args.component}: {shlex.join(command)}", file=sys.stderr, flush=True)
     try:
         forked = False
@@ -430,11 +469,99 @@ def main(argv: list[str] | None = None) -> int:
             from allocstack.containers import forks_component
 
             forked = forks_component(args.runtime, args.image)
-        return supervise(command, env, args.component, args.tolerate_kill, off_node=args.node_index > 0, forked=forked)
-    except AllocstackError as error:
-        return report(error)
+        code, stopped = supervise(command, env, args.component, args.tolerate_kill, off_node=args.node_index > 0,
+                                  forked=forked)
+    except AllocstackError as error:  # it could not be started: as good as dead at start, for its gate too
+        code, stopped = report(error), False
     finally:
         remove_mount_tree(mount_tree, step_dirs)
+    return ended(args, scratch, env, code, stopped)
+
+
+def attempt_checks(args, env: dict[str, str]) -> int | None:
+    """Before anything starts (with ``--run-state``): end at once when an earlier attempt of this command failed
+    in a way this one cannot change (its line, its exit code); refuse when another command runs the run.
+
+    :returns: the exit code to end with, or None to go on.
+    :raises AllocstackError: ``already-running`` naming the other command.
+    """
+    ours = attempts.command_of(env)
+    if args.run_state is None or ours is None:
+        return None
+    earlier = attempts.earlier_lasting(args.run_state, ours)
+    if earlier is not None:
+        print(f"launch: {args.component}: not started: an earlier attempt of this command "
+              f"({attempts.attempt_name(earlier)}) failed in a way another attempt cannot change:",
+              file=sys.stderr, flush=True)
+        print(earlier["line"], file=sys.stderr, flush=True)
+        return earlier["exitCode"]
+
+    def job_active(job: str) -> bool | None:
+        from allocstack import slurm
+
+        return slurm.job_active(job)
+
+    who = attempts.live_elsewhere(args.run_state, ours, job_active)
+    if who is not None:
+        raise AllocstackError("already-running", attempts.refusal(args.run, who))
+    job = env.get("SLURM_JOB_ID") or None
+    try:
+        attempts.claim(args.run_state, args.run, ours, job, this_node(env) if job else None)
+    except OSError as exc:
+        raise AllocstackError("io", f"cannot record the live run in {args.run_state}: {exc.strerror}") from exc
+    return None
+
+
+def ended(args, scratch: Path | None, env: Mapping[str, str], code: int, stopped: bool) -> int:
+    """After the component ended with ``code``: note it for its gate when it ended by itself (not ``stopped``), say
+    that it failed in its log, record a failure another attempt cannot change; return ``code``."""
+    line = None
+    if code != 0 or not stopped:
+        from allocstack.summary import last_line
+
+        log = log_file()
+        line = last_line(read_tail(log)) if log is not None else None
+    if scratch is not None and not stopped and (scratch / ENDED_DIR).is_dir():  # collection may have removed it
+        try:
+            endrecord.write_ended(scratch, args.component, code, line, env)
+        except AllocstackError as error:
+            print(f"launch: {args.component}: its end was not noted for its gate ({error.message})", file=sys.stderr,
+                  flush=True)
+    if code != 0:
+        from allocstack.summary import EXITED
+
+        print(EXITED.format(component=args.component, code=code), file=sys.stderr, flush=True)
+        if line is not None:
+            record_lasting(args, env, line, code)
+    return code
+
+
+#: Bytes at the end of a component's log that hold its last lines.
+TAIL_BYTES = 64 << 10
+
+
+def read_tail(path: Path) -> str:
+    """The last :data:`TAIL_BYTES` of ``path`` (its first, partial line dropped); '' when it cannot be read."""
+    try:
+        with open(path, "rb") as handle:
+            handle.seek(max(0, handle.seek(0, os.SEEK_END) - TAIL_BYTES))
+            data = handle.read()
+    except OSError:
+        return ""
+    text = data.decode("utf-8", errors="replace")
+    return text if len(data) < TAIL_BYTES else text.split("\n", 1)[-1]
+
+
+def record_lasting(args, env: Mapping[str, str], line: str, code: int) -> None:
+    """Record ``line`` for the later attempts of this command when it is a failure they cannot change."""
+    ours = attempts.command_of(env)
+    if args.run_state is None or ours is None or diag_of(line) not in LASTING:
+        return
+    try:
+        attempts.record_lasting(args.run_state, ours, env.get("SLURM_JOB_ID") or None, args.component, line, code)
+    except OSError as exc:
+        print(f"launch: {args.component}: could not record the lasting failure in {args.run_state}: {exc.strerror}",
+              file=sys.stderr, flush=True)
 
 
 def remove_mount_tree(tree: Path | None, step_dirs: list[Path] | None) -> None:

@@ -9,6 +9,11 @@ ONE total deadline on the monotonic clock. With ``--endpoint-file`` (or
 ``--scratch``) it first waits, within the same deadline, for the coordinator to
 publish its endpoint.
 
+It stops waiting as soon as what it gates has ended: the coordinator's end record (or your
+service's) says so, or the launcher of that program noted its process's end in scratch
+(``ended/<name>.json``: it died at start, its container runtime failed, it crashed), and
+it fails then with that program's last line (``coordinator-exit``, ``service-exit``).
+
 With ``--off-node`` (config ``nodes`` above 1) it is the gate of another node than the
 coordinator's: it reads the endpoint published for the other nodes (https, the run's
 certificate pinned by fingerprint) and proves the coordinator is reachable from here. Not
@@ -52,11 +57,11 @@ def expected_health(task_count: int) -> dict[str, Any]:
     return {"status": "ready", "schemaVersion": SCHEMA_VERSION, "taskCount": task_count}
 
 
-def while_alive(check: Check, record: Path | None, service: str | None) -> Check:
-    """``check``, failing at once when the service it probes has ended (a crash after it published its endpoint)."""
+def while_alive(check: Check, record: Path | None, service: str | None, scratch: Path | None = None) -> Check:
+    """``check``, failing at once when what it probes has ended (a crash after it published its endpoint)."""
 
     def alive(timeout: float) -> tuple[bool, str]:
-        endrecord.ended_before_ready(record, service)
+        endrecord.ended_before_ready(record, service, scratch)
         return check(timeout)
 
     return alive
@@ -90,10 +95,11 @@ def following(path: Path, endpoint: Endpoint,
 
 
 def wait_for_endpoint(path: Path, deadline: float, interval: float, record: Path | None = None,
-                      service: str | None = None) -> Endpoint | None:
-    """Wait for the endpoint file; return its endpoint, or None at the deadline."""
+                      service: str | None = None, scratch: Path | None = None) -> Endpoint | None:
+    """Wait for the endpoint file; return its endpoint, or None at the deadline (or raise when what publishes it
+    has ended: :func:`endrecord.ended_before_ready`)."""
     while True:
-        endrecord.ended_before_ready(record, service)
+        endrecord.ended_before_ready(record, service, scratch)
         if path.exists():
             try:
                 return read_endpoint(path)
@@ -316,10 +322,12 @@ def main(argv: list[str] | None = None) -> int:
     started, started_wall = time.monotonic(), time.time()
     deadline = started + args.timeout
     named = {"service": args.service} if args.service else {}
+    # Where the launcher of what this gates notes its end: this node's scratch (not another node's gate's).
+    noted = None if args.off_node else args.scratch
     try:
         endpoint = (Endpoint(args.endpoint, "") if args.endpoint else
                     wait_for_endpoint(args.endpoint_file, started + (args.start_timeout or args.timeout),
-                                      min(args.interval, 0.02), args.coordinator_record, args.service))
+                                      min(args.interval, 0.02), args.coordinator_record, args.service, noted))
         if endpoint is None:
             raise AllocstackError("readiness-timeout", f"no endpoint file at {args.endpoint_file} within "
                                                        f"{args.start_timeout or args.timeout:g} s")
@@ -349,8 +357,8 @@ def main(argv: list[str] | None = None) -> int:
             in_use = lambda: (url, wanted)  # noqa: E731
             if args.endpoint_file:
                 check, in_use = following(args.endpoint_file, endpoint, pinned_check)
-            if args.service:  # (the coordinator may complete, and write its end record, before its gate passes)
-                check = while_alive(check, args.coordinator_record, args.service)
+            # (a coordinator may complete, and write its end record, before its gate passes: that is no end)
+            check = while_alive(check, args.coordinator_record, args.service, noted)
             try:
                 ready, attempts, last = probe(check, deadline, args.interval, args.probe_timeout, fatal)
             except fatal as exc:

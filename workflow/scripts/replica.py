@@ -38,7 +38,7 @@ from allocstack.errors import EXIT_OK, AllocstackError, report
 from allocstack.events import append_event
 from allocstack.jsonio import atomic_write_json
 from allocstack.program import Placement, await_gates, describe, prepare, program_environment
-from allocstack.scratch import ensure_private_dir
+from allocstack.scratch import make_private
 from allocstack.supervise import Supervised
 from allocstack.tunnel import remote_services_environment
 
@@ -78,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
     events = args.events or args.scratch / names.component_events(worker)
     program = Supervised(worker)
     try:
-        ensure_private_dir(events.parent)
+        make_private(events.parent)
         events.unlink(missing_ok=True)
         await_gates(args.gate_record, args.gate_timeout, log)
         if args.remote_services:  # off the first node: through the TLS tunnels

@@ -8,8 +8,9 @@ variables derived from yours (:mod:`names`), the task/expected documents
 (:mod:`events`), job-scoped scratch (:mod:`scratch`), the endpoint file and the
 services' variables (:mod:`endpoint`), every Slurm command (:mod:`slurm`), child
 supervision (:mod:`supervise`, :mod:`lifeline`), the HTTP client of the
-coordinator's protocol (:mod:`client`), and what runs your own programs
-(:mod:`program`). :mod:`compose` is the Compose mapping behind
+coordinator's protocol (:mod:`client`), what runs your own programs
+(:mod:`program`), and which command runs a run and what its earlier attempts
+left (:mod:`attempts`). :mod:`compose` is the Compose mapping behind
 ``import_compose.py``, which runs where snakemake runs (never inside the image).
 
 The coordinator is built from :mod:`settings`, :mod:`httpserver` (h11),

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from . import names
-from .errors import EXIT_USAGE
+from .errors import EXIT_USAGE, AllocstackError, report
 
 
 class ArgumentParser(argparse.ArgumentParser):
@@ -200,12 +200,16 @@ def run(main: Callable[[], int]) -> int:
     line and exit code 130 instead of a traceback (a second Ctrl-C is ignored from the first
     on: :func:`interrupt_once`; components that pass signals on install their own handler).
     A stdout whose reader is gone is pointed at /dev/null, also for the final flush at exit.
+    An AllocstackError that escapes ``main`` and an OSError nothing expected are one line each, with the
+    error's exit code (``io`` for the OSError): never a traceback as the answer.
     """
     name = os.path.basename(sys.argv[0]) or "allocstack"
     if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
         signal.signal(signal.SIGINT, interrupt_once)
     try:
         code = main()
+    except AllocstackError as error:  # raised before main's own handling (its arguments' checks)
+        code = report(error)
     except KeyboardInterrupt:
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         try:
@@ -216,6 +220,8 @@ def run(main: Callable[[], int]) -> int:
     except BrokenPipeError:
         silence_stdout()
         code = 0
+    except OSError as exc:  # what the system refused where no step expected it: one line, never a traceback
+        code = report(AllocstackError("io", f"{name}: {exc}"))
     try:
         sys.stdout.flush()
     except BrokenPipeError:

@@ -32,6 +32,8 @@ DIAGNOSTICS: dict[str, tuple[int, str]] = {
     "input": (EXIT_DATA, "the task or expected document is malformed"),
     "integrity": (EXIT_DATA, "a SHA-256 sidecar does not match its file"),
     "prerequisite": (EXIT_UNAVAILABLE, "a program, file or directory the run needs is missing or unsafe"),
+    "scratch": (EXIT_UNAVAILABLE, "job-scoped scratch ($SLURM_TMPDIR, $TMPDIR or config scratch) is read-only, full or unsafe"),
+    "already-running": (EXIT_TEMPFAIL, "the same run (this checkout, this run name) is already running"),
     "readiness-timeout": (EXIT_READINESS_TIMEOUT, "the coordinator did not become ready before the deadline"),
     "coordinator-exit": (EXIT_SOFTWARE, "the coordinator ended without completing every task"),
     "worker-exit": (EXIT_TEMPFAIL, "a worker stopped before the run was done, or a long-running worker failed"),
@@ -45,6 +47,12 @@ DIAGNOSTICS: dict[str, tuple[int, str]] = {
     "storage": (EXIT_IO, "the disk or the quota is full: nothing more can be stored durably"),
     "compose": (EXIT_DATA, "a Compose file uses something allocstack cannot run (import_compose.py)"),
 }
+
+
+#: Failures another attempt cannot change (the profile's ``retries``: a new allocation of the same
+#: command): the configuration, the inputs, the results, scratch the center gives. A later attempt that
+#: finds an earlier attempt's record of one ends at once with its line (allocstack/attempts.py).
+LASTING = frozenset({"usage", "config", "input", "integrity", "compose", "verification", "scratch"})
 
 
 @dataclass
@@ -77,3 +85,16 @@ def report(error: AllocstackError, stream=None) -> int:
     """Print ``error`` as one line on stderr and return its exit code."""
     print(error.line(), file=stream or sys.stderr, flush=True)
     return error.exit_code
+
+
+#: How every error line starts (:meth:`AllocstackError.line`): what readers of a log look for.
+LINE_PREFIX = "allocstack: error ["
+
+
+def diag_of(line: str) -> str | None:
+    """The diagnostic id of an error line (anywhere in ``line``), or None when it holds none."""
+    start = line.find(LINE_PREFIX)
+    if start < 0:
+        return None
+    diag = line[start + len(LINE_PREFIX):].split("]", 1)[0]
+    return diag if diag in DIAGNOSTICS else None

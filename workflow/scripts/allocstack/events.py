@@ -17,6 +17,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from .errors import AllocstackError
+
 
 def append_event(path: str | os.PathLike | None, event: str, **fields: Any) -> dict[str, Any]:
     """Append ``{"t", "event", "pid", **fields}`` to ``path`` (no-op when ``path`` is None)."""
@@ -33,9 +35,15 @@ def append_event(path: str | os.PathLike | None, event: str, **fields: Any) -> d
 
 
 def ensure_log_dir(path: str | os.PathLike | None) -> None:
-    """Create the directory of an event log given explicitly (0700), e.g. the shared one of a multi-node run."""
+    """Create the directory of an event log given explicitly (0700), e.g. the shared one of a multi-node run.
+
+    :raises AllocstackError: ``io`` when it cannot be made.
+    """
     if path is not None:
-        Path(path).parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        try:
+            Path(path).parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        except OSError as exc:
+            raise AllocstackError("io", f"cannot make the directory of event log {path}: {exc.strerror}") from exc
 
 
 def read_events(path: str | os.PathLike) -> list[dict[str, Any]]:

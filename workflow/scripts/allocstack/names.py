@@ -1,6 +1,6 @@
 """The names allocstack spells once: the files a run's components share, and the variables derived from yours.
 
-Job-scoped scratch (``ROOT/allocstack-UID/RUN``, see :mod:`scratch`) holds what a
+Job-scoped scratch (``ROOT/allocstack-UID/RUN.CHECKOUT[.JOB]``, see :mod:`scratch`) holds what a
 running stack publishes; the run's state directory (config ``state_dir``) holds
 what must outlive the job. With more than one node (config ``nodes``), the state
 directory, on the filesystem every node shares, also holds what the other nodes
@@ -29,6 +29,8 @@ VOLUMES = "volumes"
 PROGRAMS = "programs"
 #: In scratch: the prefix of a large task payload handed to ``worker.command`` as a file.
 PAYLOAD_PREFIX = "payload-"
+#: In scratch: how each component's process ended, as its launcher saw it (``ENDED_DIR/<component>.json``).
+ENDED_DIR = "ended"
 #: In the state directory: the durable results journal a rerun resumes from.
 JOURNAL = "journal.jsonl"
 
@@ -46,6 +48,11 @@ def service_end(service: str) -> str:
 def component_events(component: str) -> str:
     """In scratch: the event log of a component other than the coordinator (a service, its gate, a replica, the check)."""
     return f"{EVENTS_DIR}/{component}.jsonl"
+
+
+def component_ended(component: str) -> str:
+    """In scratch: how ``component``'s process ended, written by its launcher (read by the gate that waits for it)."""
+    return f"{ENDED_DIR}/{component}.json"
 
 
 #: Your own service names (config ``services``, Compose service names).

@@ -86,7 +86,7 @@ def locked(scratch: Path) -> Iterator[None]:
 def enter(scratch: Path, component: str, dirs: list[Path]) -> None:
     """Make the run's private scratch on this node, ``dirs`` in it, and record ``component`` as using it.
 
-    :raises AllocstackError: ``prerequisite`` when a level of scratch is unsafe or cannot be made.
+    :raises AllocstackError: ``scratch`` when a level of scratch is unsafe or cannot be made.
     """
     if (scratch / FIRST_NODE).exists():  # the first node's scratch, seen here: only this step's directories
         make_dirs(dirs)
@@ -99,20 +99,20 @@ def enter(scratch: Path, component: str, dirs: list[Path]) -> None:
             (steps / component).touch(mode=0o600)
             make_dirs(dirs)
     except OSError as exc:
-        raise AllocstackError("prerequisite", f"cannot make the run's scratch {scratch} on "
+        raise AllocstackError("scratch", f"cannot make the run's scratch {scratch} on "
                                               f"{os.uname().nodename}: {exc.strerror}") from exc
 
 
 def make_dirs(dirs: list[Path]) -> None:
     """Make ``dirs`` (0700, in the run's scratch).
 
-    :raises AllocstackError: ``prerequisite`` when one cannot be made.
+    :raises AllocstackError: ``scratch`` when one cannot be made.
     """
     try:
         for directory in dirs:
             directory.mkdir(mode=PRIVATE_DIR, parents=True, exist_ok=True)
     except OSError as exc:
-        raise AllocstackError("prerequisite", f"cannot make {exc.filename} in the run's scratch on "
+        raise AllocstackError("scratch", f"cannot make {exc.filename} in the run's scratch on "
                                               f"{os.uname().nodename}: {exc.strerror}") from exc
 
 

@@ -45,7 +45,7 @@ from typing import Any
 from .errors import AllocstackError
 from .jsonio import read_json
 from .names import VOLUME_PREFIX, VOLUMES, volume_variable
-from .scratch import ensure_private_dir
+from .scratch import make_private
 
 REFERENCE = re.compile(r"\$\{(ALLOCSTACK_[A-Z0-9_]+)\}|\$\{env:([A-Za-z_][A-Za-z0-9_]*)\}")
 #: allocstack's own working directory: a program of yours is not given it (it holds the tokens).
@@ -56,7 +56,7 @@ def volume_environment(scratch: Path, volumes: list[str]) -> dict[str, str]:
     """Create each named volume as ``SCRATCH/volumes/<name>`` (0700) and name it in ``ALLOCSTACK_VOLUME_<NAME>``."""
     env = {}
     for volume in volumes:
-        env[volume_variable(volume)] = str(ensure_private_dir(scratch / VOLUMES / volume))
+        env[volume_variable(volume)] = str(make_private(scratch / VOLUMES / volume))
     return env
 
 

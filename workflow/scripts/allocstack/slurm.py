@@ -15,7 +15,7 @@ naming the profile key.
 
 Standard library only: the workflow (``common.smk``) loads this file directly.
 
-The job's own facts live here too: when the allocation ends (``squeue %e``), its steps
+The job's own facts live here too: whether a job is still active (``squeue %T``), when the allocation ends (``squeue %e``), its steps
 (``squeue --steps``, ``sacct``), signalling a step (``scancel --signal``) or finding its
 processes on this node (``scontrol listpids``), the largest node
 (``sinfo``) and Slurm's version, each with its parser (``tests/test_slurm_parsing.py``).
@@ -353,6 +353,23 @@ def allocation_end(environ: Mapping[str, str]) -> int | None:
     job = environ.get("SLURM_JOB_ID")
     listing = query(["squeue", "--noheader", "--jobs", job, "--format=%e"]) if job else None
     return parse_end_time(listing) if listing else None
+
+
+#: A job in one of these states (``squeue --format=%T``) still holds, or waits for, its allocation.
+ACTIVE_STATES = frozenset({"PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED", "REQUEUED", "REQUEUE_HOLD",
+                           "REQUEUE_FED", "RESIZING", "SIGNALING", "STAGE_OUT", "STOPPED", "RESV_DEL_HOLD"})
+
+
+def parse_job_active(text: str) -> bool:
+    """Whether ``squeue --noheader --jobs JOB --format=%T`` output says the job is still active."""
+    return any(state in ACTIVE_STATES for state in text.split())
+
+
+def job_active(job_id: str, ask: Query = query) -> bool | None:
+    """Whether Slurm job ``job_id`` is still pending or running; None when Slurm cannot tell (no such job any
+    more: squeue forgets a job MinJobAge after its end)."""
+    listing = ask(["squeue", "--noheader", "--jobs", job_id, "--format=%T"])
+    return None if listing is None else parse_job_active(listing)
 
 
 # -- job steps ----------------------------------------------------------------

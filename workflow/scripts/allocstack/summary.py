@@ -11,18 +11,20 @@ stack's check) and ``events.jsonl``.
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
 from typing import Any
 
 from . import jsonio, names
+from .errors import LINE_PREFIX
 from .events import read_events
 
 #: The files of ``results/<run>/`` a summary reads (any may be missing).
 RECORDS = {"marker": "result.json", "end": "coordinator.json", "gate": "readiness.json", "inputs": "inputs.json",
            "services": "services.json"}
-ERROR_PREFIX = "allocstack: error ["
+ERROR_PREFIX = LINE_PREFIX
 #: Records and logs at most this many seconds older than the start of the command count as its own
 #: (file systems round modification times; Slurm's clocks may differ by a little).
 CLOCK_SLACK = 2.0
@@ -119,22 +121,114 @@ def known_runs(results_dir: Path) -> list[str]:
                   if entry.is_dir() and any((entry / name).exists() for name in RECORDS.values()))
 
 
+#: Under the logs directory: the Slurm job logs (profiles/slurm ``slurm-logdir``). What the Snakemake inside the
+#: stack's job says before any component starts (a $TMPDIR it refuses there) is only there.
+SLURM_LOGS = "slurm"
+
+
+def run_logs(logs_dir: Path, run: str, since: float = 0.0) -> list[Path]:
+    """``run``'s component logs written since ``since`` (epoch seconds), oldest first; and the Slurm job logs
+    written since then (they name no run: the command's jobs are those).
+
+    Logs are ``logs/<rule>/<run>.log`` and ``logs/<rule>/<run>/<name>.log``.
+    """
+    found = []
+    slurm = [*logs_dir.glob(f"{SLURM_LOGS}/*/*.log")] if since else []
+    for path in dict.fromkeys([*logs_dir.glob(f"*/{run}.log"), *logs_dir.glob(f"*/{run}/*.log"), *slurm]):
+        try:
+            written = path.stat().st_mtime
+        except OSError:
+            continue
+        if written >= since - CLOCK_SLACK:
+            found.append((written, path))
+    return [path for _, path in sorted(found)]
+
+
 def error_lines(logs_dir: Path, run: str, since: float = 0.0) -> list[tuple[str, Path]]:
     """The allocstack error lines in ``run``'s component logs written since ``since`` (epoch seconds).
 
-    Logs are ``logs/<rule>/<run>.log`` and ``logs/<rule>/<run>/<name>.log``. Each distinct
-    line once, in the order of the logs' modification times.
+    Each distinct line once, in the order of the logs' modification times.
     """
-    candidates = [*logs_dir.glob(f"*/{run}.log"), *logs_dir.glob(f"*/{run}/*.log")]
     found: dict[str, Path] = {}
-    for path in sorted(candidates, key=lambda p: p.stat().st_mtime):
-        if path.stat().st_mtime < since - CLOCK_SLACK:
-            continue
+    for path in run_logs(logs_dir, run, since):
         for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
             start = line.find(ERROR_PREFIX)
             if start >= 0:
                 found.setdefault(line[start:].strip(), path)
     return list(found.items())
+
+
+#: What launch.py writes in a component's log when the component failed (the last line of that log).
+EXITED = "launch: {component} exited {code}"
+EXITED_PATTERN = re.compile(r"^launch: (?P<component>\S+) exited (?P<code>-?\d+)$")
+#: A launcher's own lines: not the component's.
+LAUNCHER_PREFIX = "launch: "
+#: What Slurm says about a job step's end (``srun: error: node: task 0: Exited with exit code 1``): the
+#: program's own last line comes before; only when there is none (the step never started) is this the why.
+STEP_PREFIXES = ("srun: ", "slurmstepd: ")
+
+
+def last_line(text: str) -> str | None:
+    """What a failed program last said: its last allocstack error line, else its last line that is neither its
+    launcher's nor Slurm's about its step (a traceback's last line, a container runtime's own error), else
+    Slurm's (a step that could not start); None when nothing was said."""
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    errors = [line[line.find(ERROR_PREFIX):] for line in lines if ERROR_PREFIX in line]
+    if errors:
+        return errors[-1]
+    said = [line for line in lines if not line.startswith(LAUNCHER_PREFIX)]
+    own = [line for line in said if not line.startswith(STEP_PREFIXES)] or said
+    return own[-1][-500:] if own else None
+
+
+@dataclass
+class Failure:
+    """A component that failed: its name, exit code, last line and log."""
+
+    component: str
+    code: int
+    line: str | None
+    log: Path
+
+
+def failed_components(logs_dir: Path, run: str, since: float = 0.0) -> list[Failure]:
+    """The components of ``run`` whose launcher said they failed (:data:`EXITED`), first failed first."""
+    failures = []
+    for path in run_logs(logs_dir, run, since):
+        text = path.read_text(encoding="utf-8", errors="replace")
+        lines = text.splitlines()
+        for index in range(len(lines) - 1, -1, -1):
+            ended = EXITED_PATTERN.match(lines[index].strip())
+            if ended:
+                failures.append(Failure(ended["component"], int(ended["code"]), last_line("\n".join(lines[:index])),
+                                        path))
+                break
+    return failures
+
+
+#: Known ways a runtime fails before a program of the run could say anything: (what its line holds, what to do).
+HINTS = (
+    ("too many FUSE errors",
+     ("ch-run could not use /dev/fuse on this node to mount the SquashFS image: run a directory image there "
+      "(ch-convert IMAGE.sqfs DIR, container/README.md), or ask your center whether compute nodes allow FUSE")),
+    ("/dev/fuse",
+     ("this node's /dev/fuse is not usable (a SquashFS image needs it): run a directory image there, or ask your "
+      "center whether compute nodes allow FUSE")),
+    ("can't mkdir",
+     ("the image lacks a directory for a top-level directory of the run's paths (ch-run cannot make one in a "
+      "read-only image): add it (container/README.md: mount points)")),
+    ("Read-only file system",
+     "a directory the run writes is read-only there: point $TMPDIR (or config scratch) at a writable node-local one"),
+    ("No space left on device",
+     "a filesystem the run writes is full: free space, or point $TMPDIR (or config scratch) elsewhere"),
+    ("Disk quota exceeded",
+     "your quota is exhausted on a filesystem the run writes: free space, or point $TMPDIR (or config scratch) elsewhere"),
+)
+
+
+def hint(line: str | None) -> str | None:
+    """What to do about a known runtime failure quoted in ``line``, or None."""
+    return next((what for needle, what in HINTS if line and needle in line), None)
 
 
 def _n(value: Any) -> str:
@@ -191,13 +285,25 @@ def verdict(records: RunRecords) -> str:
     return f"{_n(count)} of {_n(count)} tasks correct"
 
 
+def quoted_failure(failures: list[Failure]) -> list[str]:
+    """With no allocstack error line in the logs: the first failed component's last line, and a hint for it."""
+    if not failures or not failures[0].line:
+        return ["  no allocstack error line in this run's logs: see the failed job's log above"]
+    first = failures[0]
+    lines = [f"  {first.component} exited {first.code}: {first.line}", f"      (in {first.log})"]
+    if hint(first.line):
+        lines.append(f"      hint: {hint(first.line)}")
+    return lines
+
+
 def render_finished(records: RunRecords, *, failed: bool | None = None, wall_seconds: float | None = None,
-                    errors: list[tuple[str, Path]] | None = None) -> str:
+                    errors: list[tuple[str, Path]] | None = None, failures: list[Failure] | None = None) -> str:
     """The summary of a run that is not running: verdict, counts, times, where things are.
 
     :param failed: the outcome when the caller knows it (Snakemake's onsuccess/onerror);
         ``None`` = from the marker alone.
     :param errors: the run's allocstack error lines and the log each is in (failed runs).
+    :param failures: the components that failed (:func:`failed_components`): quoted when there is no error line.
     """
     marker, end, gate = records.get("marker"), records.get("end"), records.get("gate")
     verified = isinstance(marker, dict) and marker.get("status") == "success"
@@ -209,8 +315,10 @@ def render_finished(records: RunRecords, *, failed: bool | None = None, wall_sec
         lines = [f"allocstack: run {records.run} FAILED" + ("" if records.exists else f": nothing was written to {where}/")]
         for line, path in (errors or [])[:5]:
             lines += [f"  {line}", f"      (in {path})"]
+            if hint(line):
+                lines.append(f"      hint: {hint(line)}")
         if errors is not None and not errors:
-            lines.append("  no allocstack error line in this run's logs: see the failed job's log above")
+            lines += quoted_failure(failures or [])
     if isinstance(end, dict):
         lines.append(f"  tasks       {_n(end.get('resultCount', '?'))} of {_n(end.get('taskCount', '?'))} done, "
                      f"{_n(len(end.get('failedTasks') or {}))} failed; {_n(end.get('expiredLeases', 0))} leases expired "
@@ -241,8 +349,7 @@ def render_finished(records: RunRecords, *, failed: bool | None = None, wall_sec
 
 
 def live_runs(user_scratch: Path) -> list[str]:
-    """Runs with an endpoint file in this user's scratch root (``<root>/allocstack-<uid>/<run>/``)."""
-    if not user_scratch.is_dir():
-        return []
-    return sorted(entry.name for entry in user_scratch.iterdir() if (entry / names.ENDPOINT).exists())
+    """This checkout's runs with an endpoint file in this user's scratch root (``<root>/allocstack-<uid>/``)."""
+    from .scratch import runs_in
 
+    return sorted(run for run, dirs in runs_in(user_scratch).items() if any((d / names.ENDPOINT).exists() for d in dirs))
