@@ -24,7 +24,7 @@ import yaml
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
-from allocstack.compose import Imported, combine, import_stack, normalized, unique
+from allocstack.compose import Imported, combine, import_stack, normalized, reserved, unique
 from allocstack.errors import EXIT_DATA, EXIT_OK, AllocstackError
 from allocstack.interpolation import Interpolator, Variables, read_env_file
 from conftest import ROOT
@@ -219,6 +219,8 @@ def test_a_corpus_file_imports_or_is_refused_never_crashes(name, tmp_path, capsy
         config = yaml.safe_load(output.read_text(encoding="utf-8"))
         errors = [error.message for error in jsonschema.Draft202012Validator(SCHEMA).iter_errors(config)]
         assert not errors, f"the import wrote a config the workflow refuses: {errors}"
+        taken = [service for service in config["services"] if reserved(service)]
+        assert not taken, f"services named as allocstack's own steps, which the workflow refuses: {taken}"
         assert f"{len(outcome.gaps)} gap(s)" in captured.out
 
 

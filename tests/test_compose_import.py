@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 
 import import_compose
 import pytest
@@ -456,3 +457,38 @@ def test_the_docs_hpc_override_holds_what_a_cluster_demands_and_nothing_else(tmp
     assert config["services"]["db"]["port"] == 5432 and config["services"]["db"]["image"] == "images/postgres-16.sif"
     assert config["worker"]["command"] == ["serve", "--port", "8080"]
     assert config["worker"]["mounts"] == [{"target": "/data", "source": "data"}]
+
+
+def test_a_service_with_the_name_of_allocstacks_own_steps_is_renamed_and_the_run_takes_it(tmp_path, capsys,
+                                                                                          monkeypatch):
+    """A Compose service named ``worker`` (a Celery worker the stack's job uses, say) that is one of the services,
+    not the workers: ``worker`` is the name of allocstack's own steps, which the workflow refuses for a service. The
+    import writes it as ``services.worker-service`` (its depends_on and its variables with it) and says so; the
+    workflow then takes the config (a dry run plans it)."""
+    document = {"name": "named", "services": {
+        "worker": {"image": "example/api:1", "command": ["api", "--port", "5000"], "expose": ["5000"]},
+        "job": {"image": "example/job:1", "command": ["job", "--api", "http://worker:5000"],
+                "environment": {"API_HOST": "worker"}, "deploy": {"replicas": 2},
+                "depends_on": {"worker": {"condition": "service_started"}}},
+        "check": {"image": "example/job:1", "command": ["check"],
+                  "depends_on": {"job": {"condition": "service_completed_successfully"}}}}}
+    code, config, output = import_document(tmp_path, document, env={}, monkeypatch=monkeypatch)
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert set(config["services"]) == {"worker-service"} and config["services"]["worker-service"]["port"] == 5000
+    assert config["worker"]["command"] == ["job", "--api", "http://${ALLOCSTACK_WORKER_SERVICE_HOST}:5000"]
+    assert config["worker"]["environment"] == {"API_HOST": "${ALLOCSTACK_WORKER_SERVICE_HOST}"}
+    assert "note: worker: services.worker-service in the config (worker is the name of allocstack's own steps)" in out
+    from workflow_helpers import copy_project, snakemake
+
+    monkeypatch.undo()  # this environment again
+    project = copy_project(tmp_path / "project")
+    (project / "config/named.yaml").write_text(output.read_text())
+    fake = tmp_path / "bin" / "apptainer"  # a dry run asks only that it is there
+    fake.parent.mkdir()
+    fake.write_text("#!/bin/sh\nexit 0\n")
+    fake.chmod(0o755)
+    dry = snakemake(project, "--dry-run", "--sdm", "apptainer", "--configfile", "config/named.yaml", timeout=120,
+                    env={"PATH": f"{fake.parent}:{os.environ['PATH']}"})
+    assert dry.returncode == 0, dry.stdout + dry.stderr
+    assert "serve_service" in dry.stdout

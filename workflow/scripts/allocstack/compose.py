@@ -916,6 +916,7 @@ def import_stack(compose: dict[str, Any], compose_dir: Path, project_dir: Path, 
     ports = choose_ports(programs, roles, active, names, waited, image_meta, report)
     config = assemble(active, programs, roles, counts, ports, allowed, names, waited, context, runtime, hostnames)
     config["run"] = run
+    rename_reserved(config, report)
     secrets_by_name(config, report)
     return Imported(config, report, start_order(config["services"], report), interpolator.uses)
 
@@ -1174,6 +1175,53 @@ def layout(services: dict[str, Any], parts: dict[str, Any], roles: Roles, contex
     if runtime != "apptainer":
         config["runtime"] = runtime
     return config
+
+
+#: Names of allocstack's own job steps and files (workflow/rules/common.smk refuses them for a service).
+RESERVED_NAMES = {"readiness", "check", "verify", "collect", "worker"}
+
+
+def reserved(name: str) -> bool:
+    """``name`` is allocstack's own (a job step or a file of its own), whatever the stack."""
+    return name in RESERVED_NAMES or bool(re.fullmatch(r"worker-[0-9]+|.*-readiness", name))
+
+
+def rename_reserved(config: dict[str, Any], report: Report) -> None:
+    """A service whose name is allocstack's own (``worker``, ``check``, ...: its job steps') is
+    ``<name>-service`` in the config: its key, the ``depends_on`` that name it, and its variables
+    (``${ALLOCSTACK_<NAME>_HOST}``, ...) wherever the import wrote them."""
+    services = config.get("services") or {}
+    renamed = {}
+    for name in list(services):
+        if reserved(name):
+            new = f"{name}-service"
+            while new in services or reserved(new):
+                new += "-service"
+            renamed[name] = new
+    if not renamed:
+        return
+    variables = {variable_prefix(old): variable_prefix(new) for old, new in renamed.items()}
+    pattern = re.compile(r"\$\{(" + "|".join(map(re.escape, variables)) + r")(HOST|PORT|ENDPOINT|TOKEN)\}")
+
+    def walk(node: Any) -> Any:
+        if isinstance(node, dict):
+            return {key: walk(value) for key, value in node.items()}
+        if isinstance(node, list):
+            return [walk(item) for item in node]
+        if isinstance(node, str):
+            return pattern.sub(lambda match: f"${{{variables[match.group(1)]}{match.group(2)}}}", node)
+        return node
+
+    config["services"] = {renamed.get(name, name): walk(spec) for name, spec in services.items()}
+    for spec in config["services"].values():
+        spec["depends_on"] = [renamed.get(name, name) for name in spec["depends_on"]]
+    for key in ("worker", "verify"):
+        config[key] = walk(config[key])
+    report.notes[:] = [pattern.sub(lambda match: f"${{{variables[match.group(1)]}{match.group(2)}}}", note)
+                       for note in report.notes]
+    for old, new in renamed.items():
+        report.notes.append(f"{old}: services.{new} in the config ({old} is the name of allocstack's own steps); its "
+                            f"variables are ${{{variable_prefix(new)}HOST}}, ...")
 
 
 def secrets_by_name(config: dict[str, Any], report: Report) -> None:
