@@ -567,6 +567,8 @@ def program_images():
         if image:
             found[key] = image
     return found
+
+
 def check_tmpdir():
     """A $TMPDIR that is the run's scratch root but missing, read-only or full is one line, before anything runs.
 
