@@ -25,6 +25,9 @@ from pathlib import Path
 from typing import Any
 
 from .names import SERVICE_NAME_PATTERN, variable_prefix, volume_variable
+from .plan.config import completed, defaults, service_defaults
+from .plan.order import DependencyCycle, start_order
+from .plan.shape import allocation
 from .runtimes import PROGRAMS
 
 COMPLETED = "service_completed_successfully"
@@ -683,7 +686,7 @@ def resources(name: str, spec: dict[str, Any], role: str, report: Report) -> tup
         if key in deploy:
             report.notes.append(f"{name}: deploy.{key} ignored: it only affects swarm updates")
     limits = (deploy.get("resources") or {}).get("limits") or {}
-    cpus = spec.get("cpus", limits.get("cpus", 1))
+    cpus = spec.get("cpus", limits.get("cpus", service_defaults()["cpus"]))
     if "memory" in limits:
         report.notes.append(f"{name}: memory limit {limits['memory']} -> set mem_mb in profiles/slurm/config.yaml")
     devices = ((deploy.get("resources") or {}).get("reservations") or {}).get("devices") or []
@@ -788,25 +791,12 @@ def import_stack(compose: dict[str, Any], compose_dir: Path, project_dir: Path, 
             hostnames[host] = f"${{{variable_prefix(name)}HOST}}"
     config = assemble(active, roles, counts, ports, hostnames, declared, context)
     config["run"] = run
-    return Imported(config, report, start_order(config["services"], report))
-
-
-def start_order(services: dict[str, Any], report: Report) -> list[str]:
-    """Service names, each after those it depends on; a cycle is refused."""
-    order: list[str] = []
-
-    def visit(name: str, path: list[str]) -> None:
-        if name in path:
-            report.refuse("services", f"depends_on has a cycle: {' -> '.join([*path[path.index(name):], name])}")
-            return
-        if name not in order:
-            for dependency in services[name]["depends_on"]:
-                visit(dependency, [*path, name])
-            order.append(name)
-
-    for name in services:
-        visit(name, [])
-    return order
+    try:
+        order = start_order({name: spec["depends_on"] for name, spec in config["services"].items()})
+    except DependencyCycle as cycle:
+        report.refuse("services", str(cycle))
+        order = list(config["services"])
+    return Imported(config, report, order)
 
 
 def assemble(active: dict[str, dict[str, Any]], roles: Roles, counts: dict[str, int], ports: dict[str, int | None],
@@ -865,8 +855,10 @@ def assemble(active: dict[str, dict[str, Any]], roles: Roles, counts: dict[str, 
 
 def layout(services: dict[str, Any], parts: dict[str, Any], roles: Roles, context: Context) -> dict[str, Any]:
     """The config, in the order a reader wants it."""
-    workers = parts.get("workers", {"command": None, "environment": {}, "cpus": 1, "gpus": 0, "replicas": 1})
-    check = parts.get("check", {"command": None, "environment": {}})
+    default = defaults()
+    workers = parts.get("workers") or {**{key: default["worker"][key] for key in ("command", "environment", "cpus",
+                                                                                 "gpus")}, "replicas": 1}
+    check = parts.get("check") or {key: default["verify"][key] for key in ("command", "environment")}
     if roles.check is None:
         context.report.gaps.append("no check: nothing says whether the results are correct; add a service that "
                                    f"waits for the workers (condition: {COMPLETED}) with a command, or set "
@@ -899,7 +891,7 @@ def layout(services: dict[str, Any], parts: dict[str, Any], roles: Roles, contex
 def draft_decisions(config: dict[str, Any], order: list[str], sources: str) -> dict[str, dict[str, str]]:
     """The seed's decision record, drafted from what the import did: review it, then keep or edit it."""
     services, worker = config["services"], config["worker"]
-    cpus = config["workers"] * worker["cpus"] + sum(spec["cpus"] for spec in services.values())
+    cpus = allocation(completed(config)).cpus
     gated = [f"{name} ({'its healthcheck' if spec['readiness'].get('mode') == 'command' else 'its port'})"
              for name, spec in services.items()]
     start = ", then ".join(gated) if gated else "no services"

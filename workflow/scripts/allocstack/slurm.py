@@ -11,9 +11,9 @@ a runtime above the partition's MaxTime, memory above the largest node's, more n
 (config ``nodes``) than the partition has. Each of these
 either hangs the Snakemake Slurm plugin (an invalid account) or leaves the job pending
 for ever (a time limit the partition refuses), so they are refused up front, in one line
-naming the profile key.
-
-Standard library only: the workflow (``common.smk``) loads this file directly.
+naming the profile key. The plan (:mod:`allocstack.plan`) runs it with the query its
+:class:`~allocstack.plan.facts.Facts` carries, so its refusals are tested on captured text; it
+never starts a process itself (``subprocess`` is imported where a query runs).
 
 The job's own facts live here too: when the allocation ends (``squeue %e``), its steps
 (``squeue --steps``, ``sacct``), signalling a step (``scancel --signal``) or finding its
@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import re
 import signal
-import subprocess
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -38,6 +37,8 @@ Query = Callable[[list[str]], "str | None"]
 
 def query(argv: list[str], timeout: float = QUERY_TIMEOUT) -> str | None:
     """stdout of the Slurm client command ``argv``, or None if it is missing, fails or times out."""
+    import subprocess  # here: the plan imports this module, and starts no process (allocstack/plan)
+
     try:
         done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False)
     except (OSError, subprocess.TimeoutExpired):
@@ -416,9 +417,9 @@ def parse_node_cpus(text: str) -> int | None:
         return None
 
 
-def largest_node_cpus() -> int | None:
+def largest_node_cpus(ask: Query = query) -> int | None:
     """CPUs of the largest node Slurm reports, or None if it cannot tell."""
-    text = query(["sinfo", "--noheader", "--Node", "--format=%c"])
+    text = ask(["sinfo", "--noheader", "--Node", "--format=%c"])
     return parse_node_cpus(text) if text else None
 
 

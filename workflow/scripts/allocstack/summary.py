@@ -18,10 +18,11 @@ from typing import Any
 
 from . import jsonio, names
 from .events import read_events
+from .plan import layout
 
 #: The files of ``results/<run>/`` a summary reads (any may be missing).
-RECORDS = {"marker": "result.json", "end": "coordinator.json", "gate": "readiness.json", "inputs": "inputs.json",
-           "services": "services.json"}
+RECORDS = {"marker": layout.MARKER, "end": layout.COORDINATOR_END, "gate": layout.COORDINATOR_GATE,
+           "inputs": layout.INPUTS_SUMMARY, "services": layout.SERVICES_RECORD}
 ERROR_PREFIX = "allocstack: error ["
 #: Records and logs at most this many seconds older than the start of the command count as its own
 #: (file systems round modification times; Slurm's clocks may differ by a little).
@@ -102,7 +103,7 @@ def read_run(results_dir: Path, run: str, since: float = 0.0) -> RunRecords:
     for name, filename in RECORDS.items():
         path = directory / filename
         records.documents[name] = (_read_marker if name == "marker" else _read)(path) if fresh(path) else None
-    for path in sorted((directory / "workers").glob("*.json")):
+    for path in sorted((directory / layout.WORKERS).glob("*.json")):
         document = _read(path) if fresh(path) else None
         if isinstance(document, dict):
             records.workers[path.stem] = document
@@ -233,7 +234,7 @@ def render_finished(records: RunRecords, *, failed: bool | None = None, wall_sec
         lines.append(f"  wall time   {'; '.join(times)}")
     if not failed:
         lines.append(f"  marker      {where / RECORDS['marker']}")
-        for label, name in (("timeline", "timeline.svg"), ("decisions", "decision-record.md")):
+        for label, name in (("timeline", layout.TIMELINE), ("decisions", layout.DECISION_RECORD)):
             if (where / name).exists():
                 lines.append(f"  {label:<11} {where / name}")
         lines.append("  report      snakemake --report report.html  (the DAG, the decision record and the timeline)")

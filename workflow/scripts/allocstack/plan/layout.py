@@ -1,0 +1,168 @@
+"""Where a run's files are: every path of ``results/<run>/`` and ``<state_dir>/<run>/``, spelled once.
+
+``results/<run>/`` holds what the run leaves (its records, the success marker, the timeline,
+the decision record) and the service files of Snakemake's service jobs; ``<state_dir>/<run>/``
+what must outlive the job (the results journal) and, with more than one node, what the nodes
+share (the endpoints published for them and their event logs; :mod:`allocstack.names` names
+the files in it, as in job-scoped scratch). The rules declare these paths, the plan's command
+lines pass them, the end-of-run summary (:mod:`allocstack.summary`) reads them back.
+
+A rule's pattern is the :class:`Layout` of the run ``"{run}"`` (and of ``"{worker}"``,
+``"{service}"``, ``"{node}"``); an input function's, that of ``wildcards.run``. Standard
+library only: components that run without the plan's packages read it too.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .. import names
+
+#: Every run's records, below the directory Snakemake runs in.
+RESULTS = "results"
+#: The success marker: written by verification only after every check passed.
+MARKER = "result.json"
+#: validate_inputs' summary (digests, task count), the first file of a run.
+INPUTS_SUMMARY = "inputs.json"
+#: The decision record (config ``decisions``), written with the summary.
+DECISION_RECORD = "decision-record.md"
+#: validate_inputs' compact copy of the task set, which the coordinator loads.
+COMPACT_TASKS = "tasks.compact"
+#: The coordinator's Snakemake service output.
+COORDINATOR_SERVICE = "coordinator.service"
+#: The coordinator's results document.
+COORDINATOR_RESULTS = "results.json"
+#: The coordinator's end record (how it ended).
+COORDINATOR_END = "coordinator.json"
+#: The coordinator's readiness gate record.
+COORDINATOR_GATE = "readiness.json"
+#: Your check's record (your own stack, tasks: null).
+CHECK_RECORD = "check.json"
+#: How each of your services ended (collect_results).
+SERVICES_RECORD = "services.json"
+#: Where each component ran (collect_results).
+PROVENANCE = "provenance.json"
+#: The run's timeline (collect_results).
+TIMELINE = "timeline.svg"
+#: A worker's record is WORKERS/<worker>.json.
+WORKERS = "workers"
+#: A service of yours has SERVICES/<name>.service and SERVICES/<name>-readiness.json.
+SERVICES = "services"
+#: With more than one node, node N's gate record is GATES/node-N.json.
+GATES = "gates"
+SERVICE_SUFFIX = ".service"
+
+
+@dataclass(frozen=True)
+class Layout:
+    """The files of one run (``run`` may be the wildcard ``"{run}"``)."""
+
+    run: str
+    state_dir: str = "state"
+
+    @property
+    def results(self) -> str:
+        """``results/<run>``: the run's records."""
+        return f"{RESULTS}/{self.run}"
+
+    def _file(self, *parts: str) -> str:
+        return "/".join((self.results, *parts))
+
+    @property
+    def marker(self) -> str:
+        return self._file(MARKER)
+
+    @property
+    def inputs_summary(self) -> str:
+        return self._file(INPUTS_SUMMARY)
+
+    @property
+    def decision_record(self) -> str:
+        return self._file(DECISION_RECORD)
+
+    @property
+    def compact_tasks(self) -> str:
+        return self._file(COMPACT_TASKS)
+
+    @property
+    def coordinator_service(self) -> str:
+        return self._file(COORDINATOR_SERVICE)
+
+    @property
+    def coordinator_results(self) -> str:
+        return self._file(COORDINATOR_RESULTS)
+
+    @property
+    def coordinator_end(self) -> str:
+        return self._file(COORDINATOR_END)
+
+    @property
+    def coordinator_gate(self) -> str:
+        return self._file(COORDINATOR_GATE)
+
+    @property
+    def check_record(self) -> str:
+        return self._file(CHECK_RECORD)
+
+    @property
+    def services_record(self) -> str:
+        return self._file(SERVICES_RECORD)
+
+    @property
+    def provenance(self) -> str:
+        return self._file(PROVENANCE)
+
+    @property
+    def timeline(self) -> str:
+        return self._file(TIMELINE)
+
+    @property
+    def events(self) -> str:
+        """The run's merged event log."""
+        return self._file(names.EVENTS)
+
+    def worker_record(self, worker: str) -> str:
+        return self._file(WORKERS, f"{worker}.json")
+
+    def service_file(self, service: str) -> str:
+        return self._file(SERVICES, f"{service}{SERVICE_SUFFIX}")
+
+    def service_gate(self, service: str) -> str:
+        return self._file(SERVICES, f"{service}-readiness.json")
+
+    def node_gate(self, node: int | str) -> str:
+        """The gate record of node ``node`` (1-based, above 1): it reached the coordinator."""
+        return self._file(GATES, f"node-{node}.json")
+
+    @property
+    def state(self) -> str:
+        """``<state_dir>/<run>`` (0700, on the filesystem every node shares)."""
+        return f"{self.state_dir}/{self.run}"
+
+    @property
+    def journal(self) -> str:
+        """The durable results journal a rerun resumes from."""
+        return f"{self.state}/{names.JOURNAL}"
+
+    @property
+    def shared_endpoint(self) -> str:
+        """With more than one node: the coordinator's endpoint document for the other nodes."""
+        return f"{self.state}/{names.ENDPOINT}"
+
+    def shared_service_endpoint(self, service: str) -> str:
+        """With more than one node: where service ``service`` is published for the other nodes."""
+        return f"{self.state}/{names.service_endpoint(service)}"
+
+    @property
+    def shared_services(self) -> str:
+        """With more than one node: the directory of your services as published for the other nodes."""
+        return f"{self.state}/{names.SERVICES}"
+
+    def shared_events(self, component: str) -> str:
+        """With more than one node: ``component``'s event log in the shared state directory."""
+        return f"{self.state}/{names.component_events(component)}"
+
+
+def is_service_file(path: str) -> bool:
+    """A service output of a run (``results/<run>/coordinator.service``, ``.../services/NAME.service``)."""
+    return path.startswith(f"{RESULTS}/") and path.endswith(SERVICE_SUFFIX)
