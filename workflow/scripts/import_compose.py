@@ -90,11 +90,11 @@ ConfigDumper.add_representer(list, _list)
 ConfigDumper.add_representer(dict, _mapping)
 
 
-#: A command a gap leaves null, as if you had supplied it: the plan checks everything else.
+#: A command a gap leaves null, as if you had supplied it: the plan judges everything else.
 SUPPLIED = ["<your command>"]
 
 
-def check_plan(config: dict[str, Any], project_dir: Path) -> None:
+def validated_plan(config: dict[str, Any], project_dir: Path) -> plan.Plan:
     """The workflow's plan of ``config``, its gaps supplied: nothing else may be refused.
 
     :raises allocstack.plan.PlanError: what the plan refuses (the import then writes nothing).
@@ -102,7 +102,7 @@ def check_plan(config: dict[str, Any], project_dir: Path) -> None:
     supplied = copy.deepcopy(config)
     for spec in (supplied["worker"], supplied["verify"], *supplied["services"].values()):
         spec["command"] = spec["command"] or SUPPLIED
-    plan.load(supplied, plan.Facts(cwd=str(project_dir)))
+    return plan.load(supplied, plan.Facts(cwd=str(project_dir)))
 
 
 def render_config(imported: Imported, sources: list[str], output: Path) -> str:
@@ -141,7 +141,7 @@ def main(argv: list[str] | None = None) -> int:
             try:
                 text = render_config(imported, sources, args.output)
                 config = yaml.safe_load(text)
-                check_plan(config, args.project_dir.resolve())
+                validated_plan(config, args.project_dir.resolve())
             except plan.PlanError as refusal:
                 refusals = [f"allocstack would refuse the config: {refusal.message}"]
         if refusals:

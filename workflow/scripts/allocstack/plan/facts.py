@@ -35,10 +35,10 @@ class Facts:
     :param deployment: Snakemake's software deployment methods (``--sdm``: ``conda``, ``apptainer``,
         ``env-modules``): with conda the rules run ``python``; apptainer switches an Apptainer image on.
     :param default_resources: the profile's (or the command line's) default resources, raw values.
-    :param skip_validation: a module's ``skip_validation``: no schema check, no defaults.
+    :param skip_validation: a module's ``skip_validation``: no schema validation, no defaults.
     :param environ: the environment Snakemake runs in (``SLURM_JOB_ID``, ``SLURMD_NODENAME``...).
-    :param user: who runs it (the Slurm account check).
-    :param hostname: where it runs (the allocation-host check).
+    :param user: who runs it (whose Slurm accounts are asked for).
+    :param hostname: where it runs (inside an allocation: one of its nodes, or refused).
     :param which: ``shutil.which`` of this world (a container runtime's program).
     :param is_file: whether an input file exists.
     :param slurm_query: how Slurm is asked (:data:`allocstack.slurm.Query`, captured text in tests).

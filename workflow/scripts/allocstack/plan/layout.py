@@ -53,6 +53,17 @@ GATES = "gates"
 SERVICE_SUFFIX = ".service"
 
 
+class File:
+    """A file of a run as an attribute of its :class:`Layout`: its path, a string, below ``results/<run>``
+    (or with ``state=True`` below ``<state_dir>/<run>``)."""
+
+    def __init__(self, name: str, state: bool = False) -> None:
+        self.name, self.state = name, state
+
+    def __get__(self, layout: Layout, owner: type | None = None) -> str:
+        return f"{layout.state if self.state else layout.results}/{self.name}"
+
+
 @dataclass(frozen=True)
 class Layout:
     """The files of one run (``run`` may be the wildcard ``"{run}"``)."""
@@ -60,103 +71,54 @@ class Layout:
     run: str
     state_dir: str = "state"
 
+    # validate_inputs', then the coordinator's (its service output, results, end record, gate record)
+    inputs_summary = File(INPUTS_SUMMARY)
+    decision_record = File(DECISION_RECORD)
+    compact_tasks = File(COMPACT_TASKS)
+    coordinator_service = File(COORDINATOR_SERVICE)
+    coordinator_results = File(COORDINATOR_RESULTS)
+    coordinator_end = File(COORDINATOR_END)
+    coordinator_gate = File(COORDINATOR_GATE)
+    # collect_results' (the merged event log first), your check's, verification's
+    events = File(names.EVENTS)
+    provenance = File(PROVENANCE)
+    services_record = File(SERVICES_RECORD)
+    timeline = File(TIMELINE)
+    check_record = File(CHECK_RECORD)
+    marker = File(MARKER)
+    #: The durable results journal a rerun resumes from.
+    journal = File(names.JOURNAL, state=True)
+    #: With more than one node: the coordinator's endpoint document for the other nodes.
+    shared_endpoint = File(names.ENDPOINT, state=True)
+    #: With more than one node: the directory of your services as published for the other nodes.
+    shared_services = File(names.SERVICES, state=True)
+
     @property
     def results(self) -> str:
         """``results/<run>``: the run's records."""
         return f"{RESULTS}/{self.run}"
-
-    def _file(self, *parts: str) -> str:
-        return "/".join((self.results, *parts))
-
-    @property
-    def marker(self) -> str:
-        return self._file(MARKER)
-
-    @property
-    def inputs_summary(self) -> str:
-        return self._file(INPUTS_SUMMARY)
-
-    @property
-    def decision_record(self) -> str:
-        return self._file(DECISION_RECORD)
-
-    @property
-    def compact_tasks(self) -> str:
-        return self._file(COMPACT_TASKS)
-
-    @property
-    def coordinator_service(self) -> str:
-        return self._file(COORDINATOR_SERVICE)
-
-    @property
-    def coordinator_results(self) -> str:
-        return self._file(COORDINATOR_RESULTS)
-
-    @property
-    def coordinator_end(self) -> str:
-        return self._file(COORDINATOR_END)
-
-    @property
-    def coordinator_gate(self) -> str:
-        return self._file(COORDINATOR_GATE)
-
-    @property
-    def check_record(self) -> str:
-        return self._file(CHECK_RECORD)
-
-    @property
-    def services_record(self) -> str:
-        return self._file(SERVICES_RECORD)
-
-    @property
-    def provenance(self) -> str:
-        return self._file(PROVENANCE)
-
-    @property
-    def timeline(self) -> str:
-        return self._file(TIMELINE)
-
-    @property
-    def events(self) -> str:
-        """The run's merged event log."""
-        return self._file(names.EVENTS)
-
-    def worker_record(self, worker: str) -> str:
-        return self._file(WORKERS, f"{worker}.json")
-
-    def service_file(self, service: str) -> str:
-        return self._file(SERVICES, f"{service}{SERVICE_SUFFIX}")
-
-    def service_gate(self, service: str) -> str:
-        return self._file(SERVICES, f"{service}-readiness.json")
-
-    def node_gate(self, node: int | str) -> str:
-        """The gate record of node ``node`` (1-based, above 1): it reached the coordinator."""
-        return self._file(GATES, f"node-{node}.json")
 
     @property
     def state(self) -> str:
         """``<state_dir>/<run>`` (0700, on the filesystem every node shares)."""
         return f"{self.state_dir}/{self.run}"
 
-    @property
-    def journal(self) -> str:
-        """The durable results journal a rerun resumes from."""
-        return f"{self.state}/{names.JOURNAL}"
+    def worker_record(self, worker: str) -> str:
+        return f"{self.results}/{WORKERS}/{worker}.json"
 
-    @property
-    def shared_endpoint(self) -> str:
-        """With more than one node: the coordinator's endpoint document for the other nodes."""
-        return f"{self.state}/{names.ENDPOINT}"
+    def service_file(self, service: str) -> str:
+        return f"{self.results}/{SERVICES}/{service}{SERVICE_SUFFIX}"
+
+    def service_gate(self, service: str) -> str:
+        return f"{self.results}/{SERVICES}/{service}-readiness.json"
+
+    def node_gate(self, node: int | str) -> str:
+        """The gate record of node ``node`` (1-based, above 1): it reached the coordinator."""
+        return f"{self.results}/{GATES}/node-{node}.json"
 
     def shared_service_endpoint(self, service: str) -> str:
         """With more than one node: where service ``service`` is published for the other nodes."""
         return f"{self.state}/{names.service_endpoint(service)}"
-
-    @property
-    def shared_services(self) -> str:
-        """With more than one node: the directory of your services as published for the other nodes."""
-        return f"{self.state}/{names.SERVICES}"
 
     def shared_events(self, component: str) -> str:
         """With more than one node: ``component``'s event log in the shared state directory."""

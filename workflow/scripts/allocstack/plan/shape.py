@@ -1,6 +1,6 @@
 """The shape of the stack's ONE allocation: nodes, CPUs per node, components at once.
 
-One function (:func:`allocation`) says it; the refusals check it against Slurm, the rules
+One function (:func:`allocation`) says it; the refusals hold it against Slurm, the rules
 ask Slurm for it (:meth:`Shape.coordinator_resources`), and ``import_compose.py`` drafts the
 decision record's allocation from it.
 """
