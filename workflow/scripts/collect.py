@@ -24,11 +24,11 @@ from plot_timeline import render as render_timeline
 
 from allocstack import SCHEMA_VERSION, names
 from allocstack.cli import ArgumentParser, positive_float, run, tool_version
+from allocstack.containers import PROGRAMS, version_argv
 from allocstack.endpoint import service_end_path
 from allocstack.errors import EXIT_OK, AllocstackError, report
 from allocstack.events import read_events
 from allocstack.jsonio import atomic_write_json, atomic_write_text, read_json
-from allocstack.runtimes import PROGRAMS, version_argv
 from allocstack.scratch import remove_scratch, resolve_root, run_scratch
 
 PROVENANCE_FIELDS = ("host", "python", "pythonVersion", "osRelease", "container", "slurmJobId", "slurmStepId")

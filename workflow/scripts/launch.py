@@ -63,13 +63,13 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from allocstack.cli import ArgumentParser, positive_int, run
+from allocstack.containers import PROGRAMS
 from allocstack.errors import AllocstackError, report
 from allocstack.jsonio import atomic_write_json
 from allocstack.lifeline import ENV as LIFELINE_ENV
 from allocstack.names import VOLUME_PREFIX
 from allocstack.nodescratch import FIRST_NODE, SCRATCH_ENV, STEP_ENV, step_mount_tree
 from allocstack.program import volume_environment
-from allocstack.runtimes import PROGRAMS
 from allocstack.scratch import ensure_private_dir, resolve_root, run_scratch
 from allocstack.supervise import Supervised
 

@@ -21,12 +21,11 @@ from render_decisions import render as render_decisions
 
 from allocstack import SCHEMA_VERSION
 from allocstack.cli import ArgumentParser, positive_int, run
-from allocstack.containers import check_image_format
+from allocstack.containers import PROGRAMS, check_image_format
 from allocstack.errors import EXIT_OK, AllocstackError, report
 from allocstack.forked import Forked
 from allocstack.handlers import check_baseline_tasks
 from allocstack.jsonio import atomic_write_json, atomic_write_text, check_sidecar
-from allocstack.runtimes import PROGRAMS
 from allocstack.taskset import (
     expected_digests_from_facts,
     expected_facts,

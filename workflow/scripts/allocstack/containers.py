@@ -1,8 +1,8 @@
 """How a component runs inside an image: the one place that knows Apptainer and Charliecloud.
 
-``launch.py`` puts :func:`container_prefix` in front of ``python3 SCRIPT ...``; the
-workflow (common.smk) checks that the configured runtime's program (``runtimes.py``) is
-on PATH before anything is submitted; ``collect.py`` records its ``--version``.
+``launch.py`` puts :func:`container_prefix` in front of ``python3 SCRIPT ...``; the plan
+refuses an image whose runtime's program (:data:`PROGRAMS`) is not on PATH before anything is
+submitted; ``collect.py`` records its ``--version``.
 
 Both runtimes give a component the same view: the environment holds only what
 allocstack sets, and of the host's files only the run's paths are there, each at the
@@ -29,7 +29,15 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 from .errors import AllocstackError
-from .runtimes import PROGRAMS
+
+#: runtime (config ``runtime``) -> the program that runs an image.
+PROGRAMS = {"apptainer": "apptainer", "charliecloud": "ch-run"}
+
+
+def version_argv(runtime: str) -> list[str]:
+    """The command that prints ``runtime``'s version (ch-run prints it on stderr)."""
+    return [PROGRAMS[runtime], "--version"]
+
 
 #: The PATH a Charliecloud component starts with (Docker's default); the image's own
 #: ``/ch/environment`` (where ch-image writes a Dockerfile's ENV) is applied after it.

@@ -16,8 +16,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from .. import names, slurm
+from ..containers import PROGRAMS
 from ..errors import AllocstackError
-from ..runtimes import PROGRAMS
 from .facts import Facts
 from .shape import Shape
 
