@@ -13,7 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from allocstack.containers import (
+from allocstack.common.errors import AllocstackError
+from allocstack.common.jsonio import check_sidecar, sha256_tree
+from allocstack.launch.containers import (
     BASE_PATH,
     charliecloud_prefix,
     check_image_format,
@@ -24,8 +26,6 @@ from allocstack.containers import (
     mount_tops,
     mount_tree_dirs,
 )
-from allocstack.errors import AllocstackError
-from allocstack.jsonio import check_sidecar, sha256_tree
 from conftest import ROOT, SCRIPTS, run_script
 
 

@@ -6,7 +6,7 @@ import re
 
 import yaml
 
-from allocstack.errors import DIAGNOSTICS
+from allocstack.common.errors import DIAGNOSTICS
 from conftest import ROOT
 
 

@@ -23,17 +23,17 @@ import requests
 from launch import killed_by
 from test_own_service import SERVICE
 
-from allocstack import slurm
-from allocstack.client import CoordinatorClient
-from allocstack.endpoint import read_endpoint, write_endpoint
-from allocstack.errors import AllocstackError
-from allocstack.events import gate_precedes_workers
-from allocstack.httpclient import CertificateRefused
-from allocstack.network import bind_address, interface_address, node_for
-from allocstack.progress import per_node
-from allocstack.sessions import PinnedAdapter, loopback_session
-from allocstack.tls import certificate_command, fingerprint, tls_context
-from allocstack.tunnel import LocalForward
+from allocstack.common import slurm
+from allocstack.common.endpoint import read_endpoint, write_endpoint
+from allocstack.common.errors import AllocstackError
+from allocstack.common.events import gate_precedes_workers
+from allocstack.common.network import bind_address, interface_address, node_for
+from allocstack.common.tls import certificate_command, fingerprint, tls_context
+from allocstack.coordinator.progress import per_node
+from allocstack.launch.tunnel import LocalForward
+from allocstack.worker.client import CoordinatorClient
+from allocstack.worker.httpclient import CertificateRefused
+from allocstack.worker.sessions import PinnedAdapter, loopback_session
 from conftest import SCRIPTS, make_tasks, run_script
 
 

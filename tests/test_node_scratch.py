@@ -19,8 +19,8 @@ from pathlib import Path
 import launch
 import pytest
 
-from allocstack import network
-from allocstack.nodescratch import FIRST_NODE, STEP_ENV, enter, leave, lock_path, locked, step_mount_tree
+from allocstack.common import network
+from allocstack.launch.nodescratch import FIRST_NODE, STEP_ENV, enter, leave, lock_path, locked, step_mount_tree
 from conftest import SCRIPTS
 
 WRAPPER = SCRIPTS / "node_scratch.py"

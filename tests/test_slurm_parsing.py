@@ -11,7 +11,7 @@ from __future__ import annotations
 import signal
 import time
 
-from allocstack import slurm
+from allocstack.common import slurm
 
 # sinfo --noheader --Node --format=%c   (the node is listed once per partition)
 SINFO_NODE_CPUS = "8\n8\n"

@@ -6,8 +6,8 @@ import sys
 
 import pytest
 
-from allocstack import slurm
-from allocstack.slurm import ClusterFacts, Submission
+from allocstack.common import slurm
+from allocstack.common.slurm import ClusterFacts, Submission
 
 # Captured on the test cluster (Slurm 22.05.8): `scontrol --oneliner show partition`.
 PARTITIONS = (

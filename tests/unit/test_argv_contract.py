@@ -17,8 +17,8 @@ import pytest
 from plans import SCRIPTS, plan_of
 
 from allocstack import plan
-from allocstack.cli import ArgumentParser
-from allocstack.settings import parse_settings
+from allocstack.common.cli import ArgumentParser
+from allocstack.coordinator.settings import parse_settings
 
 IN_STEP = {"SLURM_JOB_ID": "7", "SLURMD_NODENAME": "vm"}
 INSTALLED = {"which": lambda program: f"/usr/bin/{program}"}

@@ -8,7 +8,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from plans import plan_of
 
-from allocstack.compose import draft_decisions
+from allocstack.compose.mapping import draft_decisions
 from allocstack.plan.placement import node_of, worker_ids
 from allocstack.plan.shape import allocation
 

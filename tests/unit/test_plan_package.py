@@ -14,7 +14,7 @@ import pytest
 from plans import ROOT, SCRIPTS
 
 from allocstack.plan import layout
-from allocstack.terminal import TerminalFilter
+from allocstack.status.terminal import TerminalFilter
 from conftest import ProcessStarted
 
 PACKAGE = SCRIPTS / "allocstack"

@@ -41,8 +41,9 @@ SCRIPTS = scripts_dir()
 if os.path.abspath(SCRIPTS) not in sys.path:
     sys.path.insert(0, os.path.abspath(SCRIPTS))
 
-from allocstack import errors, plan, slurm  # noqa: E402  (found through SCRIPTS)
-from allocstack.terminal import TerminalFilter  # noqa: E402
+from allocstack import plan  # noqa: E402  (found through SCRIPTS)
+from allocstack.common import errors, slurm  # noqa: E402
+from allocstack.status.terminal import TerminalFilter  # noqa: E402
 
 
 def world():

@@ -36,8 +36,9 @@ import sys
 import time
 from pathlib import Path
 
-from allocstack import SCHEMA_VERSION, names
-from allocstack.cli import (
+from allocstack import SCHEMA_VERSION
+from allocstack.common import names
+from allocstack.common.cli import (
     ArgumentParser,
     add_gate_arguments,
     add_network_options,
@@ -46,7 +47,7 @@ from allocstack.cli import (
     run,
     runtime_facts,
 )
-from allocstack.endpoint import (
+from allocstack.common.endpoint import (
     LOOPBACK,
     service_end_path,
     service_endpoint_path,
@@ -55,14 +56,14 @@ from allocstack.endpoint import (
     write_endpoint,
     write_service_file,
 )
-from allocstack.errors import DIAGNOSTICS, AllocstackError, report
-from allocstack.events import append_event
-from allocstack.jsonio import atomic_write_json
-from allocstack.network import plan_listener
-from allocstack.program import await_gates, expand_argv, program_environment, service_problem
-from allocstack.scratch import ensure_private_dir, private_level
-from allocstack.supervise import Outcome, Supervised
-from allocstack.tunnel import relay_to_loopback
+from allocstack.common.errors import DIAGNOSTICS, AllocstackError, report
+from allocstack.common.events import append_event
+from allocstack.common.jsonio import atomic_write_json
+from allocstack.common.network import plan_listener
+from allocstack.common.scratch import ensure_private_dir, private_level
+from allocstack.launch.program import await_gates, expand_argv, program_environment, service_problem
+from allocstack.launch.supervise import Outcome, Supervised
+from allocstack.launch.tunnel import relay_to_loopback
 
 
 def take_port(port: int) -> int:

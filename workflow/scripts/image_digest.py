@@ -18,9 +18,9 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from allocstack.cli import ArgumentParser
-from allocstack.errors import EXIT_OK, AllocstackError, report
-from allocstack.jsonio import atomic_write_text, sha256_path, sidecar_line
+from allocstack.common.cli import ArgumentParser
+from allocstack.common.errors import EXIT_OK, AllocstackError, report
+from allocstack.common.jsonio import atomic_write_text, sha256_path, sidecar_line
 
 
 def parse_args(argv: list[str] | None):

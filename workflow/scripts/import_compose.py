@@ -28,10 +28,10 @@ import yaml
 from render_decisions import render
 
 from allocstack import plan
-from allocstack.cli import ArgumentParser, run
-from allocstack.compose import Imported, combine, draft_decisions, import_stack, unique
-from allocstack.errors import EXIT_OK, AllocstackError, report
-from allocstack.jsonio import atomic_write_text
+from allocstack.common.cli import ArgumentParser, run
+from allocstack.common.errors import EXIT_OK, AllocstackError, report
+from allocstack.common.jsonio import atomic_write_text
+from allocstack.compose.mapping import Imported, combine, draft_decisions, import_stack, unique
 
 
 def load(path: Path) -> dict[str, Any]:

@@ -62,16 +62,16 @@ import time
 from collections.abc import Mapping
 from pathlib import Path
 
-from allocstack.cli import ArgumentParser, positive_int, run
-from allocstack.containers import PROGRAMS
-from allocstack.errors import AllocstackError, report
-from allocstack.jsonio import atomic_write_json
-from allocstack.lifeline import ENV as LIFELINE_ENV
-from allocstack.names import VOLUME_PREFIX
-from allocstack.nodescratch import FIRST_NODE, SCRATCH_ENV, STEP_ENV, step_mount_tree
-from allocstack.program import volume_environment
-from allocstack.scratch import ensure_private_dir, resolve_root, run_scratch
-from allocstack.supervise import Supervised
+from allocstack.common.cli import ArgumentParser, positive_int, run
+from allocstack.common.errors import AllocstackError, report
+from allocstack.common.jsonio import atomic_write_json
+from allocstack.common.names import VOLUME_PREFIX
+from allocstack.common.scratch import ensure_private_dir, resolve_root, run_scratch
+from allocstack.launch.containers import PROGRAMS
+from allocstack.launch.lifeline import ENV as LIFELINE_ENV
+from allocstack.launch.nodescratch import FIRST_NODE, SCRATCH_ENV, STEP_ENV, step_mount_tree
+from allocstack.launch.program import volume_environment
+from allocstack.launch.supervise import Supervised
 
 # Imported where they are used, not here: allocstack.slurm (job steps), allocstack.containers (an image) and
 # allocstack.network (a step on another node). Outside an allocation and without an image launch.py needs
@@ -154,7 +154,7 @@ def build_argv(args, scratch: Path | None, environ: Mapping[str, str], mount_tre
         raise AllocstackError("config", f"{args.component} is placed on node {args.node_index + 1}, but more than "
                                         "one node needs Slurm job steps (slurm.job_steps: true, inside an allocation)")
     if args.node_index:
-        from allocstack.network import node_for
+        from allocstack.common.network import node_for
 
         node = node_for(args.node_index, this_node(environ), environ.get("SLURM_JOB_ID", ""))
     else:
@@ -163,7 +163,7 @@ def build_argv(args, scratch: Path | None, environ: Mapping[str, str], mount_tre
     python = "python3" if args.image else sys.executable
     argv = [python, str(script), *args.command[1:]]
     if args.image:
-        from allocstack.containers import container_prefix
+        from allocstack.launch.containers import container_prefix
 
         env = component_env(args, scratch, environ)
         if in_step:
@@ -232,7 +232,7 @@ def prepare_binds(args, scratch: Path | None, environ: Mapping[str, str]) -> tup
         Path(path).mkdir(mode=0o700, parents=True, exist_ok=True)
     if args.runtime != "charliecloud":
         return None, []
-    from allocstack.containers import check_mount_points, mount_tops, mount_tree_dirs
+    from allocstack.launch.containers import check_mount_points, mount_tops, mount_tree_dirs
 
     binds, cwd = component_binds(args, scratch), os.getcwd()
     check_mount_points(args.image, mount_tops([*binds, cwd]))
@@ -284,7 +284,7 @@ def supervise(command: list[str], env: dict[str, str], component: str, kill_reco
         if forked and signal_forked(child.pid, env.get("SLURM_JOB_ID", "") if in_step else "", component, signum):
             return
         if in_step:
-            from allocstack import slurm
+            from allocstack.common import slurm
 
             if slurm.signal_step(env["SLURM_JOB_ID"], component, signum):
                 return
@@ -320,8 +320,8 @@ def signal_forked(child: int, job_id: str, component: str, signum: int) -> bool:
 
     :param job_id: the allocation when the component is a job step (its processes are not ours).
     """
-    from allocstack import slurm
-    from allocstack.containers import forked_components
+    from allocstack.common import slurm
+    from allocstack.launch.containers import forked_components
 
     pids = slurm.step_pids(job_id, component) if job_id else [child]
     targets = forked_components(pids)
@@ -390,7 +390,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     env = {**os.environ, LIFELINE_ENV: str(os.getpid())}
     if args.image and args.runtime == "charliecloud":
-        from allocstack.containers import runtime_environ
+        from allocstack.launch.containers import runtime_environ
 
         env = runtime_environ(env)
     mount_tree = step_dirs = None
@@ -406,7 +406,7 @@ def main(argv: list[str] | None = None) -> int:
                 (scratch / FIRST_NODE).touch(mode=0o600)
         end_time = None
         if args.job_end_time and (env.get("SLURM_JOB_ID") or env.get("SLURM_JOB_END_TIME")):  # else none to find
-            from allocstack import slurm
+            from allocstack.common import slurm
 
             end_time = slurm.allocation_end(env)
         if end_time:
@@ -424,7 +424,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         forked = False
         if args.image:
-            from allocstack.containers import forks_component
+            from allocstack.launch.containers import forks_component
 
             forked = forks_component(args.runtime, args.image)
         return supervise(command, env, args.component, args.tolerate_kill, off_node=args.node_index > 0, forked=forked)

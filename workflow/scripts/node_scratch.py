@@ -20,9 +20,9 @@ import os
 import sys
 from pathlib import Path
 
-from allocstack.cli import ArgumentParser, run
-from allocstack.errors import EXIT_OK, AllocstackError, report
-from allocstack.nodescratch import STEP_ENV, enter, leave, step_facts
+from allocstack.common.cli import ArgumentParser, run
+from allocstack.common.errors import EXIT_OK, AllocstackError, report
+from allocstack.launch.nodescratch import STEP_ENV, enter, leave, step_facts
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -31,9 +31,10 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from allocstack import SCHEMA_VERSION, endrecord, names
-from allocstack.cli import ArgumentParser, argv_list, positive_float, run, runtime_facts
-from allocstack.endpoint import (
+from allocstack import SCHEMA_VERSION
+from allocstack.common import names
+from allocstack.common.cli import ArgumentParser, argv_list, positive_float, run, runtime_facts
+from allocstack.common.endpoint import (
     Endpoint,
     read_endpoint,
     require_loopback,
@@ -41,11 +42,12 @@ from allocstack.endpoint import (
     service_endpoint_path,
     services_environment,
 )
-from allocstack.errors import EXIT_OK, AllocstackError, report
-from allocstack.events import append_event, ensure_log_dir
-from allocstack.httpclient import HttpConnection, TransportError
-from allocstack.jsonio import atomic_write_json, read_json
-from allocstack.program import ProgramError, describe, expand_argv, program_environment, run_program
+from allocstack.common.errors import EXIT_OK, AllocstackError, report
+from allocstack.common.events import append_event, ensure_log_dir
+from allocstack.common.jsonio import atomic_write_json, read_json
+from allocstack.coordinator import endrecord
+from allocstack.launch.program import ProgramError, describe, expand_argv, program_environment, run_program
+from allocstack.worker.httpclient import HttpConnection, TransportError
 
 
 def expected_health(task_count: int) -> dict[str, Any]:
@@ -327,7 +329,7 @@ def main(argv: list[str] | None = None) -> int:
         if not plain:
             import requests
 
-            from allocstack.sessions import NoHttps, PinnedAdapter, loopback_session
+            from allocstack.worker.sessions import NoHttps, PinnedAdapter, loopback_session
             fatal = (requests.exceptions.SSLError,)
         with nullcontext() if plain else loopback_session(endpoint.fingerprint) as session:
             get = plain_get if plain else session_get(session)

@@ -23,16 +23,24 @@ import sys
 import time
 from pathlib import Path
 
-from allocstack import SCHEMA_VERSION, names
-from allocstack.cli import ArgumentParser, add_gate_arguments, add_program_arguments, positive_int, run, runtime_facts
-from allocstack.endpoint import services_environment
-from allocstack.errors import EXIT_OK, AllocstackError, report
-from allocstack.events import append_event
-from allocstack.jsonio import atomic_write_json
-from allocstack.program import await_gates, describe, expand_argv, program_environment
-from allocstack.scratch import ensure_private_dir
-from allocstack.supervise import Supervised
-from allocstack.tunnel import remote_services_environment
+from allocstack import SCHEMA_VERSION
+from allocstack.common import names
+from allocstack.common.cli import (
+    ArgumentParser,
+    add_gate_arguments,
+    add_program_arguments,
+    positive_int,
+    run,
+    runtime_facts,
+)
+from allocstack.common.endpoint import services_environment
+from allocstack.common.errors import EXIT_OK, AllocstackError, report
+from allocstack.common.events import append_event
+from allocstack.common.jsonio import atomic_write_json
+from allocstack.common.scratch import ensure_private_dir
+from allocstack.launch.program import await_gates, describe, expand_argv, program_environment
+from allocstack.launch.supervise import Supervised
+from allocstack.launch.tunnel import remote_services_environment
 
 
 def replica_variables(worker: str, index: int, workers: int) -> dict[str, str]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from .. import names
+from ..common import names
 from .layout import Layout
 
 #: The five decisions (config ``decisions``), as a dry run names them.

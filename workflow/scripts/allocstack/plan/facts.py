@@ -12,7 +12,7 @@ import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
-from .. import slurm
+from ..common import slurm
 
 
 def nothing_on_path(program: str) -> str | None:

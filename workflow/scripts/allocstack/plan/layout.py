@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .. import names
+from ..common import names
 
 #: Every run's records, below the directory Snakemake runs in.
 RESULTS = "results"

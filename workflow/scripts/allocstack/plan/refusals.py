@@ -15,9 +15,9 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from .. import names, slurm
-from ..containers import PROGRAMS
-from ..errors import AllocstackError
+from ..common import names, slurm
+from ..common.errors import AllocstackError
+from ..launch.containers import PROGRAMS
 from .facts import Facts
 from .shape import Shape
 

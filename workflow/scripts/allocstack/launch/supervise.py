@@ -28,7 +28,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import IO
 
-from .errors import EXIT_TEMPFAIL, AllocstackError
+from ..common.errors import EXIT_TEMPFAIL, AllocstackError
 from .lifeline import forward_signals, watch_launcher
 
 PR_SET_PDEATHSIG = 1

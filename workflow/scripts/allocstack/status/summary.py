@@ -16,9 +16,9 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-from . import jsonio, names
-from .events import read_events
-from .plan import layout
+from ..common import jsonio, names
+from ..common.events import read_events
+from ..plan import layout
 
 #: The files of ``results/<run>/`` a summary reads (any may be missing).
 RECORDS = {"marker": layout.MARKER, "end": layout.COORDINATOR_END, "gate": layout.COORDINATOR_GATE,

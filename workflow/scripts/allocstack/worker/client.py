@@ -7,9 +7,9 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from .errors import AllocstackError
+from ..common.errors import AllocstackError
+from ..common.jsonio import dumps_compact, loads_bytes
 from .httpclient import Answer, HttpConnection
-from .jsonio import dumps_compact, loads_bytes
 
 _JSON = [(b"content-type", b"application/json")]
 

@@ -9,7 +9,7 @@ from typing import Any
 import requests
 from requests.adapters import HTTPAdapter
 
-from .tls import client_context
+from ..common.tls import client_context
 
 
 class PinnedAdapter(HTTPAdapter):

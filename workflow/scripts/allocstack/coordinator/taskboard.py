@@ -42,9 +42,9 @@ from json.encoder import encode_basestring_ascii
 from operator import add, methodcaller
 from typing import Any
 
-from . import SCHEMA_VERSION
-from .jsonio import RESULT_ENTRY, results_document_entries, sha256_text
-from .taskset import SHA256_PATTERN, TASK_ID_PATTERN, TaskSet
+from .. import SCHEMA_VERSION
+from ..common.jsonio import RESULT_ENTRY, results_document_entries, sha256_text
+from ..common.taskset import SHA256_PATTERN, TASK_ID_PATTERN, TaskSet
 
 PENDING, LEASED, DONE, FAILED = 0, 1, 2, 3
 WORKER_ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")

@@ -35,7 +35,7 @@ from urllib.parse import urlsplit
 
 import h11
 
-from .tls import certificate_matches, client_context
+from ..common.tls import certificate_matches, client_context
 
 #: Below malloc's mmap threshold (128 KiB): a larger recv buffer costs an mmap and a munmap per read.
 READ_CHUNK = 64 * 1024

@@ -32,10 +32,11 @@ from json.encoder import encode_basestring_ascii
 from pathlib import Path
 from typing import Any
 
-from . import SCHEMA_VERSION, eventloop
-from .errors import AllocstackError
-from .jsonio import fsync_dir
-from .storage import write_error
+from .. import SCHEMA_VERSION
+from ..common.errors import AllocstackError
+from ..common.jsonio import fsync_dir
+from ..common.storage import write_error
+from . import eventloop
 
 #: How long a flush may wait for more appends at most (seconds), whatever the fsync costs.
 MAX_WINDOW = 0.002

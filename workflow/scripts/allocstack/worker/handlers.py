@@ -21,13 +21,13 @@ from collections.abc import Callable
 from operator import mul
 from typing import TYPE_CHECKING, Any
 
-from . import names
-from .errors import AllocstackError
-from .jsonio import msgspec
-from .program import ProgramError, run_program
+from ..common import names
+from ..common.errors import AllocstackError
+from ..common.jsonio import msgspec
+from ..launch.program import ProgramError, run_program
 
 if TYPE_CHECKING:
-    from .taskset import TaskSet
+    from ..common.taskset import TaskSet
 
 MAX_MESSAGE_CHARS = 4096
 MAX_REPEAT = 10_000

@@ -53,7 +53,7 @@ from urllib.parse import urlsplit
 
 import h11
 
-from .jsonio import loads_bytes
+from ..common.jsonio import loads_bytes
 
 READ_CHUNK = 64 * 1024
 #: The end of a request head (h11 accepts bare LF line ends, RFC 9112 2.2).

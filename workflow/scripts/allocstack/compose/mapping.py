@@ -24,11 +24,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .containers import PROGRAMS
-from .names import SERVICE_NAME_PATTERN, variable_prefix, volume_variable
-from .plan.config import completed, defaults, service_defaults
-from .plan.order import DependencyCycle, start_order
-from .plan.shape import allocation
+from ..common.names import SERVICE_NAME_PATTERN, variable_prefix, volume_variable
+from ..launch.containers import PROGRAMS
+from ..plan.config import completed, defaults, service_defaults
+from ..plan.order import DependencyCycle, start_order
+from ..plan.shape import allocation
 
 COMPLETED = "service_completed_successfully"
 

@@ -29,7 +29,7 @@ from operator import sub
 from pathlib import Path
 from typing import Any
 
-from . import SCHEMA_VERSION
+from .. import SCHEMA_VERSION
 from .errors import AllocstackError
 from .jsonio import (
     atomic_write_chunks,

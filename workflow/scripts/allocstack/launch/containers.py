@@ -28,7 +28,7 @@ import pwd
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
-from .errors import AllocstackError
+from ..common.errors import AllocstackError
 
 #: runtime (config ``runtime``) -> the program that runs an image.
 PROGRAMS = {"apptainer": "apptainer", "charliecloud": "ch-run"}

@@ -16,9 +16,9 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from . import SCHEMA_VERSION
-from .errors import AllocstackError
-from .jsonio import atomic_write_json, read_json
+from .. import SCHEMA_VERSION
+from ..common.errors import AllocstackError
+from ..common.jsonio import atomic_write_json, read_json
 
 COMPLETED, FAILED, INCOMPLETE = "completed", "failed", "incomplete"
 WHAT = "coordinator end record"

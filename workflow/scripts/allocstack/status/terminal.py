@@ -10,7 +10,7 @@ import os
 import sys
 import time
 
-from .plan.layout import is_service_file
+from ..plan.layout import is_service_file
 
 #: Seconds the "Waiting at most ..." message of a service's consumer waits for its service file.
 SERVICE_FILE_WAIT = 0.5

@@ -6,8 +6,8 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import names, slurm
-from .cli import ArgumentParser, add_network_options, non_negative_float, positive_float, positive_int
+from ..common import names, slurm
+from ..common.cli import ArgumentParser, add_network_options, non_negative_float, positive_float, positive_int
 from .journal import MAX_WINDOW
 
 

@@ -38,8 +38,8 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 
-from .errors import AllocstackError
-from .scratch import PRIVATE_DIR, ensure_private_dir, private_level, remove_scratch
+from ..common.errors import AllocstackError
+from ..common.scratch import PRIVATE_DIR, ensure_private_dir, private_level, remove_scratch
 
 #: The component a step runs (its record's name), set by launch.py in the step's environment.
 STEP_ENV = "ALLOCSTACK_STEP"

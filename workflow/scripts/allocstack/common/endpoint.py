@@ -27,7 +27,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from . import SCHEMA_VERSION, names
+from .. import SCHEMA_VERSION
+from . import names
 from .errors import AllocstackError
 from .jsonio import atomic_write_json, read_json
 

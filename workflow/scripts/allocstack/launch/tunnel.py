@@ -24,8 +24,8 @@ import ssl
 import threading
 from pathlib import Path
 
-from .endpoint import read_endpoint, service_variables
-from .tls import certificate_matches, client_context
+from ..common.endpoint import read_endpoint, service_variables
+from ..common.tls import certificate_matches, client_context
 
 CHUNK = 64 * 1024
 

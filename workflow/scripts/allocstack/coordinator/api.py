@@ -22,11 +22,11 @@ from collections.abc import Callable
 from typing import Any
 from urllib.parse import parse_qs
 
-from . import SCHEMA_VERSION
-from .errors import AllocstackError
+from .. import SCHEMA_VERSION
+from ..common.errors import AllocstackError
+from ..common.jsonio import dumps_compact, msgspec
 from .httpserver import ClientError, HttpError, Request, Response
 from .journal import Journal, result_line, result_lines
-from .jsonio import dumps_compact, msgspec
 from .progress import Clock, Progress
 from .routing import Router
 from .statuspage import PAGE

@@ -11,7 +11,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-from . import SCHEMA_VERSION
+from .. import SCHEMA_VERSION
 from .taskboard import TaskBoard
 
 Clock = Callable[[], float]

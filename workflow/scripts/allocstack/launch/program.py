@@ -32,10 +32,10 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from .errors import AllocstackError
-from .jsonio import read_json
-from .names import VOLUMES, volume_variable
-from .scratch import ensure_private_dir
+from ..common.errors import AllocstackError
+from ..common.jsonio import read_json
+from ..common.names import VOLUMES, volume_variable
+from ..common.scratch import ensure_private_dir
 
 REFERENCE = re.compile(r"\$\{(ALLOCSTACK_[A-Z0-9_]+)\}")
 #: allocstack's own working directory: a program of yours is not given it (it holds the tokens).
