@@ -169,7 +169,7 @@ def test_results_json_is_the_standard_librarys_text():
 
 @pytest.mark.parametrize("shuffled", [False, True])
 def test_results_json_in_several_chunks(monkeypatch, shuffled):
-    monkeypatch.setattr("allocstack.taskboard.RESULTS_CHUNK", 3)
+    monkeypatch.setattr("allocstack.coordinator.taskboard.RESULTS_CHUNK", 3)
     board = finished_board([f"out-{i}" for i in range(10)], shuffled)
     assert board.tasks.ascending is not shuffled
     document = json.loads(b"".join(board.results_json()))
@@ -345,7 +345,7 @@ def test_tasks_json_of_a_run_is_each_tasks_json(order):
 
 
 def test_results_json_of_a_board_partly_done_in_chunks(monkeypatch):
-    monkeypatch.setattr("allocstack.taskboard.RESULTS_CHUNK", 4)
+    monkeypatch.setattr("allocstack.coordinator.taskboard.RESULTS_CHUNK", 4)
     board = TaskBoard(parse_tasks({"schemaVersion": 1, "tasks": [{"id": f"t{i:02d}", "payload": {}}
                                                                  for i in range(11)]}), lease_seconds=60)
     claim = board.claim("w-1", 11, now=0)

@@ -1,4 +1,4 @@
-"""The workers' HTTP client (allocstack.httpclient, allocstack.client) against real servers on loopback:
+"""The workers' HTTP client (allocstack.worker.httpclient, allocstack.worker.client) against real servers on loopback:
 keep-alive, reconnecting after the server closed, the pinned TLS certificate, timeouts."""
 
 from __future__ import annotations

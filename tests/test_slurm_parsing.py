@@ -1,4 +1,4 @@
-"""The parsers of allocstack.slurm, on output captured from the test cluster (Slurm 22.05.8).
+"""The parsers of allocstack.common.slurm, on output captured from the test cluster (Slurm 22.05.8).
 
 Captured with the exact commands allocstack runs, against job 15 (two named steps,
 ``sbatch -c 2 --time=2 --wrap 'srun --overlap -n1 -c1 --job-name=coordinator sleep 20 & ...'``)

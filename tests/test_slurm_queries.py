@@ -1,4 +1,4 @@
-"""allocstack.slurm: Slurm's answers parsed from captured output, and the pre-submission check."""
+"""allocstack.common.slurm: Slurm's answers parsed from captured output, and the pre-submission check."""
 
 from __future__ import annotations
 

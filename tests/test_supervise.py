@@ -1,4 +1,4 @@
-"""The one child supervisor (allocstack/supervise.py) and the one runner of your programs (program.run_program).
+"""The one child supervisor (allocstack/launch/supervise.py) and the one runner of your programs (program.run_program).
 
 Real child processes and real signals. The supervisor takes over SIGTERM, SIGINT and
 SIGHUP of the process it runs in, so every test gives pytest's handlers back.

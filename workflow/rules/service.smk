@@ -8,7 +8,7 @@
 # exit status: its supervisor records how it ended, and verification checks it.
 # Its service file is created first thing, as the coordinator's is (coordinator.smk).
 # With config nodes above 1 every service runs on the first node, on its loopback as
-# with one node, and is relayed to the other nodes over TLS (allocstack/tunnel.py).
+# with one node, and is relayed to the other nodes over TLS (allocstack/launch/tunnel.py).
 
 
 rule serve_service:

@@ -5,7 +5,7 @@
 
 Several files are merged in order, as ``docker compose -f a -f b`` merges them.
 Run it from the directory you run snakemake in: paths in the config are relative
-to it (``--project-dir``). The mapping is allocstack/compose.py's. What cannot map
+to it (``--project-dir``). The mapping is allocstack/compose/mapping.py's. What cannot map
 is refused, one line per feature naming it and why, and nothing is written; what
 is still missing (a gap: e.g. a worker without a command) is named, and written
 into the config's header, so the run stops with a line naming the key until you

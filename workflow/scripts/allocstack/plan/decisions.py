@@ -54,7 +54,7 @@ def facts(config: Mapping[str, Any], layout: Layout, order: Sequence[str], runti
         if config["services"]:
             listed["your services across nodes"] = (
                 "on the first node's loopback, relayed to the other nodes over TLS with their own per-run "
-                "certificates, pinned (allocstack/tunnel.py)")
+                "certificates, pinned (allocstack/launch/tunnel.py)")
         listed["how other nodes get the endpoint and token"] = (
             f"{layout.shared_endpoint} (and {names.SERVICES}/NAME.json), mode 0600 in a 0700 directory on the "
             "filesystem the nodes share; never in the environment, a command line or a Slurm RPC (not encrypted by "

@@ -21,7 +21,7 @@ def nothing_on_path(program: str) -> str | None:
 
 
 def slurm_unreachable(argv: list[str]) -> str | None:
-    """A Slurm query of a world with no Slurm: nothing answers (see :func:`allocstack.slurm.query`)."""
+    """A Slurm query of a world with no Slurm: nothing answers (see :func:`allocstack.common.slurm.query`)."""
     return None
 
 
@@ -41,7 +41,7 @@ class Facts:
     :param hostname: where it runs (inside an allocation: one of its nodes, or refused).
     :param which: ``shutil.which`` of this world (a container runtime's program).
     :param is_file: whether an input file exists.
-    :param slurm_query: how Slurm is asked (:data:`allocstack.slurm.Query`, captured text in tests).
+    :param slurm_query: how Slurm is asked (:data:`allocstack.common.slurm.Query`, captured text in tests).
     """
 
     scripts: str = "workflow/scripts"

@@ -3,9 +3,9 @@
 ``results/<run>/`` holds what the run leaves (its records, the success marker, the timeline,
 the decision record) and the service files of Snakemake's service jobs; ``<state_dir>/<run>/``
 what must outlive the job (the results journal) and, with more than one node, what the nodes
-share (the endpoints published for them and their event logs; :mod:`allocstack.names` names
+share (the endpoints published for them and their event logs; :mod:`allocstack.common.names` names
 the files in it, as in job-scoped scratch). The rules declare these paths, the plan's command
-lines pass them, the end-of-run summary (:mod:`allocstack.summary`) reads them back.
+lines pass them, the end-of-run summary (:mod:`allocstack.status.summary`) reads them back.
 
 A rule's pattern is the :class:`Layout` of the run ``"{run}"`` (and of ``"{worker}"``,
 ``"{service}"``, ``"{node}"``); an input function's, that of ``wildcards.run``. Standard

@@ -118,7 +118,7 @@ def refuse_cluster_settings(shape: Shape, facts: Facts) -> None:
 
     An account that does not exist or that the user may not use, a partition that does not
     exist, a runtime above the partition's MaxTime, memory above its largest node's, more
-    nodes than the partition has (:func:`allocstack.slurm.submission_problem`).
+    nodes than the partition has (:func:`allocstack.common.slurm.submission_problem`).
     """
     if not facts.submits_to_slurm:
         return
