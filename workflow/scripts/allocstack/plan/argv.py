@@ -3,7 +3,7 @@
 A rule's shell is ``{launch} SCRIPT {args}``: :func:`launch` is ``launch.py``'s part (how and where
 the component starts: job step, node, image, scratch) and :func:`args` the script's own options,
 including the paths the rule declares (the same :class:`~allocstack.plan.layout.Layout`). Both
-are keyed by the component (:data:`LAUNCHED`, :data:`ARGS`) and the rule's wildcards. Options are
+are keyed by the component (:func:`launched`, :data:`ARGS`) and the rule's wildcards. Options are
 spelled ``--option=value``, so a value that starts with ``-`` stays a value; each list is fed to
 its script's ``parse_args`` in ``tests/unit/test_argv_contract.py``.
 """
