@@ -14,11 +14,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from plans import SCRIPTS, plan_of
 
 from allocstack import plan
 from allocstack.common.cli import ArgumentParser
 from allocstack.coordinator.settings import parse_settings
+
+from .plans import SCRIPTS, plan_of
 
 IN_STEP = {"SLURM_JOB_ID": "7", "SLURMD_NODENAME": "vm"}
 INSTALLED = {"which": lambda program: f"/usr/bin/{program}"}

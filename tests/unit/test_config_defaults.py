@@ -7,9 +7,10 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 import yaml
-from plans import ROOT
 
 from allocstack.plan.config import defaults, schema, service_defaults
+
+from .plans import ROOT
 
 
 def leaves(spec: Mapping[str, Any], prefix: str = "") -> Iterator[tuple[str, Any]]:

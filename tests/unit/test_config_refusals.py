@@ -7,10 +7,11 @@ refusal into that one line and its exit code.
 from __future__ import annotations
 
 import pytest
-from plans import configured, plan_of, refusal, world
 
 from allocstack import plan
 from allocstack.plan.config import defaults
+
+from .plans import configured, plan_of, refusal, world
 
 BAD = {
     "worker.command empty": ("worker: {command: []}", "worker.command"),

@@ -6,11 +6,12 @@ import itertools
 
 from hypothesis import given
 from hypothesis import strategies as st
-from plans import plan_of
 
 from allocstack.compose.mapping import draft_decisions
 from allocstack.plan.placement import node_of, worker_ids
 from allocstack.plan.shape import allocation
+
+from .plans import plan_of
 
 IN_ALLOCATION = {"environ": {"SLURM_JOB_ID": "1"}}
 

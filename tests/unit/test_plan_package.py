@@ -11,11 +11,12 @@ import sys
 from pathlib import Path
 
 import pytest
-from plans import ROOT, SCRIPTS
 
 from allocstack.plan import layout
 from allocstack.status.terminal import TerminalFilter
-from conftest import ProcessStarted
+
+from .conftest import ProcessStarted
+from .plans import ROOT, SCRIPTS
 
 PACKAGE = SCRIPTS / "allocstack"
 

@@ -7,8 +7,9 @@ cluster (tests/test_slurm_queries.py); the same refusals against the real cluste
 from __future__ import annotations
 
 import pytest
-from plans import plan_of, refusal
 from test_slurm_queries import ACCOUNTS, ASSOCIATIONS, NODES, PARTITIONS
+
+from .plans import plan_of, refusal
 
 IN_ALLOCATION = {"environ": {"SLURM_JOB_ID": "1"}}
 PROFILE = {"slurm_account": "allocstack", "slurm_partition": "debug", "runtime": 5}
