@@ -24,8 +24,8 @@ import yaml
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
-from allocstack.compose import Imported, combine, import_stack, normalized, unique
-from allocstack.errors import EXIT_DATA, EXIT_OK, AllocstackError
+from allocstack.common.errors import EXIT_DATA, EXIT_OK, AllocstackError
+from allocstack.compose.mapping import Imported, combine, import_stack, normalized, unique
 from conftest import ROOT
 
 CORPUS = ROOT / "tests" / "compose_corpus"

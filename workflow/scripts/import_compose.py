@@ -5,17 +5,20 @@
 
 Several files are merged in order, as ``docker compose -f a -f b`` merges them.
 Run it from the directory you run snakemake in: paths in the config are relative
-to it (``--project-dir``). The mapping is allocstack/compose.py's. What cannot map
+to it (``--project-dir``). The mapping is allocstack/compose/mapping.py's. What cannot map
 is refused, one line per feature naming it and why, and nothing is written; what
 is still missing (a gap: e.g. a worker without a command) is named, and written
 into the config's header, so the run stops with a line naming the key until you
-supply it. Running the import twice gives the same files.
+supply it. Before anything is written the config goes through the workflow's own
+plan (allocstack/plan): what it would refuse besides the gaps is refused here.
+Running the import twice gives the same files.
 
 Exit codes: 0 written (gaps, if any, listed); 65 refused (nothing written); 64 bad arguments.
 """
 
 from __future__ import annotations
 
+import copy
 import re
 import sys
 from pathlib import Path
@@ -24,10 +27,11 @@ from typing import Any
 import yaml
 from render_decisions import render
 
-from allocstack.cli import ArgumentParser, run
-from allocstack.compose import Imported, combine, draft_decisions, import_stack, unique
-from allocstack.errors import EXIT_OK, AllocstackError, report
-from allocstack.jsonio import atomic_write_text
+from allocstack import plan
+from allocstack.common.cli import ArgumentParser, run
+from allocstack.common.errors import EXIT_OK, AllocstackError, report
+from allocstack.common.jsonio import atomic_write_text
+from allocstack.compose.mapping import Imported, combine, draft_decisions, import_stack, unique
 
 
 def load(path: Path) -> dict[str, Any]:
@@ -86,6 +90,21 @@ ConfigDumper.add_representer(list, _list)
 ConfigDumper.add_representer(dict, _mapping)
 
 
+#: A command a gap leaves null, as if you had supplied it: the plan judges everything else.
+SUPPLIED = ["<your command>"]
+
+
+def validated_plan(config: dict[str, Any], project_dir: Path) -> plan.Plan:
+    """The workflow's plan of ``config``, its gaps supplied: nothing else may be refused.
+
+    :raises allocstack.plan.PlanError: what the plan refuses (the import then writes nothing).
+    """
+    supplied = copy.deepcopy(config)
+    for spec in (supplied["worker"], supplied["verify"], *supplied["services"].values()):
+        spec["command"] = spec["command"] or SUPPLIED
+    return plan.load(supplied, plan.Facts(cwd=str(project_dir)))
+
+
 def render_config(imported: Imported, sources: list[str], output: Path) -> str:
     config = dict(imported.config)
     config["decisions"] = draft_decisions(config, imported.order, " + ".join(sources))
@@ -117,12 +136,18 @@ def main(argv: list[str] | None = None) -> int:
         compose = combine(documents)
         imported = import_stack(compose, args.compose[0].resolve().parent, args.project_dir.resolve(),
                                 args.run or run_name(compose, args.compose[0]))
-        if imported.report.refusals:
-            for refusal in unique(imported.report.refusals):
+        refusals = unique(imported.report.refusals)
+        if not refusals:
+            try:
+                text = render_config(imported, sources, args.output)
+                config = yaml.safe_load(text)
+                validated_plan(config, args.project_dir.resolve())
+            except plan.PlanError as refusal:
+                refusals = [f"allocstack would refuse the config: {refusal.message}"]
+        if refusals:
+            for refusal in refusals:
                 report(AllocstackError("compose", f"{' + '.join(sources)}: {refusal}"))
             return AllocstackError("compose", "").exit_code
-        text = render_config(imported, sources, args.output)
-        config = yaml.safe_load(text)
         for path in (args.output, args.decisions):
             path.parent.mkdir(parents=True, exist_ok=True)
         atomic_write_text(args.output, text, 0o644)

@@ -1,0 +1,191 @@
+"""Your own programs (services, long-running workers, the check): what they are told, and how they are run.
+
+What a program of yours gets in its environment, besides what it inherits:
+
+* for every service NAME it uses (that is up): ``ALLOCSTACK_<NAME>_HOST`` (where it runs:
+  127.0.0.1 on one node), ``ALLOCSTACK_<NAME>_PORT``, ``ALLOCSTACK_<NAME>_ENDPOINT``
+  (``http://HOST:PORT``) and ``ALLOCSTACK_<NAME>_TOKEN`` (see :mod:`allocstack.common.endpoint`);
+* for every named volume V: ``ALLOCSTACK_VOLUME_<V>``, its job-scoped scratch directory
+  (set by ``launch.py`` for every component, see :func:`volume_environment`);
+* your ``environment`` values.
+
+``${ALLOCSTACK_...}`` in your commands and ``environment`` values is replaced by
+allocstack itself when it starts the program (no shell is involved), e.g.
+``http://${ALLOCSTACK_KV_HOST}:8080``; a name that is not set is an error, never an
+empty string.
+
+How they are run: a program that lives as long as the stack (a service, a long-running
+worker) is supervised by :class:`allocstack.launch.supervise.Supervised`, the one supervisor
+(signals passed on so it can stop cleanly, stopped when its launcher is gone, its
+stderr in the component's log with its last lines kept for the one-line error); a
+program that runs to its end (``worker.command`` per task, a readiness ``command``,
+``verify.command``) by :func:`run_program`.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..common.errors import AllocstackError
+from ..common.jsonio import read_json
+from ..common.names import VOLUMES, volume_variable
+from ..common.scratch import make_private
+
+REFERENCE = re.compile(r"\$\{(ALLOCSTACK_[A-Z0-9_]+)\}")
+#: allocstack's own working directory: a program of yours is not given it (it holds the tokens).
+PRIVATE = ("ALLOCSTACK_SCRATCH",)
+
+
+def volume_environment(scratch: Path, volumes: list[str]) -> dict[str, str]:
+    """Create each named volume as ``SCRATCH/volumes/<name>`` (0700) and name it in ``ALLOCSTACK_VOLUME_<NAME>``."""
+    env = {}
+    for volume in volumes:
+        env[volume_variable(volume)] = str(make_private(scratch / VOLUMES / volume))
+    return env
+
+
+def expand(text: str, env: Mapping[str, str], where: str) -> str:
+    """Replace every ``${ALLOCSTACK_...}`` in ``text`` with its value in ``env``.
+
+    :raises AllocstackError: ``config`` naming ``where`` and the variable when it is not set.
+    """
+
+    def value(match: re.Match[str]) -> str:
+        name = match.group(1)
+        if name not in env:
+            raise AllocstackError("config", f"{where}: ${{{name}}} is not set for this program (is the service it "
+                                            "names one of its depends_on, or the volume in `volumes`?)")
+        return env[name]
+
+    return REFERENCE.sub(value, text)
+
+
+def program_environment(base: Mapping[str, str], stack: Mapping[str, str], own: Mapping[str, str],
+                        where: str) -> dict[str, str]:
+    """``base`` (minus allocstack's private variables) + ``stack`` (services, replica) + ``own`` values, expanded."""
+    env = {name: value for name, value in base.items() if name not in PRIVATE}
+    env.update(stack)
+    for name, value in own.items():
+        env[name] = expand(value, env, f"{where}: environment {name}")
+    return env
+
+
+def expand_argv(argv: list[str], env: Mapping[str, str], where: str) -> list[str]:
+    return [expand(arg, env, f"{where}: command") for arg in argv]
+
+
+def describe(argv: list[str]) -> str:
+    """How a program is named in one-line errors: its first two words."""
+    return " ".join(argv[:2])
+
+
+#: How a service's end reads in one-line errors, by the status its supervisor recorded.
+ENDINGS = {
+    "exited": "ended by itself before the stack was done",
+    "killed": "did not stop within its stop_grace_period after SIGTERM and was killed",
+    "unclean": "did not stop cleanly on SIGTERM",
+    "failed": "failed to start",
+}
+
+
+def service_problem(name: str, record: object) -> str | None:
+    """Why a service's end record (see app_service.py) is not a clean stop by allocstack; None when it is."""
+    if not isinstance(record, dict):
+        return f"service {name} left no end record"
+    status = record.get("status")
+    if status == "stopped":
+        return None
+    ending = ENDINGS.get(str(status), "left no end record")
+    return f"service {name} {ending} ({record.get('how') or record.get('reason') or '?'})"
+
+
+def await_gates(paths: list[Path], timeout: float, log: Callable[[str], None]) -> None:
+    """Wait (polling every 20 ms, at most ``timeout`` s in all) for every gate record to say ready.
+
+    A gate record is the sentinel between a readiness gate and what must wait for it
+    (workers, a service that depends on another): nothing starts before the gate has
+    passed. Whoever has to wait says so once in its log, so a stuck run shows where it stands.
+
+    :raises AllocstackError: ``prerequisite`` when a record does not appear or does not say ready.
+    """
+    deadline = time.monotonic() + timeout
+    for path in paths:
+        if not path.exists():
+            log(f"waiting for the readiness gate ({path}, at most {timeout:g} s in all)")
+        while not path.exists():
+            if time.monotonic() > deadline:
+                raise AllocstackError("prerequisite", f"the readiness gate did not pass within {timeout:g} s (no {path})")
+            time.sleep(0.02)
+        record = read_json(path, "gate record", diag="prerequisite")
+        if not isinstance(record, dict) or record.get("status") != "ready":
+            raise AllocstackError("prerequisite", f"gate record {path} does not say ready: refusing to start")
+
+
+class ProgramError(Exception):
+    """The program could not be started, or did not end within its timeout."""
+
+
+@dataclass(frozen=True)
+class Finished:
+    """A program that ran to its end: its exit status and what it wrote (bytes: the protocol is UTF-8
+    whatever the node's locale says)."""
+
+    returncode: int
+    stdout: bytes
+    stderr: bytes
+
+    def text(self) -> str:
+        """stdout then stderr, decoded with replacement (for logs)."""
+        return (self.stdout + self.stderr).decode("utf-8", errors="replace")
+
+    def tail(self, chars: int) -> str:
+        """The last ``chars`` characters of stderr (of stdout when stderr is empty), stripped."""
+        stream = self.stderr.strip() or self.stdout.strip()
+        return stream.decode("utf-8", errors="replace")[-chars:].strip()
+
+
+def run_program(argv: list[str], env: Mapping[str, str] | None = None, stdin: bytes = b"",
+                timeout: float | None = None) -> Finished:
+    """Run ``argv`` (no shell) to its end with exactly ``env`` (None: ours) and ``stdin`` as its input.
+
+    The one way allocstack runs a program of yours that is not supervised for the
+    stack's life: ``worker.command`` per task, a readiness ``command``, ``verify.command``.
+
+    :raises ProgramError: saying why it could not run, or that it timed out (it is killed).
+    """
+    try:
+        done = subprocess.run(argv, input=stdin, capture_output=True, timeout=timeout, check=False,
+                              env=None if env is None else dict(env))
+    except subprocess.TimeoutExpired as exc:
+        raise ProgramError(f"timed out after {timeout:g} s") from exc
+    except OSError as exc:
+        raise ProgramError(f"cannot run {argv[0]}: {exc.strerror}") from exc
+    return Finished(done.returncode, done.stdout, done.stderr)
+
+
+#: Bound on ``verify.command``.
+CHECK_TIMEOUT = 3600.0
+
+
+def run_check(argv: list[str], env: Mapping[str, str]) -> None:
+    """``verify.command``: the application's own correctness check ("only your application can say").
+
+    Runs ``argv`` (no shell) with ``env``; exit 0 means correct. Its last lines of output go to the log.
+
+    :raises AllocstackError: ``verification`` with the last line of its output otherwise.
+    """
+    try:
+        done = run_program(argv, env, timeout=CHECK_TIMEOUT)
+    except ProgramError as exc:
+        raise AllocstackError("verification", f"verify.command {argv[0]} could not run: {exc}") from exc
+    for line in done.text().strip().splitlines()[-20:]:
+        print(f"verify.command: {line}", file=sys.stderr, flush=True)
+    if done.returncode != 0:
+        tail = done.tail(2000).splitlines()[-1:] or ["no output"]
+        raise AllocstackError("verification", f"verify.command exited {done.returncode}: {tail[0][-300:]}")
