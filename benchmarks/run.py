@@ -481,8 +481,8 @@ def request_costs(endpoint_files: list[Path], rounds: int = 7, requests_per_roun
     rounds, which run in turn across the endpoints so they share the machine's noise), and the
     median time of a first request on a new connection (TCP, and the TLS handshake with https)."""
     sys.path.insert(0, str(SCRIPTS))
-    from allocstack.client import CoordinatorClient
-    from allocstack.endpoint import read_endpoint
+    from allocstack.common.endpoint import read_endpoint
+    from allocstack.worker.client import CoordinatorClient
 
     endpoints = [read_endpoint(path) for path in endpoint_files]
 
@@ -575,8 +575,8 @@ def compose_import_times() -> tuple[list[float], float]:
     sys.path.insert(0, str(SCRIPTS))
     import import_compose
 
-    from allocstack.compose import combine, import_stack
-    from allocstack.interpolation import Variables, read_env_file
+    from allocstack.compose.interpolation import Variables, read_env_file
+    from allocstack.compose.mapping import combine, import_stack
 
     corpus = ROOT / "tests" / "compose_corpus"
     times = []

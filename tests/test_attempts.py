@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from allocstack import attempts
-from allocstack.attempts import COMMAND_ENV, Command
+from allocstack.common import attempts
+from allocstack.common.attempts import COMMAND_ENV, Command
 from conftest import SCRIPTS, write_json
 from real_parts import require_slurm
 from workflow_helpers import SNAKEMAKE, copy_project, snakemake

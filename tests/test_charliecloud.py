@@ -275,7 +275,8 @@ def test_gpus_per_worker_reach_the_steps_but_no_nv_flag(project, image):
                                                 image=image))
     assert done.returncode == 0, done.stderr
     assert done.stdout.count("--step-arg=--gpus=1") == 2  # the two workers
-    assert done.stdout.count("--runtime=charliecloud") == 5  # coordinator, gate, 2 workers, verify
+    # validate_inputs (the image's sidecar), and launch.py for the coordinator, the gate, 2 workers, verify
+    assert done.stdout.count("--runtime=charliecloud") == 6
     assert "--runtime-arg=--nv" not in done.stdout  # Charliecloud: the driver comes from ch-fromhost --nvidia
 
 

@@ -24,9 +24,9 @@ import yaml
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
-from allocstack.compose import Imported, combine, import_stack, normalized, reserved, unique
-from allocstack.errors import EXIT_DATA, EXIT_OK, AllocstackError
-from allocstack.interpolation import Interpolator, Variables, read_env_file
+from allocstack.common.errors import EXIT_DATA, EXIT_OK, AllocstackError
+from allocstack.compose.interpolation import Interpolator, Variables, read_env_file
+from allocstack.compose.mapping import Imported, combine, import_stack, normalized, reserved, unique
 from conftest import ROOT
 
 CORPUS = ROOT / "tests" / "compose_corpus"
@@ -150,7 +150,7 @@ def counts_table(results: dict[str, Outcome]) -> str:
         causes = [cause(refusal) for refusal in outcome.refusals]
         occurrences.update(causes)
         files.update(set(causes))
-    lines = [f"Compose corpus: {len(results)} public files imported by the importer (allocstack/compose.py)"]
+    lines = [f"Compose corpus: {len(results)} public files imported by the importer (allocstack/compose/mapping.py)"]
     for status in STATUSES:
         names = [name for name, outcome in results.items() if outcome.status == status]
         lines.append(f"  {status:10} {statuses[status]:3}  {', '.join(names)}".rstrip())

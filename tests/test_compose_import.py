@@ -158,7 +158,7 @@ def test_a_feature_that_cannot_map_is_refused_by_name(tmp_path, capsys, monkeypa
     refused = [line for line in lines if line.startswith("allocstack: error [compose]: ")]
     assert any(f": {message}" in line for line in refused), lines
     assert len(refused) == len(set(refused)), "one refusal per cause"
-    from allocstack.compose import combine, import_stack
+    from allocstack.compose.mapping import combine, import_stack
     report = import_stack(combine([document]), tmp_path, tmp_path, "x").report
     assert any(message in line for line in report.impossible) == impossible
 
@@ -393,7 +393,7 @@ def test_a_port_from_the_images_expose(tmp_path, capsys, monkeypatch):
     assert code == 0 and config["services"]["db"]["readiness"] == {"mode": "started"}
 
 
-def test_the_written_config_passes_the_workflows_schema_first(tmp_path, capsys, monkeypatch):
+def test_the_written_config_passes_the_workflows_schema_and_plan_first(tmp_path, capsys, monkeypatch):
     """An empty argument is a valid argv element (redis-server --save ""); what the schema refuses is refused by the
     import, naming the key, and nothing is written."""
     document = copy.deepcopy(BASE)
@@ -406,7 +406,17 @@ def test_the_written_config_passes_the_workflows_schema_first(tmp_path, capsys, 
     code, config, output = import_document(tmp_path, document, env={}, monkeypatch=monkeypatch)
     err = capsys.readouterr().err
     assert code == 65 and config is None
-    assert "the config would be refused by the workflow: volumes.0: 'db-var-lib-a-very-long" in err
+    assert "allocstack would refuse the config: volumes.0: 'db-var-lib-a-very-long" in err
+    # what the plan refuses beyond the schema (its own rules), refused here too: two services, one variable prefix
+    document = {"services": {"my-db": {"image": "postgres:16", "expose": ["5432"]},
+                             "my_db": {"image": "postgres:16", "expose": ["5433"]},
+                             "job": {"image": "x:1", "command": ["run"], "deploy": {"replicas": 2},
+                                     "depends_on": ["my-db", "my_db"]}}}
+    code, config, output = import_document(tmp_path, document, env={}, monkeypatch=monkeypatch)
+    err = capsys.readouterr().err
+    assert code == 65 and config is None
+    assert ("allocstack would refuse the config: services.my-db and services.my_db would both be ALLOCSTACK_MY_DB_*"
+            in err)
 
 
 def test_hostnames_that_would_close_a_cycle_compose_has_not_are_left_as_written(tmp_path, capsys, monkeypatch):

@@ -205,8 +205,8 @@ def test_a_service_that_fails_to_start_fails_its_gate_at_once(tmp_path):
 
 
 def test_expand_names_what_is_not_set():
-    from allocstack.errors import AllocstackError
-    from allocstack.program import expand
+    from allocstack.common.errors import AllocstackError
+    from allocstack.launch.program import expand
 
     assert expand("http://${ALLOCSTACK_KV_HOST}:80/${HOME}", {"ALLOCSTACK_KV_HOST": "127.0.0.1"}, "w") == \
         "http://127.0.0.1:80/${HOME}"  # only allocstack's own names are expanded

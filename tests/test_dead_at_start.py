@@ -18,9 +18,9 @@ from pathlib import Path
 
 import pytest
 
-from allocstack.attempts import COMMAND_ENV
-from allocstack.endrecord import launcher_saw_end
-from allocstack.scratch import run_scratch
+from allocstack.common.attempts import COMMAND_ENV
+from allocstack.common.scratch import run_scratch
+from allocstack.coordinator.endrecord import launcher_saw_end
 from conftest import SCRIPTS, pids_mentioning, write_json
 from real_parts import require_apptainer, require_charliecloud, require_charliecloud_squashfs
 from workflow_helpers import copy_project, snakemake
@@ -168,7 +168,7 @@ def test_a_dead_at_start_coordinator_in_a_workflow_run_ends_its_gate_at_once(pro
 
 
 def test_what_a_failed_program_last_said_is_its_error_line_else_its_last_own_line():
-    from allocstack.summary import hint, last_line
+    from allocstack.status.summary import hint, last_line
 
     traceback_tail = ("launch: coordinator: apptainer exec ...\nTraceback (most recent call last):\n  File \"x.py\"\n"
                       "OSError: [Errno 30] Read-only file system: '/local/job123/allocstack-0'\n")

@@ -156,7 +156,7 @@ def test_an_expected_document_checked_in_a_child_gives_the_same_verdict(case, tm
     as when this process checks it; the good document is accepted on the child's word alone."""
     import validate_inputs
 
-    from allocstack import taskset
+    from allocstack.common import taskset
 
     expected = GOOD_EXPECTED if case.startswith("good") or case == "child fails" else EXPECTED_CASES[case][0]
     if case == "good in another order":

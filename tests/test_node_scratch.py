@@ -1,4 +1,4 @@
-"""The run's scratch on a step's own node (node_scratch.py, allocstack/nodescratch.py), without a cluster.
+"""The run's scratch on a step's own node (node_scratch.py, allocstack/launch/nodescratch.py), without a cluster.
 
 Real processes: the wrapper really execs its command, the task epilog really removes what the
 node's last step leaves. tests/test_multinode.py runs it on the test cluster's nodes, whose
@@ -19,8 +19,8 @@ from pathlib import Path
 import launch
 import pytest
 
-from allocstack import network
-from allocstack.nodescratch import FIRST_NODE, STEP_ENV, enter, leave, lock_path, locked, step_mount_tree
+from allocstack.common import network
+from allocstack.launch.nodescratch import FIRST_NODE, STEP_ENV, enter, leave, lock_path, locked, step_mount_tree
 from conftest import SCRIPTS
 
 WRAPPER = SCRIPTS / "node_scratch.py"

@@ -172,8 +172,8 @@ def test_the_port_its_image_exposes(tmp_path, runtime):
     sys.path.insert(0, str(SCRIPTS))
     from app_service import image_port
 
-    from allocstack.errors import AllocstackError
-    from allocstack.program import Placement
+    from allocstack.common.errors import AllocstackError
+    from allocstack.launch.program import Placement
 
     assert image_port(Placement(stack_image(runtime, "redis"), runtime), "redis") == 6379
     with pytest.raises(AllocstackError) as error:

@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 from scratch_helpers import require_root
 
-from allocstack.errors import AllocstackError
-from allocstack.scratch import (
+from allocstack.common.errors import AllocstackError
+from allocstack.common.scratch import (
     MIN_FREE_BYTES,
     make_private,
     prepare,

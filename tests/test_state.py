@@ -9,12 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from allocstack.errors import AllocstackError
-from allocstack.journal import Journal, replay
-from allocstack.jsonio import atomic_write_json
-from allocstack.scratch import ensure_private_dir, resolve_root, run_scratch
-from allocstack.taskboard import TaskBoard, fair_share
-from allocstack.taskset import parse_tasks
+from allocstack.common.errors import AllocstackError
+from allocstack.common.jsonio import atomic_write_json
+from allocstack.common.scratch import ensure_private_dir, resolve_root, run_scratch
+from allocstack.common.taskset import parse_tasks
+from allocstack.coordinator.journal import Journal, replay
+from allocstack.coordinator.taskboard import TaskBoard, fair_share
 from conftest import make_tasks
 
 

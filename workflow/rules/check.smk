@@ -10,7 +10,7 @@ rule run_check:
         services=check_inputs,
         script=script("check.py"),
     output:
-        "results/{run}/check.json",
+        FILES.check_record,
     log:
         "logs/run_check/{run}.log",
     group:
@@ -23,7 +23,7 @@ rule run_check:
         # (Snakemake sums runtime over a group's sequential stages).
         runtime=0,
     params:
-        launch=launch("check", beside=check_beside),
-        options=check_options,
+        launch=launch("check"),
+        args=args("check"),
     shell:
-        "exec {params.launch} {input.script} {params.options} --record {output} > {log} 2>&1"
+        "exec {params.launch} {input.script} {params.args} > {log} 2>&1"

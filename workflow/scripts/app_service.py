@@ -7,11 +7,11 @@ service file first thing, waits for the gates of the services it depends on
 (their gate records), takes its port (``--port``, or a free one on 127.0.0.1),
 then runs your command with the variables of its dependencies and its own
 (``ALLOCSTACK_<NAME>_HOST``, ``_PORT``, ``_ENDPOINT``, ``_TOKEN``, see
-allocstack/program.py), and publishes ``SCRATCH/services/<name>.json``
+allocstack/launch/program.py), and publishes ``SCRATCH/services/<name>.json``
 (``{"schemaVersion": 1, "endpoint", "token"}``, mode 0600) for its gate and its users.
 Your service must listen on ``$ALLOCSTACK_<NAME>_HOST`` at that port (and may require the token).
 With an image of its own (``--image``) this supervisor runs beside it on the node and starts it
-in the image (allocstack/program.py ``prepare``): the image's own command when ``--command-json``
+in the image (allocstack/launch/program.py ``prepare``): the image's own command when ``--command-json``
 is not given, its mounts at their targets, its working directory; ``--port-from-image`` takes
 the port the image EXPOSEs.
 
@@ -25,7 +25,7 @@ was done). Snakemake never checks a service's exit status: verification does, fr
 
 With ``--network-endpoint-file`` (config ``nodes`` above 1) the service still listens on
 127.0.0.1, and this supervisor also relays it to this node's network address over TLS
-with a certificate of its own (``allocstack.tunnel``), published there for the workers
+with a certificate of its own (``allocstack.launch.tunnel``), published there for the workers
 on the other nodes: neither your service nor your workers' program changes.
 
 Exit code: 0 when stopped cleanly, else your command's.
@@ -40,8 +40,9 @@ import sys
 import time
 from pathlib import Path
 
-from allocstack import SCHEMA_VERSION, names
-from allocstack.cli import (
+from allocstack import SCHEMA_VERSION
+from allocstack.common import names
+from allocstack.common.cli import (
     ArgumentParser,
     add_gate_arguments,
     add_network_options,
@@ -51,7 +52,7 @@ from allocstack.cli import (
     run,
     runtime_facts,
 )
-from allocstack.endpoint import (
+from allocstack.common.endpoint import (
     LOOPBACK,
     service_end_path,
     service_endpoint_path,
@@ -60,11 +61,12 @@ from allocstack.endpoint import (
     write_endpoint,
     write_service_file,
 )
-from allocstack.errors import DIAGNOSTICS, AllocstackError, report
-from allocstack.events import append_event
-from allocstack.jsonio import atomic_write_json
-from allocstack.network import plan_listener
-from allocstack.program import (
+from allocstack.common.errors import DIAGNOSTICS, AllocstackError, report
+from allocstack.common.events import append_event
+from allocstack.common.jsonio import atomic_write_json
+from allocstack.common.network import plan_listener
+from allocstack.common.scratch import make_private, private_level
+from allocstack.launch.program import (
     Placement,
     await_gates,
     describe,
@@ -73,9 +75,8 @@ from allocstack.program import (
     program_environment,
     service_problem,
 )
-from allocstack.scratch import make_private, private_level
-from allocstack.supervise import Outcome, Supervised
-from allocstack.tunnel import relay_to_loopback
+from allocstack.launch.supervise import Outcome, Supervised
+from allocstack.launch.tunnel import relay_to_loopback
 
 
 def take_port(port: int) -> int:

@@ -19,15 +19,16 @@ import sys
 import time
 from pathlib import Path
 
-from allocstack import SCHEMA_VERSION, names
-from allocstack.cli import ArgumentParser, add_placement_arguments, add_program_arguments, run
-from allocstack.endpoint import services_environment
-from allocstack.errors import EXIT_OK, EXIT_TEMPFAIL, AllocstackError, report
-from allocstack.events import append_event
-from allocstack.jsonio import atomic_write_json
-from allocstack.lifeline import watch_launcher
-from allocstack.program import Placement, prepare, program_environment, run_check
-from allocstack.scratch import make_private
+from allocstack import SCHEMA_VERSION
+from allocstack.common import names
+from allocstack.common.cli import ArgumentParser, add_placement_arguments, add_program_arguments, run
+from allocstack.common.endpoint import services_environment
+from allocstack.common.errors import EXIT_OK, EXIT_TEMPFAIL, AllocstackError, report
+from allocstack.common.events import append_event
+from allocstack.common.jsonio import atomic_write_json
+from allocstack.common.scratch import make_private
+from allocstack.launch.lifeline import watch_launcher
+from allocstack.launch.program import Placement, prepare, program_environment, run_check
 
 
 def await_files(paths: list[Path], log) -> None:

@@ -22,14 +22,15 @@ from typing import Any
 
 from plot_timeline import render as render_timeline
 
-from allocstack import SCHEMA_VERSION, names
-from allocstack.cli import ArgumentParser, positive_float, run, tool_version
-from allocstack.endpoint import service_end_path
-from allocstack.errors import EXIT_OK, AllocstackError, report
-from allocstack.events import read_events
-from allocstack.jsonio import atomic_write_json, atomic_write_text, read_json
-from allocstack.runtimes import PROGRAMS, version_argv
-from allocstack.scratch import remove_scratch, resolve_root, root_source, scratch_of
+from allocstack import SCHEMA_VERSION
+from allocstack.common import names
+from allocstack.common.cli import ArgumentParser, positive_float, run, tool_version
+from allocstack.common.endpoint import service_end_path
+from allocstack.common.errors import EXIT_OK, AllocstackError, report
+from allocstack.common.events import read_events
+from allocstack.common.jsonio import atomic_write_json, atomic_write_text, read_json
+from allocstack.common.scratch import remove_scratch, resolve_root, root_source, scratch_of
+from allocstack.launch.containers import PROGRAMS, version_argv
 
 PROVENANCE_FIELDS = ("host", "python", "pythonVersion", "osRelease", "container", "slurmJobId", "slurmStepId")
 
@@ -38,7 +39,7 @@ def container_runtime(summary: dict[str, Any]) -> dict[str, Any] | None:
     """The runtime that ran the image, and its version as this node reports it (None without an image)."""
     if not summary.get("image") and not summary.get("programImages"):
         return None
-    from allocstack.containers import runtime_environ
+    from allocstack.launch.containers import runtime_environ
 
     runtime = summary.get("runtime", "apptainer")
     version = tool_version(version_argv(runtime), runtime_environ(os.environ))
@@ -53,7 +54,7 @@ def cluster_facts(job: str | None, summary: dict[str, Any]) -> tuple[str | None,
         return None, None, None
     from concurrent.futures import ThreadPoolExecutor
 
-    from allocstack import slurm
+    from allocstack.common import slurm
 
     with ThreadPoolExecutor(max_workers=3) as pool:
         version = pool.submit(slurm.version) if job else None

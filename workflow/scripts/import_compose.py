@@ -11,29 +11,34 @@ SECRET, KEY) is not written: the config says ``${env:NAME}`` and the run reads i
 starts. Each service keeps its own image: the config expects it under ``--images`` (one file per
 image, for ``--runtime``), and the import prints how to get each one. Run it from the directory you
 run snakemake in: paths in the config are relative to it (``--project-dir``). The mapping is
-allocstack/compose.py's. What cannot map is refused, one line per feature naming it and why, and
+allocstack/compose/mapping.py's. What cannot map is refused, one line per feature naming it and why, and
 nothing is written; what is still missing (a gap: e.g. a worker without a command) is named, and
 written into the config's header, so the run stops with a line naming the key until you supply it.
-Before anything is written the config goes through the workflow's own schema: a config that the run
-would refuse (besides its gaps) is refused here. Running the import twice gives the same files.
+Before anything is written the config goes through the workflow's own plan (allocstack/plan: its
+schema and its refusals, the gaps supplied): a config that the run would refuse is refused here. Running the import twice gives the same files.
 
 Exit codes: 0 written (gaps, if any, listed); 65 refused (nothing written); 64 bad arguments.
 """
 
 from __future__ import annotations
 
+import copy
 import os
 import re
 import sys
 from pathlib import Path
 from typing import Any
 
-import jsonschema
 import yaml
 from render_decisions import render
 
-from allocstack.cli import ArgumentParser, run
-from allocstack.compose import (
+from allocstack import plan
+from allocstack.common.cli import ArgumentParser, run
+from allocstack.common.errors import EXIT_OK, AllocstackError, report
+from allocstack.common.images import ImageMeta, read_meta
+from allocstack.common.jsonio import atomic_write_text
+from allocstack.compose.interpolation import Variables, read_env_file
+from allocstack.compose.mapping import (
     RESET,
     Imported,
     Override,
@@ -43,13 +48,8 @@ from allocstack.compose import (
     unique,
     variable_sources,
 )
-from allocstack.errors import EXIT_OK, AllocstackError, report
-from allocstack.images import ImageMeta, read_meta
-from allocstack.interpolation import Variables, read_env_file
-from allocstack.jsonio import atomic_write_text
-from allocstack.runtimes import PROGRAMS
-
-SCHEMA = Path(__file__).resolve().parents[1] / "schemas" / "config.schema.yaml"
+from allocstack.launch.containers import PROGRAMS
+from allocstack.plan.programs import env_references
 
 
 class ComposeLoader(yaml.SafeLoader):
@@ -169,29 +169,34 @@ ConfigDumper.add_representer(dict, _mapping)
 ORDER = ("run", "tasks", "expected", "runtime", "workers", "worker", "services", "volumes", "verify", "decisions")
 
 
+#: A command a gap leaves null, as if you had supplied it: the plan judges everything else.
+SUPPLIED = ["<your command>"]
+
+
+def validated_plan(config: dict[str, Any], project_dir: Path) -> plan.Plan:
+    """The workflow's plan of ``config``, its gaps supplied: nothing else may be refused.
+
+    :raises allocstack.plan.PlanError: what the plan refuses (the import then writes nothing).
+    """
+    supplied = copy.deepcopy(config)
+    programs = (supplied["worker"], supplied["verify"], *supplied["services"].values())
+    for spec in programs:
+        spec["command"] = spec["command"] or SUPPLIED
+    # The world the config is written for: its images switched on (--sdm apptainer, or runtime charliecloud),
+    # their runtime there, each ${env:NAME} set (the import read it from this environment), each bind source
+    # there (a missing one is a gap the import names).
+    world = plan.Facts(cwd=str(project_dir), deployment=frozenset({"apptainer"}), which=lambda program: program,
+                       environ={name: "set" for spec in programs for name in env_references(spec)},
+                       exists=lambda path: True)
+    return plan.load(supplied, world)
+
+
 def render_config(imported: Imported, sources: list[str], output: Path) -> str:
     config = dict(imported.config)
     config["decisions"] = draft_decisions(config, imported.order, " + ".join(sources))
     ordered = {key: config[key] for key in ORDER if key in config}
     body = yaml.dump(ordered, Dumper=ConfigDumper, sort_keys=False, width=4096, allow_unicode=True)
     return header(sources, output, imported) + body
-
-
-def fill_defaults(validator, properties, instance, schema):
-    """The ``properties`` keyword that also fills each missing property's ``default``, as the workflow does."""
-    if validator.is_type(instance, "object"):
-        for name, subschema in properties.items():
-            if "default" in subschema:
-                instance.setdefault(name, subschema["default"])
-    yield from jsonschema.Draft202012Validator.VALIDATORS["properties"](validator, properties, instance, schema)
-
-
-def schema_problems(config: dict[str, Any]) -> list[str]:
-    """What the workflow's own schema says about ``config`` (as the run checks it first): one line each."""
-    schema = yaml.safe_load(SCHEMA.read_text(encoding="utf-8"))
-    validator = jsonschema.validators.extend(jsonschema.Draft202012Validator, {"properties": fill_defaults})(schema)
-    return [f"{'.'.join(str(part) for part in error.absolute_path) or 'config'}: {error.message}"
-            for error in validator.iter_errors(config)]
 
 
 def parse_args(argv: list[str] | None):
@@ -233,10 +238,12 @@ def main(argv: list[str] | None = None) -> int:
                                 hostnames=not args.no_hostnames)
         refusals = unique(imported.report.refusals)
         if not refusals:
-            text = render_config(imported, sources, args.output)
-            config = yaml.safe_load(text)
-            refusals = [f"the config would be refused by the workflow: {problem}"
-                        for problem in schema_problems(yaml.safe_load(text))]
+            try:
+                text = render_config(imported, sources, args.output)
+                config = yaml.safe_load(text)
+                validated_plan(config, project_dir)
+            except plan.PlanError as refusal:
+                refusals = [f"allocstack would refuse the config: {refusal.message}"]
         if refusals:
             for refusal in refusals:
                 report(AllocstackError("compose", f"{' + '.join(sources)}: {refusal}"))

@@ -4,7 +4,7 @@
 This is where a Compose service becomes a program the scheduler launches and
 tracks. ``launch.py [options] -- SCRIPT [ARGS...]`` makes and checks the run's
 job-scoped scratch on the host (0700 and yours, its root writable and not full:
-allocstack/scratch.py ``prepare``; inside the container the component only uses the
+allocstack/common/scratch.py ``prepare``; inside the container the component only uses the
 directory it is given), then runs and supervises::
 
     [srun STEP_ARGS... [python3 node_scratch.py ... --]] [apptainer exec ... IMAGE | ch-run ... IMAGE --] python SCRIPT ARGS...
@@ -16,14 +16,14 @@ directory it is given), then runs and supervises::
   ``--node-index K`` (config ``nodes`` above 1: a worker's place) the allocation's
   K-th other node.
 * the container runtime (``--runtime``: Apptainer's ``apptainer exec`` or
-  Charliecloud's ``ch-run``, see allocstack/containers.py) is used when
+  Charliecloud's ``ch-run``, see allocstack/launch/containers.py) is used when
   ``--image`` is given; paths are bound at the same location inside the
   container (the scripts, scratch and the paths in ``--bind``), so the command
   line needs no rewriting, and the environment holds only what allocstack sets.
 * a step on another node (``--node-index``) first runs ``node_scratch.py`` there, which
   makes the run's scratch (and Charliecloud's mount-point tree) on that node and execs the
   rest; srun runs it again as the step's task epilog, which removes them once the node's
-  last step of the run ended (scratch may be local to each node: see allocstack/nodescratch.py).
+  last step of the run ended (scratch may be local to each node: see allocstack/launch/nodescratch.py).
 * ``--volume NAME`` (a Compose named volume) is the directory ``SCRATCH/volumes/NAME``,
   named to the component in ``$ALLOCSTACK_VOLUME_NAME``.
 
@@ -36,7 +36,7 @@ message may quote its data.
 Supervision: SIGTERM, SIGINT and SIGHUP are forwarded to the component (so a
 drain reaches it through srun and the container runtime; with a Charliecloud SquashFS
 image to ch-run's child alone, since ch-run unmounts the image when it gets SIGTERM
-itself, see allocstack/containers.py ``forks_component``); if launch.py itself is
+itself, see allocstack/launch/containers.py ``forks_component``); if launch.py itself is
 killed, the kernel kills the component too (``PR_SET_PDEATHSIG``), so nothing is
 orphaned. With ``--tolerate-kill RECORD`` (workers), a component killed by a
 signal that did not come through launch.py (``kill -9``, the OOM killer, its job
@@ -50,13 +50,13 @@ add nothing there, and it saves an interpreter per component when the stack star
 
 When the component has ended by itself (no stop signal reached this launcher) it notes how in
 scratch (``ended/<component>.json``: the exit code and the component's last line,
-allocstack/endrecord.py), where the gate that waits for it looks: a component that died at
+allocstack/coordinator/endrecord.py), where the gate that waits for it looks: a component that died at
 start, or whose container runtime failed, ends its gate at once. A component that failed ends
 its log with ``launch: COMPONENT exited CODE`` (the end-of-run summary quotes the line before).
 
-With ``--run-state`` (the run's state directory, allocstack/attempts.py): a second start of the
+With ``--run-state`` (the run's state directory, allocstack/common/attempts.py): a second start of the
 same run while another command runs it is refused in one line naming that command; a failure
-another attempt cannot change (:data:`allocstack.errors.LASTING`) is recorded there, and every
+another attempt cannot change (:data:`allocstack.common.errors.LASTING`) is recorded there, and every
 launcher of a later attempt of the same command (the profile's ``retries``) ends at once with
 that attempt's line instead of running into it again.
 """
@@ -77,20 +77,21 @@ import traceback
 from collections.abc import Mapping
 from pathlib import Path
 
-from allocstack import attempts, endrecord
-from allocstack.cli import ArgumentParser, positive_int, run
-from allocstack.errors import LASTING, AllocstackError, diag_of, report
-from allocstack.jsonio import atomic_write_json
-from allocstack.lifeline import ENV as LIFELINE_ENV
-from allocstack.names import ENDED_DIR, VOLUME_PREFIX
-from allocstack.nodescratch import FIRST_NODE, SCRATCH_ENV, STEP_ENV, step_mount_tree
-from allocstack.program import volume_environment
-from allocstack.runtimes import PROGRAMS
-from allocstack.scratch import make_private, prepare, resolve_root, root_source, scratch_of
-from allocstack.supervise import Supervised
+from allocstack.common import attempts
+from allocstack.common.cli import ArgumentParser, positive_int, run
+from allocstack.common.errors import LASTING, AllocstackError, diag_of, report
+from allocstack.common.jsonio import atomic_write_json
+from allocstack.common.names import ENDED_DIR, VOLUME_PREFIX
+from allocstack.common.scratch import make_private, prepare, resolve_root, root_source, scratch_of
+from allocstack.coordinator import endrecord
+from allocstack.launch.containers import PROGRAMS
+from allocstack.launch.lifeline import ENV as LIFELINE_ENV
+from allocstack.launch.nodescratch import FIRST_NODE, SCRATCH_ENV, STEP_ENV, step_mount_tree
+from allocstack.launch.program import volume_environment
+from allocstack.launch.supervise import Supervised
 
-# Imported where they are used, not here: allocstack.slurm (job steps), allocstack.containers (an image) and
-# allocstack.network (a step on another node). Outside an allocation and without an image launch.py needs
+# Imported where they are used, not here: allocstack.common.slurm (job steps), allocstack.launch.containers (an image) and
+# allocstack.common.network (a step on another node). Outside an allocation and without an image launch.py needs
 # none of them, and four launchers start at once with the stack on the login node's few CPUs.
 
 
@@ -119,7 +120,7 @@ def this_node(environ: Mapping[str, str]) -> str:
 
 #: What passes from the launcher's environment into the image (the runtime drops everything else).
 #: Not SLURM_STEP_ID: the launcher's is Snakemake's step, not the component's own.
-#: The command mark (allocstack/attempts.py) too: a gate tells its own attempt's notes from an earlier one's.
+#: The command mark (allocstack/common/attempts.py) too: a gate tells its own attempt's notes from an earlier one's.
 PASSED_ENV = ("SLURM_JOB_ID", "SLURM_JOB_END_TIME", "SLURMD_NODENAME", "SLURM_SUBMIT_HOST", "USER",
               "CUDA_VISIBLE_DEVICES", LIFELINE_ENV, attempts.COMMAND_ENV)
 
@@ -145,7 +146,7 @@ def component_env(args, scratch: Path | None, environ: Mapping[str, str]) -> dic
     return env
 
 
-#: Run on the node of a step off the first node, before the component (see allocstack/nodescratch.py).
+#: Run on the node of a step off the first node, before the component (see allocstack/launch/nodescratch.py).
 NODE_SCRATCH = Path(__file__).resolve().with_name("node_scratch.py")
 
 
@@ -171,7 +172,7 @@ def build_argv(args, scratch: Path | None, environ: Mapping[str, str], mount_tre
         raise AllocstackError("config", f"{args.component} is placed on node {args.node_index + 1}, but more than "
                                         "one node needs Slurm job steps (slurm.job_steps: true, inside an allocation)")
     if args.node_index:
-        from allocstack.network import node_for
+        from allocstack.common.network import node_for
 
         node = node_for(args.node_index, this_node(environ), environ.get("SLURM_JOB_ID", ""))
     else:
@@ -180,7 +181,7 @@ def build_argv(args, scratch: Path | None, environ: Mapping[str, str], mount_tre
     python = "python3" if args.image else sys.executable
     argv = [python, str(script), *args.command[1:]]
     if args.image:
-        from allocstack.containers import container_prefix
+        from allocstack.launch.containers import container_prefix
 
         env = component_env(args, scratch, environ)
         if in_step:
@@ -234,7 +235,7 @@ def prepare_binds(args, scratch: Path | None, environ: Mapping[str, str]) -> tup
     """With an image: create the ``--bind`` sources and, for Charliecloud, the mount-point tree.
 
     A bind source must exist (results/<run>, state/<run> may not yet; they are on the
-    filesystem the nodes share). The Charliecloud mount-point tree (see allocstack/containers.py)
+    filesystem the nodes share). The Charliecloud mount-point tree (see allocstack/launch/containers.py)
     lives in scratch (or, without scratch, in the scratch root) and is removed when the
     component ends; collection removes scratch anyway. For a step on another node the tree is
     made there, by node_scratch.py: it is named, not created, here.
@@ -249,7 +250,7 @@ def prepare_binds(args, scratch: Path | None, environ: Mapping[str, str]) -> tup
         Path(path).mkdir(mode=0o700, parents=True, exist_ok=True)
     if args.runtime != "charliecloud":
         return None, []
-    from allocstack.containers import check_mount_points, mount_tops, mount_tree_dirs
+    from allocstack.launch.containers import check_mount_points, mount_tops, mount_tree_dirs
 
     binds, cwd = component_binds(args, scratch), os.getcwd()
     check_mount_points(args.image, mount_tops([*binds, cwd]))
@@ -291,7 +292,7 @@ def supervise(command: list[str], env: dict[str, str], component: str, kill_reco
     signal (the component was stopped, it did not end by itself).
 
     :param forked: the runtime runs the component as its child and must not get the signal itself
-        (ch-run with a SquashFS image, :func:`allocstack.containers.forks_component`): the signal
+        (ch-run with a SquashFS image, :func:`allocstack.launch.containers.forks_component`): the signal
         goes to ch-run's child, found among the job step's processes (``scontrol listpids``) or
         below our own child. Until ch-run has started it, the signal goes the usual way.
     :raises AllocstackError: ``prerequisite`` when ``command`` cannot be started.
@@ -302,7 +303,7 @@ def supervise(command: list[str], env: dict[str, str], component: str, kill_reco
         if forked and signal_forked(child.pid, env.get("SLURM_JOB_ID", "") if in_step else "", component, signum):
             return
         if in_step:
-            from allocstack import slurm
+            from allocstack.common import slurm
 
             if slurm.signal_step(env["SLURM_JOB_ID"], component, signum):
                 return
@@ -339,8 +340,8 @@ def signal_forked(child: int, job_id: str, component: str, signum: int) -> bool:
 
     :param job_id: the allocation when the component is a job step (its processes are not ours).
     """
-    from allocstack import slurm
-    from allocstack.containers import forked_components
+    from allocstack.common import slurm
+    from allocstack.launch.containers import forked_components
 
     pids = slurm.step_pids(job_id, component) if job_id else [child]
     targets = forked_components(pids)
@@ -424,7 +425,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     env = {**os.environ, LIFELINE_ENV: str(os.getpid())}
     if args.image and args.runtime == "charliecloud":
-        from allocstack.containers import runtime_environ
+        from allocstack.launch.containers import runtime_environ
 
         env = runtime_environ(env)
     mount_tree = step_dirs = scratch = None
@@ -447,7 +448,7 @@ def main(argv: list[str] | None = None) -> int:
                 (scratch / FIRST_NODE).touch(mode=0o600)
         end_time = None
         if args.job_end_time and (env.get("SLURM_JOB_ID") or env.get("SLURM_JOB_END_TIME")):  # else none to find
-            from allocstack import slurm
+            from allocstack.common import slurm
 
             end_time = slurm.allocation_end(env)
         if end_time:
@@ -466,7 +467,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         forked = False
         if args.image:
-            from allocstack.containers import forks_component
+            from allocstack.launch.containers import forks_component
 
             forked = forks_component(args.runtime, args.image)
         code, stopped = supervise(command, env, args.component, args.tolerate_kill, off_node=args.node_index > 0,
@@ -497,7 +498,7 @@ def attempt_checks(args, env: dict[str, str]) -> int | None:
         return earlier["exitCode"]
 
     def job_active(job: str) -> bool | None:
-        from allocstack import slurm
+        from allocstack.common import slurm
 
         return slurm.job_active(job)
 
@@ -517,7 +518,7 @@ def ended(args, scratch: Path | None, env: Mapping[str, str], code: int, stopped
     that it failed in its log, record a failure another attempt cannot change; return ``code``."""
     line = None
     if code != 0 or not stopped:
-        from allocstack.summary import last_line
+        from allocstack.status.summary import last_line
 
         log = log_file()
         line = last_line(read_tail(log)) if log is not None else None
@@ -528,7 +529,7 @@ def ended(args, scratch: Path | None, env: Mapping[str, str], code: int, stopped
             print(f"launch: {args.component}: its end was not noted for its gate ({error.message})", file=sys.stderr,
                   flush=True)
     if code != 0:
-        from allocstack.summary import EXITED
+        from allocstack.status.summary import EXITED
 
         print(EXITED.format(component=args.component, code=code), file=sys.stderr, flush=True)
         if line is not None:

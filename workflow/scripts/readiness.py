@@ -36,9 +36,10 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from allocstack import SCHEMA_VERSION, endrecord, names
-from allocstack.cli import ArgumentParser, add_placement_arguments, argv_list, positive_float, run, runtime_facts
-from allocstack.endpoint import (
+from allocstack import SCHEMA_VERSION
+from allocstack.common import names
+from allocstack.common.cli import ArgumentParser, add_placement_arguments, argv_list, positive_float, run, runtime_facts
+from allocstack.common.endpoint import (
     Endpoint,
     read_endpoint,
     require_loopback,
@@ -46,11 +47,12 @@ from allocstack.endpoint import (
     service_endpoint_path,
     services_environment,
 )
-from allocstack.errors import EXIT_OK, AllocstackError, report
-from allocstack.events import append_event, ensure_log_dir
-from allocstack.httpclient import HttpConnection, TransportError
-from allocstack.jsonio import atomic_write_json, read_json
-from allocstack.program import Placement, ProgramError, describe, prepare, program_environment, run_program
+from allocstack.common.errors import EXIT_OK, AllocstackError, report
+from allocstack.common.events import append_event, ensure_log_dir
+from allocstack.common.jsonio import atomic_write_json, read_json
+from allocstack.coordinator import endrecord
+from allocstack.launch.program import Placement, ProgramError, describe, prepare, program_environment, run_program
+from allocstack.worker.httpclient import HttpConnection, TransportError
 
 
 def expected_health(task_count: int) -> dict[str, Any]:
@@ -117,7 +119,7 @@ Get = Callable[[str, float], tuple[int, Any]]
 
 
 def session_get(session: Any) -> Get:
-    """:data:`Get` through a ``requests`` session (:mod:`allocstack.sessions`): any HTTP service, redirects
+    """:data:`Get` through a ``requests`` session (:mod:`allocstack.worker.sessions`): any HTTP service, redirects
     followed, https pinned."""
 
     def get(url: str, timeout: float) -> tuple[int, Any]:
@@ -128,7 +130,7 @@ def session_get(session: Any) -> Get:
 
 
 def plain_get(url: str, timeout: float) -> tuple[int, Any]:
-    """:data:`Get` over plain HTTP through :mod:`allocstack.httpclient`, a connection a probe: the built-in
+    """:data:`Get` over plain HTTP through :mod:`allocstack.worker.httpclient`, a connection a probe: the built-in
     coordinator's ``/health`` on this node, without importing ``requests`` (~100 ms of CPU in the stack's
     first second, beside the coordinator's start)."""
     parts = urlsplit(url)
@@ -175,7 +177,7 @@ def tcp_check(url: str) -> Check:
 
 
 def command_check(argv: list[str], env: dict[str, str], probe_timeout: float, cwd: str | None = None) -> Check:
-    """``argv`` exits 0 within ``probe_timeout`` (with ``env``: the service's variables, see allocstack/program.py)."""
+    """``argv`` exits 0 within ``probe_timeout`` (with ``env``: the service's variables, see allocstack/launch/program.py)."""
 
     def check(timeout: float) -> tuple[bool, str]:
         try:
@@ -342,7 +344,7 @@ def main(argv: list[str] | None = None) -> int:
         if not plain:
             import requests
 
-            from allocstack.sessions import NoHttps, PinnedAdapter, loopback_session
+            from allocstack.worker.sessions import NoHttps, PinnedAdapter, loopback_session
             fatal = (requests.exceptions.SSLError,)
         with nullcontext() if plain else loopback_session(endpoint.fingerprint) as session:
             get = plain_get if plain else session_get(session)

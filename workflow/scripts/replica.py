@@ -6,10 +6,10 @@ readiness gate, then runs ``worker.command`` once (no per-task protocol: your
 program talks to your own services itself) with ``ALLOCSTACK_WORKER_ID``
 (``worker-01``...), ``ALLOCSTACK_REPLICA_INDEX`` (0..N-1), ``ALLOCSTACK_WORKERS`` (N),
 every service's ``ALLOCSTACK_<NAME>_*`` variables, the named volumes'
-``ALLOCSTACK_VOLUME_*`` and ``worker.environment`` (see allocstack/program.py).
+``ALLOCSTACK_VOLUME_*`` and ``worker.environment`` (see allocstack/launch/program.py).
 Signals are passed on to it; it is stopped when its launcher is gone. Off the
 first node (config ``nodes`` above 1) the services' variables name the local ends
-of their TLS tunnels (``allocstack/tunnel.py``): your program does not change.
+of their TLS tunnels (``allocstack/launch/tunnel.py``): your program does not change.
 
 Exit codes: 0 your program exited 0 (the worker's record is written); 75 it
 exited otherwise or was stopped, with one line naming the replica, how it
@@ -23,8 +23,9 @@ import sys
 import time
 from pathlib import Path
 
-from allocstack import SCHEMA_VERSION, names
-from allocstack.cli import (
+from allocstack import SCHEMA_VERSION
+from allocstack.common import names
+from allocstack.common.cli import (
     ArgumentParser,
     add_gate_arguments,
     add_placement_arguments,
@@ -33,14 +34,14 @@ from allocstack.cli import (
     run,
     runtime_facts,
 )
-from allocstack.endpoint import services_environment
-from allocstack.errors import EXIT_OK, AllocstackError, report
-from allocstack.events import append_event
-from allocstack.jsonio import atomic_write_json
-from allocstack.program import Placement, await_gates, describe, prepare, program_environment
-from allocstack.scratch import make_private
-from allocstack.supervise import Supervised
-from allocstack.tunnel import remote_services_environment
+from allocstack.common.endpoint import services_environment
+from allocstack.common.errors import EXIT_OK, AllocstackError, report
+from allocstack.common.events import append_event
+from allocstack.common.jsonio import atomic_write_json
+from allocstack.common.scratch import make_private
+from allocstack.launch.program import Placement, await_gates, describe, prepare, program_environment
+from allocstack.launch.supervise import Supervised
+from allocstack.launch.tunnel import remote_services_environment
 
 
 def replica_variables(worker: str, index: int, workers: int) -> dict[str, str]:

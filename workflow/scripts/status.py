@@ -25,10 +25,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from allocstack import names
-from allocstack.cli import ArgumentParser, run
-from allocstack.errors import EXIT_OK, AllocstackError, report
-from allocstack.summary import error_lines, failed_components, known_runs, live_runs, read_run, render_finished
+from allocstack.common import names
+from allocstack.common.cli import ArgumentParser, run
+from allocstack.common.errors import EXIT_OK, AllocstackError, report
+from allocstack.status.summary import error_lines, failed_components, known_runs, live_runs, read_run, render_finished
 
 
 def render(status: dict[str, Any], url: str) -> str:
@@ -82,7 +82,7 @@ def parse_args(argv: list[str] | None):
 
 def user_scratch(scratch_root: str) -> Path | None:
     """``<root>/allocstack-<uid>``, where live runs publish their endpoints (None if it cannot be resolved)."""
-    from allocstack import scratch
+    from allocstack.common import scratch
 
     try:
         return scratch.user_scratch(scratch.resolve_root(scratch_root, os.environ))
@@ -93,7 +93,7 @@ def user_scratch(scratch_root: str) -> Path | None:
 def live_endpoint(scratch: Path, run: str) -> Path | None:
     """The endpoint file of ``run`` of this checkout in ``scratch`` (``<root>/allocstack-<uid>``): the one of this
     Slurm job (``srun --jobid JOB``), else the run's only one that is there."""
-    from allocstack.scratch import runs_in, scratch_of
+    from allocstack.common.scratch import runs_in, scratch_of
 
     own = scratch_of(scratch.parent, run, os.environ) / names.ENDPOINT
     if own.exists():
@@ -124,9 +124,9 @@ def live_status(path: Path) -> tuple[str, dict[str, Any]]:
 
     :raises AllocstackError: ``prerequisite`` when it does not answer.
     """
-    from allocstack.client import CoordinatorClient  # only a live stack needs the HTTP client
-    from allocstack.endpoint import read_endpoint
-    from allocstack.httpclient import TransportError
+    from allocstack.common.endpoint import read_endpoint
+    from allocstack.worker.client import CoordinatorClient  # only a live stack needs the HTTP client
+    from allocstack.worker.httpclient import TransportError
 
     endpoint = read_endpoint(path)
     client = CoordinatorClient(endpoint.url, endpoint.token, timeout=10, fingerprint=endpoint.fingerprint)
@@ -180,7 +180,7 @@ def main(argv: list[str] | None = None) -> int:
                 raise AllocstackError("prerequisite", f"no endpoint file at {path}: is the stack running on this node?")
             return show_finished(args, run)
         if args.url:
-            from allocstack.endpoint import TUNNEL_PORT, read_endpoint, read_view_token, tunnel_command
+            from allocstack.common.endpoint import TUNNEL_PORT, read_endpoint, read_view_token, tunnel_command
 
             endpoint = read_endpoint(path)
             port, view = endpoint.url.rsplit(":", 1)[1], read_view_token(path)

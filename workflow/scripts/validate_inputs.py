@@ -22,14 +22,11 @@ from typing import Any
 from render_decisions import render as render_decisions
 
 from allocstack import SCHEMA_VERSION
-from allocstack.cli import ArgumentParser, positive_int, run
-from allocstack.containers import Bind, check_image_format, check_mount_targets
-from allocstack.errors import EXIT_OK, AllocstackError, report
-from allocstack.forked import Forked
-from allocstack.handlers import check_baseline_tasks
-from allocstack.jsonio import atomic_write_json, atomic_write_text, check_sidecar
-from allocstack.runtimes import PROGRAMS
-from allocstack.taskset import (
+from allocstack.common.cli import ArgumentParser, positive_int, run
+from allocstack.common.errors import EXIT_OK, AllocstackError, report
+from allocstack.common.forked import Forked
+from allocstack.common.jsonio import atomic_write_json, atomic_write_text, check_sidecar
+from allocstack.common.taskset import (
     expected_digests_from_facts,
     expected_facts,
     listing_sha256,
@@ -37,6 +34,8 @@ from allocstack.taskset import (
     load_tasks_and_digest,
     write_compact,
 )
+from allocstack.launch.containers import PROGRAMS, Bind, check_image_format, check_mount_targets
+from allocstack.worker.handlers import check_baseline_tasks
 
 #: An expected document this large is checked in a second process while this one reads the task document
 #: (both CPU-bound, and nothing else runs yet: 1M tasks ~1.2 s sooner); a smaller one here, after it.
@@ -125,8 +124,8 @@ def check_program_images(checks: list[dict[str, Any]], runtime: str) -> dict[str
     :raises AllocstackError: ``integrity`` for a sidecar that does not match, ``prerequisite`` for an image that
         is not there, ``config`` for an image that has no command of its own or EXPOSEs no port where one is needed.
     """
-    from allocstack.images import program_argv
-    from allocstack.program import Placement, image_meta
+    from allocstack.common.images import program_argv
+    from allocstack.launch.program import Placement, image_meta
 
     digests: dict[str, str] = {}
     found = {}

@@ -27,11 +27,11 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from allocstack import SCHEMA_VERSION, endrecord
-from allocstack.cli import ArgumentParser, add_placement_arguments, argv_list, json_object, run
-from allocstack.errors import EXIT_OK, AllocstackError, report
-from allocstack.events import gate_precedes_workers, read_events
-from allocstack.jsonio import (
+from allocstack import SCHEMA_VERSION
+from allocstack.common.cli import ArgumentParser, add_placement_arguments, argv_list, json_object, run
+from allocstack.common.errors import EXIT_OK, AllocstackError, report
+from allocstack.common.events import gate_precedes_workers, read_events
+from allocstack.common.jsonio import (
     StagedWrite,
     atomic_write_chunks,
     atomic_write_json,
@@ -48,9 +48,8 @@ from allocstack.jsonio import (
     sha256_text,
     sha256_texts,
 )
-from allocstack.program import Placement, prepare, program_environment, run_check, service_problem
-from allocstack.scratch import remove_scratch
-from allocstack.taskset import (
+from allocstack.common.scratch import remove_scratch
+from allocstack.common.taskset import (
     RESULTS_DOCUMENT,
     ExpectedResults,
     TaskSet,
@@ -60,6 +59,8 @@ from allocstack.taskset import (
     load_tasks_and_digest,
     validated_summary,
 )
+from allocstack.coordinator import endrecord
+from allocstack.launch.program import Placement, prepare, program_environment, run_check, service_problem
 
 _RESULT_KEYS = {"taskId", "workerId", "output", "sha256"}
 #: Results written to the success marker per chunk.
