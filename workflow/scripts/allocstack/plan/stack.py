@@ -20,6 +20,7 @@ from .config import migrate_service_block, nulls_from_command_line, schema, vali
 from .facts import Facts
 from .layout import Layout
 from .order import DependencyCycle, UnknownDependency, start_order
+from .programs import images_on
 from .refusals import PlanError
 from .shape import Shape, allocation
 
@@ -35,6 +36,8 @@ class Plan:
     :param use_image: components run in config ``image`` (Charliecloud: whenever it is set;
         Apptainer: with ``--sdm apptainer``; allocstack uses no container directive, so
         ``--sdm apptainer`` itself never needs apptainer).
+    :param images_on: images are switched on (as for ``use_image``, whether ``image`` is set or not):
+        programs of yours run in their own images (allocstack/plan/programs.py).
     """
 
     config: Mapping[str, Any]
@@ -42,6 +45,7 @@ class Plan:
     order: tuple[str, ...]
     shape: Shape
     use_image: bool
+    images_on: bool = False
 
     @property
     def run(self) -> str:
@@ -204,14 +208,16 @@ def load(config: Mapping[str, Any], facts: Facts) -> Plan:
     except DependencyCycle as error:
         raise PlanError("config", f"services: {error}") from error
     shape = allocation(complete)
-    use_image = bool(complete["image"]) and (complete["runtime"] == "charliecloud" or "apptainer" in facts.deployment)
+    on = images_on(complete, facts.deployment)
+    use_image = bool(complete["image"]) and on
     refusals.refuse_missing_inputs(complete, facts)
-    refusals.refuse_bad_stack(complete, spelled)
+    refusals.refuse_bad_stack(complete, spelled, on)
+    refusals.refuse_bad_programs(complete, facts)
     refusals.refuse_bad_nodes(complete, facts)
     refusals.refuse_too_many_cpus(complete, shape, facts)
     refusals.refuse_cluster_settings(shape, facts)
     refusals.refuse_foreign_host(complete, facts)
-    refusals.refuse_unverified(complete)
-    refusals.refuse_missing_runtime(complete, use_image, facts)
+    refusals.refuse_unverified(complete, on)
+    refusals.refuse_missing_runtime(complete, use_image, facts, on)
     refusals.refuse_unusable_tmpdir(complete, facts)
-    return Plan(complete, facts, tuple(order), shape, use_image)
+    return Plan(complete, facts, tuple(order), shape, use_image, on)
