@@ -31,8 +31,10 @@ def raw(document) -> bytes:
 
 
 def same_tasks(a, b) -> None:
-    assert a.ids == b.ids and [a.position(task_id) for task_id in a.ids] == list(range(len(a)))
-    assert [b.position(task_id) for task_id in b.ids] == list(range(len(b)))
+    ids = a.id_list()
+    assert ids == b.id_list() and [a.position(task_id) for task_id in ids] == list(range(len(a)))
+    assert [b.position(task_id) for task_id in ids] == list(range(len(b)))
+    assert [a.task_id(i) for i in range(len(a))] == ids and a.ids_in_id_order() == sorted(ids)
     assert a.position("not-a-task") is None and 5 not in a and [1] not in a
     assert [a.payload(i) for i in range(len(a))] == [b.payload(i) for i in range(len(b))]
     assert [json.loads(a.task_json(i)) for i in range(len(a))] == [a.task(i) for i in range(len(a))]
@@ -78,7 +80,7 @@ def test_positions_by_bisection_or_by_table(order):
         document["tasks"][0], document["tasks"][7] = document["tasks"][7], document["tasks"][0]
     fast = decode_tasks_fast(raw(document))
     same_tasks(fast, parse_tasks(document))
-    assert (fast._index is None) == (order == "ascending")  # a table only where bisection cannot work
+    assert (fast.order is None) == (order == "ascending")  # positions by rank only where ids do not ascend
     duplicate = copy.deepcopy(document)
     duplicate["tasks"][-1]["id"] = duplicate["tasks"][0]["id"]
     assert decode_tasks_fast(raw(duplicate)) is None  # the standard library names the duplicate
@@ -149,7 +151,7 @@ def finished_board(outputs: list[str], shuffled: bool = False) -> TaskBoard:
         document["tasks"] = document["tasks"][1::2] + document["tasks"][::2]
     board = TaskBoard(parse_tasks(document), lease_seconds=60, expected_workers=1)
     claim = board.claim("worker-1", len(outputs), now=0)
-    results = [{"taskId": board.tasks.ids[p], "output": outputs[p],
+    results = [{"taskId": board.tasks.task_id(p), "output": outputs[p],
                 "sha256": hashlib.sha256(outputs[p].encode()).hexdigest()} for p in reversed(claim.positions)]
     staged, rejected = board.stage("worker-1", results, now=1)
     assert not rejected
@@ -159,7 +161,7 @@ def finished_board(outputs: list[str], shuffled: bool = False) -> TaskBoard:
 
 def test_results_json_is_the_standard_librarys_text():
     board = finished_board(TRICKY_OUTPUTS)
-    expected = {"schemaVersion": 1, "results": [board.result(task_id) for task_id in sorted(board.tasks.ids)]}
+    expected = {"schemaVersion": 1, "results": [board.result(task_id) for task_id in sorted(board.tasks.id_list())]}
     assert b"".join(board.results_json()).decode("ascii") == json.dumps(expected, indent=2, sort_keys=True) + "\n"
     assert board.result("t002")["output"] == TRICKY_OUTPUTS[2] and board.result("t002")["workerId"] == "worker-1"
     empty = TaskBoard(parse_tasks(make_tasks(1)), lease_seconds=60)
@@ -173,9 +175,9 @@ def test_results_json_in_several_chunks(monkeypatch, shuffled):
     board = finished_board([f"out-{i}" for i in range(10)], shuffled)
     assert board.tasks.ascending is not shuffled
     document = json.loads(b"".join(board.results_json()))
-    assert [r["taskId"] for r in document["results"]] == sorted(board.tasks.ids)
+    assert [r["taskId"] for r in document["results"]] == sorted(board.tasks.id_list())
     assert {r["taskId"]: r["output"] for r in document["results"]} == {
-        task_id: f"out-{position}" for position, task_id in enumerate(board.tasks.ids)}
+        task_id: f"out-{position}" for position, task_id in enumerate(board.tasks.id_list())}
     assert json.dumps(document, indent=2, sort_keys=True) + "\n" == b"".join(board.results_json()).decode()
 
 
@@ -364,7 +366,7 @@ def test_results_json_of_a_board_partly_done_in_chunks(monkeypatch):
 def test_a_claims_tasks_share_a_lease_and_a_heartbeat_renews_only_the_tasks_it_names():
     board = TaskBoard(parse_tasks(make_tasks(4)), lease_seconds=10)
     claim = board.claim("a", 3, now=0)
-    ids = [board.tasks.ids[p] for p in claim.positions]
+    ids = [board.tasks.task_id(p) for p in claim.positions]
     assert board.heartbeat("a", ids[:1], now=8) == ids[:1]
     assert sorted(board.expire(now=11)) == ids[1:]  # the others' lease was not moved
     assert board.expire(now=17) == [] and board.expire(now=18) == ids[:1]
@@ -607,7 +609,7 @@ def test_a_validated_document_skips_only_the_checks_its_digest_proves_passed(tmp
     with pytest.raises(AllocstackError, match="must match"):
         load_tasks_and_digest(str(path), validated_sha256=digest)
     new_digest = hashlib.sha256(path.read_bytes()).hexdigest()
-    assert load_tasks_and_digest(str(path), validated_sha256=new_digest)[0].ids[4] == "-starts-with-a-dash"  # skipped
+    assert load_tasks_and_digest(str(path), validated_sha256=new_digest)[0].task_id(4) == "-starts-with-a-dash"  # skipped
 
 
 @pytest.mark.parametrize("order", ["ascending", "shuffled"])

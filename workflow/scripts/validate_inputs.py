@@ -30,7 +30,7 @@ from allocstack.runtimes import PROGRAMS
 from allocstack.taskset import (
     expected_digests_from_facts,
     expected_facts,
-    listing_sha256,
+    expected_listing_sha256,
     load_expected_and_digest,
     load_tasks_and_digest,
     write_compact,
@@ -107,7 +107,7 @@ def check_tasks(args) -> dict[str, Any]:
             if digests is None:
                 expected, expected_sha256 = load_expected_and_digest(
                     str(args.expected), tasks, mismatch_hint=mismatch_hint(args.tasks, args.expected))
-                digests = expected_sha256, listing_sha256(tasks.ids, expected.outputs, expected.digests)
+                digests = expected_sha256, expected_listing_sha256(tasks, expected)
         compact_sha256 = compact.result() if compact else None
     return {"taskCount": len(tasks), "inputSha256": tasks_sha256, "expectedSha256": digests[0],
             "expectedListingSha256": digests[1], "compactTasksSha256": compact_sha256, "outputBytes": output_bytes}

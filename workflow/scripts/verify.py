@@ -54,6 +54,7 @@ from allocstack.taskset import (
     ExpectedResults,
     TaskSet,
     ascending,
+    by_id,
     listing_sha256,
     load_expected,
     load_tasks_and_digest,
@@ -74,13 +75,13 @@ def check_results_fast(raw: bytes, tasks: TaskSet, expected: ExpectedResults | N
     ``raw`` (results.json) and every check of :func:`check_results` passes; None to run those checks
     one by one, which name the first problem.
 
-    The usual case, checked list against list: one result per task in the task order (ids that
-    ascend: so sorted), each output (and digest) the expected one, whose digest load_expected
-    checked, or without expected results each digest that of its output.
+    The usual case, checked list against list: one result per task by ascending task id (results.json's
+    order, whatever the task document's), each output (and digest) the expected one, whose digest
+    load_expected checked, or without expected results each digest that of its output.
     """
-    if not tasks.ascending:
-        return None
-    return results_in_order(raw, tasks.ids, expected)
+    if expected is not None:
+        expected = ExpectedResults(by_id(expected.outputs, tasks.order), by_id(expected.digests, tasks.order))
+    return results_in_order(raw, tasks.ids_in_id_order(), expected)
 
 
 def results_in_order(raw: bytes, ids: list[str], expected: ExpectedResults | None) -> list[Any] | None:
@@ -235,7 +236,7 @@ def check_results(document: Any, tasks: TaskSet, expected: ExpectedResults | Non
             if result["output"] != expected.outputs[position] or result["sha256"] != expected.digests[position]:
                 raise fail(f"result for {task_id}: output differs from the expected output")
     if len(seen) != len(tasks):
-        missing = next(task_id for task_id in tasks.ids if task_id not in seen)
+        missing = next(task_id for task_id in tasks.id_list() if task_id not in seen)
         raise fail(f"results do not cover each task exactly once: no result for {missing!r} "
                    f"({len(seen)} of {len(task_ids)})")
     return sorted(results, key=lambda r: r["taskId"])

@@ -23,6 +23,7 @@ import re
 import sys
 from array import array
 from bisect import bisect_left
+from collections.abc import Iterable
 from dataclasses import dataclass
 from itertools import accumulate, islice
 from operator import sub
@@ -65,45 +66,110 @@ _SURELY_SMALL = MAX_PAYLOAD_BYTES // 5
 
 
 class TaskSet:
-    """A validated task document: ids in input order, each payload as compact raw JSON bytes.
+    """A validated task document as a few buffers (no object per task, none per field).
 
-    ``payload_bytes(i)`` is the i-th payload as written in the document (a pretty-printed one's without
-    its whitespace),
+    In task order: the ids one a line in one ASCII text (id ``i`` runs from ``id_starts[i]`` to the
+    newline before ``id_starts[i + 1]``), and the payloads as compact raw JSON end to end (payload ``i``
+    from ``offsets[i]`` to ``offsets[i + 1]``: a pretty-printed document's without its whitespace); and
+    ``order``, the positions by ascending id (None when the ids ascend in the document: the usual
+    generated set, where the order is the identity). So a task costs its id's and its payload's own bytes
+    and 13 more (17 when the ids do not ascend), whatever their order or their text. A position is found
+    by bisection over ``order`` (a few microseconds, no table of a million entries); a claim's tasks and a
+    batch of results' ids are a slice of the ids' text.
+
+    ``task_id(i)`` is the id at position ``i``, ``payload_bytes(i)`` the i-th payload as written,
     ``payload(i)`` the same decoded, ``task_json(i)`` the task object a worker receives,
-    ``position(task_id)`` the task's position. Ids in ascending order (the usual case) are
-    found by bisection; others through a table (id -> position: about 60 MB a million).
+    ``position(task_id)`` the task's position.
     """
 
-    __slots__ = ("_index", "_offsets", "_payloads", "ids")
+    __slots__ = ("_id_starts", "_id_text", "_offsets", "_payloads", "order")
 
-    def __init__(self, ids: list[str], payloads: bytes | bytearray, offsets: array,
-                 index: dict[str, int] | None = None) -> None:
-        """``index`` None: ``ids`` are strictly ascending (so each is there once)."""
-        self.ids = ids
-        self._index = index
+    def __init__(self, id_text: bytes, id_starts: array, payloads: bytes | bytearray, offsets: array,
+                 order: array | None = None) -> None:
+        """``order`` None: the ids ascend (so each is there once); else every position once, by ascending id."""
+        self._id_text = id_text
+        self._id_starts = id_starts
         self._payloads = payloads
         self._offsets = offsets
+        self.order = order
+
+    @classmethod
+    def from_ids(cls, ids: list[str], payloads: bytes | bytearray, offsets: array) -> TaskSet | None:
+        """The task set of ``ids`` (valid ones, in task order) and their payloads, or None when an id repeats."""
+        sorted_ids = sort_ids(ids)
+        if sorted_ids is None:
+            return None
+        id_text, id_starts = id_lines(ids)
+        return cls(id_text, id_starts, payloads, offsets, sorted_ids[0])
 
     def __len__(self) -> int:
-        return len(self.ids)
+        return len(self._id_starts) - 1
 
     @property
     def ascending(self) -> bool:
-        """The ids ascend (so positions are found by bisection, and position order is id order)."""
-        return self._index is None
+        """The ids ascend in task order (so position order is id order)."""
+        return self.order is None
+
+    def _id_bytes(self, position: int) -> bytes:
+        starts = self._id_starts
+        return self._id_text[starts[position]:starts[position + 1] - 1]
+
+    def _ranked(self, rank: int) -> bytes:
+        """The id ranked ``rank`` by ascending id, encoded."""
+        return self._id_bytes(rank if self.order is None else self.order[rank])
+
+    def task_id(self, position: int) -> str:
+        """The id of the task at ``position``."""
+        return self._id_bytes(position).decode()
+
+    def ids_at(self, positions: Iterable[int]) -> list[bytes]:
+        """The ids of the tasks at ``positions``, encoded."""
+        starts, text = self._id_starts, self._id_text
+        return [text[starts[position]:starts[position + 1] - 1] for position in positions]
+
+    def id_run(self, start: int, end: int) -> bytes:
+        """The ids of the tasks at positions ``start`` to ``end`` (excluded) joined by newlines, encoded."""
+        starts = self._id_starts
+        return self._id_text[starts[start]:starts[end] - 1] if start < end else b""
+
+    def id_list(self) -> list[str]:
+        """Every id in task order, as a list of strings (made now: about 70 MB a million)."""
+        return self._id_text[:-1].decode().split("\n") if len(self) else []
+
+    def ids_in_id_order(self) -> list[str]:
+        """Every id by ascending id, as a list of strings (made now)."""
+        return by_id(self.id_list(), self.order)
+
+    def sorted_ids_sha256(self) -> str:
+        """:func:`ids_sha256` of the ids by ascending id."""
+        if self.order is None:
+            return hashlib.sha256(memoryview(self._id_text)[:-1] if len(self) else b"").hexdigest()
+        return hashlib.sha256(b"\n".join(self.ids_at(self.order))).hexdigest()
+
+    def id_bytes(self) -> int:
+        """The bytes of all ids together."""
+        return len(self._id_text) - len(self)
 
     def position(self, task_id: str) -> int | None:
         """The position of ``task_id``, or None when it is not a task of the set (or not a string)."""
         if type(task_id) is not str:
             return None
-        if self._index is not None:
-            return self._index.get(task_id)
-        ids = self.ids
-        found = bisect_left(ids, task_id)
-        return found if found < len(ids) and ids[found] == task_id else None
+        try:
+            key = task_id.encode()
+        except UnicodeEncodeError:  # a lone surrogate: no id holds one
+            return None
+        count = len(self)
+        rank = bisect_left(range(count), key, key=self._ranked)
+        if rank == count or self._ranked(rank) != key:
+            return None
+        return rank if self.order is None else self.order[rank]
 
     def __contains__(self, task_id: str) -> bool:
         return self.position(task_id) is not None
+
+    def in_id_order(self, start: int, end: int) -> range | array:
+        """The positions of the tasks ranked ``start`` to ``end`` (excluded) by ascending id."""
+        return range(start, end) if self.order is None else self.order[start:end]
 
     def payload_bytes(self, index: int) -> bytes:
         return bytes(self._payloads[self._offsets[index]:self._offsets[index + 1]])
@@ -114,8 +180,7 @@ class TaskSet:
     def task_json(self, index: int) -> bytes:
         """``{"id": ..., "payload": ...}`` as a worker receives it (ids need no escaping)."""
         offsets = self._offsets
-        return b'{"id":"%s","payload":%s}' % (self.ids[index].encode(),
-                                              self._payloads[offsets[index]:offsets[index + 1]])
+        return b'{"id":"%s","payload":%s}' % (self._id_bytes(index), self._payloads[offsets[index]:offsets[index + 1]])
 
     def tasks_json(self, positions: list[int] | range) -> bytes:
         """The JSON list of the tasks at ``positions``, each as :meth:`task_json` writes it; consecutive
@@ -126,18 +191,18 @@ class TaskSet:
         if start >= end:
             return b"[]"
         parts = [b'{"id":"', b"", b'","payload":', b"", b"},"] * (end - start)
-        parts[1::5] = map(str.encode, self.ids[start:end])
+        parts[1::5] = self.id_run(start, end).split(b"\n")
         parts[3::5] = map(self._payloads.__getitem__, map(slice, offsets[start:end], offsets[start + 1:end + 1]))
         parts[-1] = b"}]"
         return b"[" + b"".join(parts)
 
     def task(self, index: int) -> dict[str, Any]:
-        return {"id": self.ids[index], "payload": self.payload(index)}
+        return {"id": self.task_id(index), "payload": self.payload(index)}
 
     def payloads_array(self) -> bytes:
         """Every payload in task order as one JSON array (checked all at once, e.g. by input validation)."""
         payloads, ends = self._payloads, self._offsets
-        return b"[" + b",".join([payloads[ends[i]:ends[i + 1]] for i in range(len(self.ids))]) + b"]"
+        return b"[" + b",".join(map(payloads.__getitem__, map(slice, ends[:-1], ends[1:]))) + b"]"
 
 
 def ascending(ids: list[str]) -> bool:
@@ -145,12 +210,27 @@ def ascending(ids: list[str]) -> bool:
     return all(map(str.__lt__, ids, islice(ids, 1, None)))
 
 
-def _build(ids: list[str], payloads: bytes | bytearray, offsets: array) -> TaskSet | None:
-    """The task set, or None when an id repeats."""
+def sort_ids(ids: list[str]) -> tuple[array | None, list[str]] | None:
+    """The positions of ``ids`` by ascending id (``array("I")``; None when they ascend already: the identity)
+    and the ids in that order; None when an id repeats. A million shuffled ids in about a second."""
     if ascending(ids):
-        return TaskSet(ids, payloads, offsets)
-    index = dict(zip(ids, range(len(ids)), strict=True))
-    return TaskSet(ids, payloads, offsets, index) if len(index) == len(ids) else None
+        return None, ids
+    order = sorted(range(len(ids)), key=ids.__getitem__)
+    ids = list(map(ids.__getitem__, order))
+    return (array("I", order), ids) if ascending(ids) else None
+
+
+def by_id(values: list[Any], order: array | None) -> list[Any]:
+    """``values`` (by position) in the order ``order`` (:func:`sort_ids`'s; None: as they are)."""
+    return values if order is None else list(map(values.__getitem__, order))
+
+
+def id_lines(ids: list[str]) -> tuple[bytes, array]:
+    """``ids`` one a line (each ending in a newline), encoded; and where each starts (and, last, the end)."""
+    text = ("\n".join(ids) + "\n").encode() if ids else b""
+    ascii_only = len(text) == sum(map(len, ids)) + len(ids)  # a character a byte (valid ids are ASCII)
+    lengths = map(len, ids) if ascii_only else map(len, map(str.encode, ids))
+    return text, array("I", accumulate(map((1).__add__, lengths), initial=0))
 
 
 def _need(condition: bool, what: str, message: str) -> None:
@@ -236,8 +316,8 @@ def parse_tasks(document: Any, what: str = "tasks") -> TaskSet:
     for payload in payloads:
         total += len(payload)
         offsets.append(total)
-    ids = list(table)
-    return TaskSet(ids, b"".join(payloads), offsets, None if ascending(ids) else table)
+    del table  # its ids, each once: their order is the task set's business
+    return TaskSet.from_ids([task["id"] for task in items], b"".join(payloads), offsets)
 
 
 if msgspec is not None:
@@ -355,7 +435,7 @@ def decode_tasks_fast(raw: bytes, validated: bool = False) -> TaskSet | None:
         offsets.extend(ends[1:])
     if not (validated or valid_ids(ids)):
         return None
-    return _build(ids, payloads, offsets)  # None for a duplicate id: the standard library names the first one
+    return TaskSet.from_ids(ids, payloads, offsets)  # None for a duplicate id: the standard library names the first
 
 
 def decode_tasks(raw: bytes, what: str = "tasks", path: str = "", validated: bool = False) -> TaskSet:
@@ -400,62 +480,73 @@ def load_tasks_and_digest(path: str, what: str = "tasks", validated_sha256: Any 
 
 
 #: The first line of a compact task set (:func:`write_compact`); the second is its JSON header.
-COMPACT_MAGIC = b"allocstack compact task set 1\n"
+COMPACT_MAGIC = b"allocstack compact task set 2\n"
+#: The parts of a compact task set after its header, in the file's order, with their arrays' type codes
+#: (None: bytes).
+_COMPACT_PARTS = (("ids", None), ("idStarts", "I"), ("order", "I"), ("payloads", None), ("offsets", "Q"))
 
 
 def write_compact(path: str | os.PathLike, tasks: TaskSet, input_sha256: str) -> str:
     """Write ``tasks`` (validated, from the document whose SHA-256 is ``input_sha256``) as a compact task set,
     atomically; its SHA-256 (hex).
 
-    :data:`COMPACT_MAGIC`, one JSON line (the count, whether the ids ascend, the byte length of each
-    part, the document's digest, the offsets' byte order), then the ids one a line, the payloads end
-    to end, and their offsets (``array("Q")``). :func:`read_compact` reads it back in a tenth of a
-    document's decoding.
+    :data:`COMPACT_MAGIC`, one JSON line (the count, the document's digest, the byte order and the byte
+    length of each part), then the task set's buffers as they are in memory (:class:`TaskSet`): the ids
+    one a line, where each starts (``array("I")``), the positions by ascending id (none when the ids
+    ascend), the payloads end to end and their offsets (``array("Q")``).
+    :func:`read_compact` reads them back as they are: no decoding, no sorting (a million tasks in a tenth
+    of a second).
 
     :raises AllocstackError: ``storage`` or ``io`` when it cannot be written.
     """
-    ids = "\n".join(tasks.ids).encode("ascii")  # valid ids are ASCII
-    offsets = tasks._offsets.tobytes()
-    header = {"count": len(tasks), "inputSha256": input_sha256, "ascending": tasks.ascending, "idsBytes": len(ids),
-              "payloadBytes": len(tasks._payloads), "offsetsBytes": len(offsets), "byteorder": sys.byteorder}
-    return atomic_write_chunks(path, (COMPACT_MAGIC, json.dumps(header).encode("ascii") + b"\n", ids,
-                                      memoryview(tasks._payloads), offsets), 0o644)
+    none = array("I")
+    parts = [memoryview(part).cast("B") for part in (tasks._id_text, tasks._id_starts, tasks.order or none,
+                                                     tasks._payloads, tasks._offsets)]
+    header = {"count": len(tasks), "inputSha256": input_sha256, "byteorder": sys.byteorder,
+              **{f"{name}Bytes": part.nbytes for (name, _), part in zip(_COMPACT_PARTS, parts, strict=True)},
+              "itemBytes": {code: array(code).itemsize for _, code in _COMPACT_PARTS if code}}
+    return atomic_write_chunks(path, (COMPACT_MAGIC, json.dumps(header).encode("ascii") + b"\n", *parts), 0o644)
 
 
 def read_compact(path: str | os.PathLike, sha256: str, input_sha256: str) -> TaskSet | None:
     """The task set :func:`write_compact` wrote to ``path``, when the file's SHA-256 is ``sha256`` and it is
-    the set of the document whose digest is ``input_sha256``; None otherwise (unreadable, another file)."""
+    the set of the document whose digest is ``input_sha256``; None otherwise (unreadable, another file).
+
+    Read a part at a time into its own buffer (never the whole file at once, then copied), hashed on the way.
+    """
     try:
-        raw = read_bytes(path, "compact task set")
-    except AllocstackError:
+        with open(path, "rb") as handle:
+            digest = hashlib.sha256(magic := handle.read(len(COMPACT_MAGIC)))
+            line = handle.readline(1 << 16)
+            digest.update(line)
+            header = json.loads(line) if magic == COMPACT_MAGIC else None
+            if not (isinstance(header, dict) and header.get("inputSha256") == input_sha256
+                    and header.get("byteorder") == sys.byteorder
+                    and header.get("itemBytes") == {code: array(code).itemsize for _, code in _COMPACT_PARTS if code}):
+                return None
+            parts = []
+            for name, code in _COMPACT_PARTS:
+                size = header[f"{name}Bytes"]
+                data = handle.read(size) if type(size) is int and size >= 0 else b""
+                if len(data) != size:
+                    return None
+                digest.update(data)
+                if code is not None:
+                    data, items = array(code), data
+                    data.frombytes(items)
+                    del items
+                parts.append(data)
+            if handle.read(1) or digest.hexdigest() != sha256:
+                return None
+    except (OSError, ValueError, KeyError):
         return None
-    if hashlib.sha256(raw).hexdigest() != sha256 or not raw.startswith(COMPACT_MAGIC):
+    id_text, id_starts, order, payloads, offsets = parts
+    count = header["count"]
+    if (len(id_starts) != count + 1 or len(offsets) != count + 1 or len(order) not in (0, count)
+            or id_starts[-1] != len(id_text) or offsets[-1] != len(payloads)):
         return None
-    start = len(COMPACT_MAGIC)
-    end = raw.find(b"\n", start)
-    try:
-        header = json.loads(raw[start:end])
-        count, ids_bytes, payload_bytes, offsets_bytes = (header["count"], header["idsBytes"],
-                                                          header["payloadBytes"], header["offsetsBytes"])
-    except (ValueError, TypeError, KeyError):
-        return None
-    if header.get("inputSha256") != input_sha256 or header.get("byteorder") != sys.byteorder:
-        return None
-    ids_at = end + 1
-    payloads_at = ids_at + ids_bytes
-    offsets_at = payloads_at + payload_bytes
-    if offsets_at + offsets_bytes != len(raw) or offsets_bytes != 8 * (count + 1):
-        return None
-    ids = raw[ids_at:payloads_at].decode("ascii").split("\n")
-    offsets = array("Q")
-    offsets.frombytes(raw[offsets_at:])
-    payloads = raw[payloads_at:offsets_at]
-    del raw
-    if len(ids) != count or offsets[0] != 0 or offsets[-1] != len(payloads):
-        return None
-    if header.get("ascending") is True:  # as validation found them (the file's digest is the one it recorded)
-        return TaskSet(ids, payloads, offsets)
-    return _build(ids, payloads, offsets)
+    # As validation wrote them (the file's digest is the one it recorded): taken as they are.
+    return TaskSet(id_text, id_starts, payloads, offsets, order or None)
 
 
 @dataclass(frozen=True, slots=True)
@@ -470,19 +561,38 @@ class ExpectedResults:
         return len(self.outputs)
 
 
+def in_task_order(tasks: TaskSet, ids: list[str], values: list[list[Any]]) -> list[list[Any]] | None:
+    """``values`` (lists by the positions of ``ids``) rearranged into the tasks' order, when ``ids`` are
+    the task ids, each once, in any order; else None."""
+    if ids == tasks.id_list():
+        return values  # in task order already (make_tasks.py's): each task once
+    sorted_ids = sort_ids(ids)
+    if sorted_ids is None or len(ids) != len(tasks) or sorted_ids[1] != tasks.ids_in_id_order():
+        return None  # ids are task ids (so valid ones), each once
+    order = sorted_ids[0]
+    ranks = range(len(ids)) if order is None else order  # the index in ids of the r-th id by id
+    task_positions = range(len(ids)) if tasks.order is None else tasks.order
+    arranged = []
+    for column in values:
+        placed: list[Any] = [None] * len(column)
+        for position, index in zip(task_positions, ranks, strict=True):
+            placed[position] = column[index]
+        arranged.append(placed)
+    return arranged
+
+
 def _expected_fast(raw: bytes, tasks: TaskSet) -> ExpectedResults | None:
     """The expected document when msgspec accepts all of it as valid; None to ask the standard library."""
     document = _fast_document(raw, _EXPECTED_DOCUMENT)
     if document is None or len(document.results) != len(tasks):
         return None
     entries = document.results
-    if [entry.taskId for entry in entries] != tasks.ids:  # in task order (make_tasks.py's): each task once
-        by_id = {entry.taskId: entry for entry in entries}
-        if len(by_id) != len(entries) or by_id.keys() != set(tasks.ids):
-            return None  # ids are task ids (so valid ones), each once
-        entries = [by_id[task_id] for task_id in tasks.ids]
-    outputs = [entry.output for entry in entries]
-    digests = [entry.sha256 for entry in entries]
+    arranged = in_task_order(tasks, [entry.taskId for entry in entries],
+                             [[entry.output for entry in entries], [entry.sha256 for entry in entries]])
+    del document, entries
+    if arranged is None:
+        return None
+    outputs, digests = arranged
     if sha256_texts(outputs) != digests:  # a digest of an output is 64 lowercase hex digits
         return None
     return ExpectedResults(outputs, digests)
@@ -497,8 +607,9 @@ def listing_sha256(ids: list[str], outputs: list[str], digests: list[str]) -> st
     """The SHA-256 of results as ``[ids, outputs, digests]`` in one JSON document (msgspec's encoding: equal
     digests, equal lists), or None without msgspec or for a string it cannot encode (a lone surrogate).
 
-    validate_inputs records it for the expected results in task order; verification compares
-    results.json's results with them through it, without reading the expected document again.
+    validate_inputs records it for the expected results in task id order (results.json's order:
+    :func:`expected_listing_sha256`); verification compares results.json's results with them
+    through it, without reading the expected document again.
     """
     if msgspec is None:
         return None
@@ -508,15 +619,21 @@ def listing_sha256(ids: list[str], outputs: list[str], digests: list[str]) -> st
         return None
 
 
+def expected_listing_sha256(tasks: TaskSet, expected: ExpectedResults) -> str | None:
+    """:func:`listing_sha256` of ``expected`` (the results of ``tasks``) by ascending task id."""
+    order = tasks.order
+    return listing_sha256(tasks.ids_in_id_order(), by_id(expected.outputs, order), by_id(expected.digests, order))
+
+
 def expected_facts(path: str) -> list[Any] | None:
-    """The expected document at ``path`` checked on its own, without the task set: when msgspec reads it
-    and each digest is its output's, ``[its result count, ids_sha256 of its task ids in its order, the
-    SHA-256 of its bytes, the listing_sha256 of its results in its order]``; None otherwise, or when it
-    cannot be read.
+    """The expected document at ``path`` checked on its own, without the task set: when msgspec reads it,
+    no task id repeats and each digest is its output's, ``[its result count, ids_sha256 of its task ids
+    by ascending id, the SHA-256 of its bytes, the listing_sha256 of its results by ascending id]``; None
+    otherwise, or when it cannot be read.
 
     The task set then completes :func:`_expected_fast`'s verdict in two comparisons
-    (:func:`expected_digests_from_facts`), so this half can run in another process while the task
-    document is read (validate_inputs: 1M results in about a second and a half).
+    (:func:`expected_digests_from_facts`), whatever the order of either document, so this half can run
+    in another process while the task document is read (validate_inputs: 1M results in about two seconds).
     """
     try:
         raw = read_bytes(path, "expected")
@@ -532,15 +649,20 @@ def expected_facts(path: str) -> list[Any] | None:
     del document, entries
     if sha256_texts(outputs) != digests:
         return None
+    sorted_ids = sort_ids(ids)
+    if sorted_ids is None:
+        return None  # a task id twice
+    order, ids = sorted_ids
+    outputs, digests = by_id(outputs, order), by_id(digests, order)
     return [len(ids), ids_sha256(ids), hashlib.sha256(raw).hexdigest(), listing_sha256(ids, outputs, digests)]
 
 
 def expected_digests_from_facts(facts: Any, tasks: TaskSet) -> tuple[str, str | None] | None:
-    """The expected document's SHA-256 and :func:`listing_sha256` when its :func:`expected_facts` prove it
-    valid for ``tasks`` (one result per task, in the task order, as :func:`_expected_fast` accepts it);
+    """The expected document's SHA-256 and :func:`expected_listing_sha256` when its :func:`expected_facts`
+    prove it valid for ``tasks`` (one result per task, in any order, as :func:`_expected_fast` accepts it);
     None to validate it again (:func:`load_expected_and_digest`, which names any problem)."""
     if (isinstance(facts, list) and len(facts) == 4 and facts[0] == len(tasks)
-            and facts[1] == ids_sha256(tasks.ids) and isinstance(facts[2], str)):
+            and facts[1] == tasks.sorted_ids_sha256() and isinstance(facts[2], str)):
         return facts[2], facts[3]
     return None
 
@@ -576,9 +698,10 @@ def parse_expected(document: Any, tasks: TaskSet, what: str = "expected",
         )
         _need(digest == sha256_text(output), f"{where} ({task_id})", "sha256 is not the digest of output")
         expected[task_id] = (output, digest)
-    missing = [task_id for task_id in tasks.ids if task_id not in expected]
+    ids = tasks.id_list()
+    missing = [task_id for task_id in ids if task_id not in expected]
     _need(not missing, what, f"no expected result for task {missing[0]!r}{mismatch_hint}" if missing else "")
-    in_order = [expected[task_id] for task_id in tasks.ids]
+    in_order = [expected[task_id] for task_id in ids]
     return ExpectedResults([output for output, _ in in_order], [digest for _, digest in in_order])
 
 
