@@ -73,7 +73,7 @@ def test_tasks_read_in_chunks_are_the_tasks_read_at_once(indent, monkeypatch):
 
 
 @pytest.mark.parametrize("order", ["ascending", "shuffled"])
-def test_positions_by_bisection_or_by_table(order):
+def test_positions_by_bisection_over_the_sorted_order(order, tmp_path):
     document = make_tasks(30)
     if order == "shuffled":
         document["tasks"].reverse()
@@ -86,6 +86,10 @@ def test_positions_by_bisection_or_by_table(order):
     assert decode_tasks_fast(raw(duplicate)) is None  # the standard library names the duplicate
     with pytest.raises(AllocstackError, match="duplicate task id"):
         decode_tasks(raw(duplicate))
+    path = tmp_path / "tasks.json"
+    path.write_bytes(raw(duplicate))  # read, its bytes let go before the ids are sorted: read again to name it
+    with pytest.raises(AllocstackError, match=f"task 30: duplicate task id {duplicate['tasks'][0]['id']!r}"):
+        taskset.load_tasks_and_digest(str(path))
 
 
 def test_without_msgspec_the_standard_library_gives_the_same_tasks(monkeypatch):
@@ -635,8 +639,8 @@ def test_the_compact_task_set_is_the_validated_one_and_taken_only_while_both_dig
     assert read_compact(tmp_path / "missing", compact_sha256, digest) is None
 
     decoded = []
-    real_decode = taskset.decode_tasks
-    monkeypatch.setattr(taskset, "decode_tasks", lambda *a, **k: decoded.append(1) or real_decode(*a, **k))
+    real_decode = taskset.task_parts_fast
+    monkeypatch.setattr(taskset, "task_parts_fast", lambda *a, **k: decoded.append(1) or real_decode(*a, **k))
     loaded, same_digest = load_tasks_and_digest(str(path), validated_sha256=digest, compact=compact,
                                                 compact_sha256=compact_sha256)
     assert (same_digest, decoded) == (digest, [])  # taken from the copy, not decoded
@@ -671,3 +675,19 @@ def test_validate_inputs_writes_the_compact_task_set_only_for_good_inputs(tmp_pa
     done = run_script("validate_inputs.py", *args)
     assert done.returncode == 0, done.stderr
     assert json.loads(summary.read_text())["compactTasksSha256"] == hashlib.sha256(compact.read_bytes()).hexdigest()
+
+
+@pytest.mark.parametrize("where", ["payload string", "payload key", "id"])
+def test_a_byte_that_is_not_utf8_anywhere_is_left_to_the_standard_library(where, monkeypatch):
+    """msgspec checks the UTF-8 of what it decodes (ids), not of the payloads it passes over as raw bytes:
+    those are checked apart, a chunk at a time (here 7 bytes: the bad byte in a later chunk)."""
+    monkeypatch.setattr(taskset, "_SCAN_CHUNK", 7)
+    document = make_tasks(3)
+    document["tasks"][2]["payload"] = {"message": "é ok 🎉", "repeat": 1}
+    good = json.dumps(document, ensure_ascii=False).encode()
+    assert decode_tasks_fast(good) is not None
+    text = {"payload string": "ok 🎉", "payload key": '"repeat"', "id": "task-000002"}[where]
+    bad = good.replace(text.encode(), text.encode()[:-2] + b"\xff" + text.encode()[-1:], 1)
+    assert bad != good and decode_tasks_fast(bad) is None
+    with pytest.raises(AllocstackError, match="not UTF-8"):
+        decode_tasks(bad)

@@ -16,6 +16,7 @@ built before it was pinned) every document takes the standard library's path.
 
 from __future__ import annotations
 
+import codecs
 import hashlib
 import json
 import os
@@ -94,13 +95,20 @@ class TaskSet:
         self.order = order
 
     @classmethod
-    def from_ids(cls, ids: list[str], payloads: bytes | bytearray, offsets: array) -> TaskSet | None:
-        """The task set of ``ids`` (valid ones, in task order) and their payloads, or None when an id repeats."""
+    def from_ids(cls, ids: list[str], payloads: bytes | bytearray, offsets: array,
+                 id_text: bytes | None = None) -> TaskSet | None:
+        """The task set of ``ids`` (valid ones, in task order; ``id_text``: the same one a line, when at hand)
+        and their payloads, or None when an id repeats."""
         sorted_ids = sort_ids(ids)
         if sorted_ids is None:
             return None
-        id_text, id_starts = id_lines(ids)
+        id_text, id_starts = id_lines(ids, id_text)
         return cls(id_text, id_starts, payloads, offsets, sorted_ids[0])
+
+    @classmethod
+    def from_text(cls, id_text: bytes, payloads: bytes | bytearray, offsets: array) -> TaskSet | None:
+        """:meth:`from_ids` of the ids one a line in ``id_text`` (each line ending in a newline)."""
+        return cls.from_ids(id_text[:-1].decode().split("\n") if id_text else [], payloads, offsets, id_text)
 
     def __len__(self) -> int:
         return len(self._id_starts) - 1
@@ -225,9 +233,11 @@ def by_id(values: list[Any], order: array | None) -> list[Any]:
     return values if order is None else list(map(values.__getitem__, order))
 
 
-def id_lines(ids: list[str]) -> tuple[bytes, array]:
-    """``ids`` one a line (each ending in a newline), encoded; and where each starts (and, last, the end)."""
-    text = ("\n".join(ids) + "\n").encode() if ids else b""
+def id_lines(ids: list[str], text: bytes | None = None) -> tuple[bytes, array]:
+    """``ids`` one a line (each ending in a newline), encoded (``text``, when at hand); and where each starts
+    (and, last, the end)."""
+    if text is None:
+        text = ("\n".join(ids) + "\n").encode() if ids else b""
     ascii_only = len(text) == sum(map(len, ids)) + len(ids)  # a character a byte (valid ids are ASCII)
     lengths = map(len, ids) if ascii_only else map(len, map(str.encode, ids))
     return text, array("I", accumulate(map((1).__add__, lengths), initial=0))
@@ -359,12 +369,14 @@ else:
     _TASK_DOCUMENT = _TASKS = _EXPECTED_DOCUMENT = RESULTS_DOCUMENT = None
 
 
-def _fast_document(raw: bytes, decoder: Any, validated: bool = False) -> Any:
+def _fast_document(raw: bytes, decoder: Any) -> Any:
     """``raw`` read by msgspec's ``decoder`` when msgspec may read it, does, and finds schemaVersion 1; else None.
 
-    :param validated: ``raw`` passed validation (either parser): so it is UTF-8 without a huge number.
+    msgspec checks what the standard library's reading could refuse wherever the decoder's types reach:
+    each string's UTF-8 (a byte above 127 anywhere else is not JSON), and a number too big for an int.
+    Only the raw values it passes over unread (a task's payload) are checked apart (:func:`plain_json`).
     """
-    if msgspec is None or not (validated or plain_json(raw)):
+    if msgspec is None:
         return None
     try:
         document = decoder.decode(raw)
@@ -373,11 +385,19 @@ def _fast_document(raw: bytes, decoder: Any, validated: bool = False) -> Any:
     return document if document.schemaVersion == SCHEMA_VERSION else None
 
 
-def plain_json(raw: bytes) -> bool:
-    """The bytes are UTF-8 and hold no number the standard library would refuse: msgspec may read them."""
+def plain_json(raw: bytes | bytearray) -> bool:
+    """The bytes are UTF-8 and hold no number the standard library would refuse: msgspec may read them.
+
+    Checked a megabyte at a time: never the whole text as one string (four bytes a character, once a
+    character outside the BMP is in it).
+    """
     if not raw.isascii():
+        decoder = codecs.getincrementaldecoder("utf-8")()
+        view = memoryview(raw)
         try:
-            raw.decode("utf-8")
+            for start in range(0, len(raw), _SCAN_CHUNK):
+                decoder.decode(view[start:start + _SCAN_CHUNK])
+            decoder.decode(b"", final=True)
         except UnicodeDecodeError:
             return False
     return not has_huge_number(raw)
@@ -391,23 +411,34 @@ def has_huge_number(raw: bytes) -> bool:
 
 
 def decode_tasks_fast(raw: bytes, validated: bool = False) -> TaskSet | None:
-    """The task document in ``raw`` when msgspec accepts all of it as valid; None to ask the standard library.
+    """The task document in ``raw`` when msgspec accepts all of it as valid; None to ask the standard library
+    (see :func:`task_parts_fast`)."""
+    parts = task_parts_fast(raw, validated)
+    return TaskSet.from_text(*parts) if parts is not None else None  # None for a duplicate id: see above
+
+
+def task_parts_fast(raw: bytes, validated: bool = False) -> tuple[bytes, bytearray, array] | None:
+    """The task document in ``raw`` as its ids one a line, its payloads end to end and their offsets (what
+    :meth:`TaskSet.from_text` takes: the ids not yet checked for repeats) when msgspec accepts all of it as
+    valid; None to ask the standard library, which names the first problem.
 
     ``validated``: these bytes passed validation before (validate_inputs' summary holds their digest), so
-    the checks that only the standard library's reading could fail are skipped (0.4 s a million).
+    the checks that only the standard library's reading could fail are skipped. Those are the payloads'
+    (:func:`plain_json`, after the decoding, on the payloads alone): msgspec passes over them unread, and
+    checks everything else itself (:func:`_fast_document`).
 
     The list of tasks is read as raw elements first, then :data:`TASK_CHUNK` of them at a time
     as records (one call each, not one a task: three times faster), each chunk's elements freed
-    once read, so the document's million small objects never exist at once (a third less peak
-    memory than one pass).
+    once read, and each chunk's ids kept as text, so the document's million small objects never exist
+    at once (a third less peak memory than one pass, and no string object per id).
     """
-    document = _fast_document(raw, _TASK_DOCUMENT, validated)
+    document = _fast_document(raw, _TASK_DOCUMENT)
     if document is None or not 0 < len(document.tasks) <= MAX_TASKS:
         return None
     elements = document.tasks
     del document
     count = len(elements)
-    ids: list[str] = []
+    id_text = bytearray()
     payloads = bytearray()
     offsets = array("Q", [0])
     # A pretty-printed document (make_tasks.py writes one) keeps its payloads without their
@@ -422,7 +453,11 @@ def decode_tasks_fast(raw: bytes, validated: bool = False) -> TaskSet | None:
         except msgspec.MsgspecError:
             return None
         del chunk
-        ids += [task.id for task in tasks]
+        ids = [task.id for task in tasks]
+        if not (validated or valid_ids(ids)):
+            return None
+        id_text += "\n".join(ids).encode()
+        id_text += b"\n"
         values = [task.payload for task in tasks]
         del tasks
         start = len(payloads)
@@ -433,9 +468,9 @@ def decode_tasks_fast(raw: bytes, validated: bool = False) -> TaskSet | None:
         if firsts.count(b"{") != len(firsts) or max(map(sub, ends[1:], ends)) > _SURELY_SMALL:
             return None  # not an object, or maybe too big
         offsets.extend(ends[1:])
-    if not (validated or valid_ids(ids)):
+    if not (validated or plain_json(payloads)):
         return None
-    return TaskSet.from_ids(ids, payloads, offsets)  # None for a duplicate id: the standard library names the first
+    return bytes(id_text), payloads, offsets
 
 
 def decode_tasks(raw: bytes, what: str = "tasks", path: str = "", validated: bool = False) -> TaskSet:
@@ -476,7 +511,15 @@ def load_tasks_and_digest(path: str, what: str = "tasks", validated_sha256: Any 
             return tasks, digest
     raw = read_bytes(path, what)
     digest = hashlib.sha256(raw).hexdigest()
-    return decode_tasks(raw, what, str(path), validated=digest == validated_sha256), digest
+    parts = task_parts_fast(raw, validated=digest == validated_sha256)
+    if parts is None:
+        return decode_tasks(raw, what, str(path)), digest  # the standard library's verdict
+    del raw  # its room serves the sort of the ids: the peak is the document's or the task set's, not both
+    tasks = TaskSet.from_text(*parts)
+    if tasks is None:  # an id twice: the standard library names the first, in the document as it is now
+        raw = read_bytes(path, what)
+        return decode_tasks(raw, what, str(path)), hashlib.sha256(raw).hexdigest()
+    return tasks, digest
 
 
 #: The first line of a compact task set (:func:`write_compact`); the second is its JSON header.
