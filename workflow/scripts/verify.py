@@ -55,6 +55,7 @@ from allocstack.taskset import (
     TaskSet,
     ascending,
     by_id,
+    ids_sha256,
     listing_sha256,
     load_expected,
     load_tasks_and_digest,
@@ -108,8 +109,8 @@ def verify_validated(args) -> tuple[dict[str, Any], list[Any] | StagedMarker] | 
     """:func:`verify_tasks` when validate_inputs' summary proves the task and expected documents are the
     bytes it validated (their SHA-256 is the summary's): they are not read again, only hashed (each in a
     thread, while results.json is read and hashed here), and the results are compared with the expected
-    ones through the listing digest the summary holds (:func:`listing_sha256` of the expected results in
-    task order). The same verdict, the same marker, the same first error where one is certain (a document
+    ones through the listing digest the summary holds (:func:`listing_sha256` of the expected results by
+    ascending task id, results.json's order, whatever the task document's). The same verdict, the same marker, the same first error where one is certain (a document
     that cannot be read, the coordinator's end record); None for every other case (e.g. a swapped file,
     results out of order), which :func:`verify_tasks` then checks one by one.
     With the end record, results.json's list is copied into the marker, which is written ahead, in a
@@ -148,9 +149,10 @@ def verify_validated(args) -> tuple[dict[str, Any], list[Any] | StagedMarker] | 
         document = decode_results_fast(raw)
         results = document.results if document is not None else []
         ids = [result.taskId for result in results]
+        digests = [result.sha256 for result in results]
         same = (document is not None and len(results) == count and ascending(ids)  # in order: so sorted by task id
-                and listing_sha256(ids, [result.output for result in results],
-                                   [result.sha256 for result in results]) == listing)
+                and sha256_texts([result.output for result in results]) == digests  # each output has its digest
+                and listing_sha256(ids_sha256(ids), bytes.fromhex("".join(digests))) == listing)
     except BaseException:
         discard(staged)
         raise

@@ -83,7 +83,7 @@ class TaskSet:
     ``position(task_id)`` the task's position.
     """
 
-    __slots__ = ("_id_starts", "_id_text", "_offsets", "_payloads", "order")
+    __slots__ = ("_id_starts", "_id_text", "_offsets", "_payloads", "_sorted_ids_sha256", "order")
 
     def __init__(self, id_text: bytes, id_starts: array, payloads: bytes | bytearray, offsets: array,
                  order: array | None = None) -> None:
@@ -93,6 +93,7 @@ class TaskSet:
         self._payloads = payloads
         self._offsets = offsets
         self.order = order
+        self._sorted_ids_sha256: str | None = None
 
     @classmethod
     def from_ids(cls, ids: list[str], payloads: bytes | bytearray, offsets: array,
@@ -103,7 +104,10 @@ class TaskSet:
         if sorted_ids is None:
             return None
         id_text, id_starts = id_lines(ids, id_text)
-        return cls(id_text, id_starts, payloads, offsets, sorted_ids[0])
+        tasks = cls(id_text, id_starts, payloads, offsets, sorted_ids[0])
+        if sorted_ids[0] is not None:  # at hand now: no gathering of the sorted ids later
+            tasks._sorted_ids_sha256 = ids_sha256(sorted_ids[1])
+        return tasks
 
     @classmethod
     def from_text(cls, id_text: bytes, payloads: bytes | bytearray, offsets: array) -> TaskSet | None:
@@ -150,9 +154,10 @@ class TaskSet:
 
     def sorted_ids_sha256(self) -> str:
         """:func:`ids_sha256` of the ids by ascending id."""
-        if self.order is None:
-            return hashlib.sha256(memoryview(self._id_text)[:-1] if len(self) else b"").hexdigest()
-        return hashlib.sha256(b"\n".join(self.ids_at(self.order))).hexdigest()
+        if self._sorted_ids_sha256 is None:
+            ids = memoryview(self._id_text)[:-1] if self.order is None else b"\n".join(self.ids_at(self.order))
+            self._sorted_ids_sha256 = hashlib.sha256(ids if len(self) else b"").hexdigest()
+        return self._sorted_ids_sha256
 
     def id_bytes(self) -> int:
         """The bytes of all ids together."""
@@ -646,37 +651,31 @@ def ids_sha256(ids: list[str]) -> str:
     return hashlib.sha256("\n".join(ids).encode("utf-8")).hexdigest()
 
 
-def listing_sha256(ids: list[str], outputs: list[str], digests: list[str]) -> str | None:
-    """The SHA-256 of results as ``[ids, outputs, digests]`` in one JSON document (msgspec's encoding: equal
-    digests, equal lists), or None without msgspec or for a string it cannot encode (a lone surrogate).
+def listing_sha256(ids_digest: str, digests: bytes) -> str:
+    """The SHA-256 of a list of results: of their task ids' :func:`ids_sha256` (hex) and their outputs' SHA-256
+    (32 bytes each, in the ids' order) after it. Equal digests, equal results, where each output is known to
+    have its digest (validate_inputs checks the expected outputs', verification results.json's).
 
-    validate_inputs records it for the expected results in task id order (results.json's order:
-    :func:`expected_listing_sha256`); verification compares results.json's results with them
-    through it, without reading the expected document again.
+    validate_inputs records it for the expected results by ascending task id (results.json's order:
+    :func:`expected_listing_sha256`); verification compares results.json's results with them through it,
+    without reading the expected document again.
     """
-    if msgspec is None:
-        return None
-    try:
-        return hashlib.sha256(msgspec.json.encode([ids, outputs, digests])).hexdigest()
-    except UnicodeEncodeError:
-        return None
+    return hashlib.sha256(bytes.fromhex(ids_digest) + digests).hexdigest()
 
 
-def expected_listing_sha256(tasks: TaskSet, expected: ExpectedResults) -> str | None:
+def expected_listing_sha256(tasks: TaskSet, expected: ExpectedResults) -> str:
     """:func:`listing_sha256` of ``expected`` (the results of ``tasks``) by ascending task id."""
-    order = tasks.order
-    return listing_sha256(tasks.ids_in_id_order(), by_id(expected.outputs, order), by_id(expected.digests, order))
+    return listing_sha256(tasks.sorted_ids_sha256(), bytes.fromhex("".join(by_id(expected.digests, tasks.order))))
 
 
 def expected_facts(path: str) -> list[Any] | None:
-    """The expected document at ``path`` checked on its own, without the task set: when msgspec reads it,
-    no task id repeats and each digest is its output's, ``[its result count, ids_sha256 of its task ids
-    by ascending id, the SHA-256 of its bytes, the listing_sha256 of its results by ascending id]``; None
-    otherwise, or when it cannot be read.
+    """The expected document at ``path`` checked on its own, without the task set: when msgspec reads it and
+    each digest is its output's, ``[its result count, its task ids one a line, the SHA-256 of its bytes, its
+    digests end to end]`` (in its order: no sorting here); None otherwise, or when it cannot be read.
 
-    The task set then completes :func:`_expected_fast`'s verdict in two comparisons
-    (:func:`expected_digests_from_facts`), whatever the order of either document, so this half can run
-    in another process while the task document is read (validate_inputs: 1M results in about two seconds).
+    The task set then completes :func:`_expected_fast`'s verdict (:func:`expected_digests_from_facts`),
+    so this half can run in another process while the task document is read (validate_inputs: 1M
+    results in about a second and a half).
     """
     try:
         raw = read_bytes(path, "expected")
@@ -692,22 +691,27 @@ def expected_facts(path: str) -> list[Any] | None:
     del document, entries
     if sha256_texts(outputs) != digests:
         return None
-    sorted_ids = sort_ids(ids)
-    if sorted_ids is None:
-        return None  # a task id twice
-    order, ids = sorted_ids
-    outputs, digests = by_id(outputs, order), by_id(digests, order)
-    return [len(ids), ids_sha256(ids), hashlib.sha256(raw).hexdigest(), listing_sha256(ids, outputs, digests)]
+    return [len(ids), "\n".join(ids), hashlib.sha256(raw).hexdigest(), "".join(digests)]
 
 
-def expected_digests_from_facts(facts: Any, tasks: TaskSet) -> tuple[str, str | None] | None:
+def expected_digests_from_facts(facts: Any, tasks: TaskSet) -> tuple[str, str] | None:
     """The expected document's SHA-256 and :func:`expected_listing_sha256` when its :func:`expected_facts`
     prove it valid for ``tasks`` (one result per task, in any order, as :func:`_expected_fast` accepts it);
     None to validate it again (:func:`load_expected_and_digest`, which names any problem)."""
-    if (isinstance(facts, list) and len(facts) == 4 and facts[0] == len(tasks)
-            and facts[1] == tasks.sorted_ids_sha256() and isinstance(facts[2], str)):
-        return facts[2], facts[3]
-    return None
+    if not (isinstance(facts, list) and len(facts) == 4 and facts[0] == len(tasks)
+            and all(isinstance(fact, str) for fact in facts[1:])):
+        return None
+    count, ids, document_sha256, digests = facts
+    if ids.encode() == tasks.id_run(0, count):  # in task order (make_tasks.py's): each task once
+        order = tasks.order  # by rank: where the result is in the document
+    else:
+        sorted_ids = sort_ids(ids.split("\n"))
+        if sorted_ids is None or sorted_ids[1] != tasks.ids_in_id_order():
+            return None  # ids are task ids (so valid ones), each once
+        order = sorted_ids[0]
+    view = memoryview(bytes.fromhex(digests))
+    by_rank = view if order is None else b"".join([view[32 * index:32 * index + 32] for index in order])
+    return document_sha256, listing_sha256(tasks.sorted_ids_sha256(), bytes(by_rank))
 
 
 def parse_expected(document: Any, tasks: TaskSet, what: str = "expected",
@@ -766,7 +770,7 @@ def load_expected_and_digest(path: str, tasks: TaskSet, what: str = "expected",
 
 def validated_summary(summary: Path | None) -> dict[str, Any]:
     """validate_inputs' summary: its inputSha256 and expectedSha256 are the digests of the task and expected
-    documents it validated, expectedListingSha256 the expected results' :func:`listing_sha256` in task order
+    documents it validated, expectedListingSha256 the expected results' :func:`listing_sha256` by ascending task id
     ({} without a summary, or one that cannot be read: whoever needs the summary names that problem in its turn)."""
     try:
         document = loads_bytes(summary.read_bytes()) if summary is not None else None
