@@ -216,21 +216,22 @@ class TaskBoard:
         start = self.output_at[position]
         return json.loads(self.outputs[start:start + self.output_size[position]])
 
-    def done_in_id_order(self) -> Iterator[range | array | list[int]]:
-        """The positions of the tasks with a result, by ascending task id, a chunk at a time.
+    def done_in_id_order(self) -> Iterator[tuple[range | None, range | array | list[int]]]:
+        """The tasks with a result, by ascending task id, a chunk at a time: their ranks by ascending id (a
+        :class:`range`) when every task of the chunk has one (the usual case), else None; and their positions.
 
         No list of a million positions to sort: the task set keeps its positions in id order (and
-        when its ids ascend, a chunk whose tasks all have a result is a :class:`range`).
+        when its ids ascend, a chunk's positions are a :class:`range`).
         """
         state, count, tasks = self.state, len(self.state), self.tasks
         for start in range(0, count, RESULTS_CHUNK):
-            positions = tasks.in_id_order(start, min(count, start + RESULTS_CHUNK))
-            states = (state[positions.start:positions.stop] if type(positions) is range
-                      else bytes(map(state.__getitem__, positions)))
-            if states.count(DONE) == len(positions):
-                yield positions
+            end = min(count, start + RESULTS_CHUNK)
+            positions = tasks.in_id_order(start, end)
+            states = state[start:end] if type(positions) is range else bytes(map(state.__getitem__, positions))
+            if states.count(DONE) == end - start:
+                yield range(start, end), positions
             else:
-                yield list(compress(positions, map(DONE.__eq__, states)))
+                yield None, list(compress(positions, map(DONE.__eq__, states)))
 
     def pending_ids(self) -> Iterator[str]:
         """The ids of the tasks that have no result yet."""
@@ -245,17 +246,18 @@ class TaskBoard:
         tasks, digests, at, size, blob = self.tasks, self.digests, self.output_at, self.output_size, self.outputs
         names = [encode_basestring_ascii(name).encode("ascii") for name in self.worker_names]
         view = memoryview(digests)
-        for positions in self.done_in_id_order():
+        for ranks, positions in self.done_in_id_order():
             if not positions:
                 continue
             if type(positions) is range:
                 start, end = positions.start, positions.stop
                 starts, sizes, numbers = at[start:end], size[start:end], self.result_worker[start:end]
-                chunk_ids, hexes = tasks.id_run(start, end).split(b"\n"), digests[32 * start:32 * end].hex()
+                hexes = digests[32 * start:32 * end].hex()
             else:
                 starts, sizes = list(map(at.__getitem__, positions)), map(size.__getitem__, positions)
                 numbers = map(self.result_worker.__getitem__, positions)
-                chunk_ids, hexes = tasks.ids_at(positions), b"".join([view[32 * p:32 * p + 32] for p in positions]).hex()
+                hexes = b"".join([view[32 * p:32 * p + 32] for p in positions]).hex()
+            chunk_ids = tasks.ranked_ids(ranks.start, ranks.stop) if ranks is not None else tasks.ids_at(positions)
             outputs = map(blob.__getitem__, map(slice, starts, map(add, starts, sizes)))
             hexes = hexes.encode("ascii")
             digest = map(hexes.__getitem__, map(slice, range(0, len(hexes), 64), range(64, len(hexes) + 64, 64)))

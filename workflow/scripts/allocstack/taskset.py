@@ -71,29 +71,36 @@ class TaskSet:
 
     In task order: the ids one a line in one ASCII text (id ``i`` runs from ``id_starts[i]`` to the
     newline before ``id_starts[i + 1]``), and the payloads as compact raw JSON end to end (payload ``i``
-    from ``offsets[i]`` to ``offsets[i + 1]``: a pretty-printed document's without its whitespace); and
-    ``order``, the positions by ascending id (None when the ids ascend in the document: the usual
-    generated set, where the order is the identity). So a task costs its id's and its payload's own bytes
-    and 13 more (17 when the ids do not ascend), whatever their order or their text. A position is found
-    by bisection over ``order`` (a few microseconds, no table of a million entries); a claim's tasks and a
-    batch of results' ids are a slice of the ids' text.
+    from ``offsets[i]`` to ``offsets[i + 1]``: a pretty-printed document's without its whitespace). When
+    the ids do not ascend in the document, also ``order``, the positions by ascending id, and the ids
+    once more in that order, one a line (else None: the usual generated set, where the order is the
+    identity and the two texts are one). So a task costs its id's and its payload's own bytes and 13
+    more (twice its id's and 21 more when the ids do not ascend), whatever their order or their text.
+    A position is found by bisection over the sorted ids (a few microseconds, no table of a million
+    entries); a claim's tasks and a batch of results' ids are a slice of the task-order text,
+    results.json's ids (by ascending id) a slice of the sorted one.
 
     ``task_id(i)`` is the id at position ``i``, ``payload_bytes(i)`` the i-th payload as written,
     ``payload(i)`` the same decoded, ``task_json(i)`` the task object a worker receives,
     ``position(task_id)`` the task's position.
     """
 
-    __slots__ = ("_id_starts", "_id_text", "_offsets", "_payloads", "_sorted_ids_sha256", "order")
+    __slots__ = ("_id_starts", "_id_text", "_offsets", "_payloads", "_sorted_starts", "_sorted_text", "order")
 
     def __init__(self, id_text: bytes, id_starts: array, payloads: bytes | bytearray, offsets: array,
-                 order: array | None = None) -> None:
-        """``order`` None: the ids ascend (so each is there once); else every position once, by ascending id."""
+                 order: array | None = None, sorted_ids: tuple[bytes, array] | None = None) -> None:
+        """``order`` None: the ids ascend (so each is there once); else every position once, by ascending id,
+        and ``sorted_ids`` the ids in that order as :func:`id_lines` writes them (gathered here if not given)."""
         self._id_text = id_text
         self._id_starts = id_starts
         self._payloads = payloads
         self._offsets = offsets
         self.order = order
-        self._sorted_ids_sha256: str | None = None
+        if order is None:
+            sorted_ids = id_text, id_starts
+        elif sorted_ids is None:
+            sorted_ids = id_lines(self.ids_at(order))
+        self._sorted_text, self._sorted_starts = sorted_ids
 
     @classmethod
     def from_ids(cls, ids: list[str], payloads: bytes | bytearray, offsets: array,
@@ -103,11 +110,9 @@ class TaskSet:
         sorted_ids = sort_ids(ids)
         if sorted_ids is None:
             return None
+        order, ids_by_id = sorted_ids
         id_text, id_starts = id_lines(ids, id_text)
-        tasks = cls(id_text, id_starts, payloads, offsets, sorted_ids[0])
-        if sorted_ids[0] is not None:  # at hand now: no gathering of the sorted ids later
-            tasks._sorted_ids_sha256 = ids_sha256(sorted_ids[1])
-        return tasks
+        return cls(id_text, id_starts, payloads, offsets, order, id_lines(ids_by_id) if order is not None else None)
 
     @classmethod
     def from_text(cls, id_text: bytes, payloads: bytes | bytearray, offsets: array) -> TaskSet | None:
@@ -128,7 +133,8 @@ class TaskSet:
 
     def _ranked(self, rank: int) -> bytes:
         """The id ranked ``rank`` by ascending id, encoded."""
-        return self._id_bytes(rank if self.order is None else self.order[rank])
+        starts = self._sorted_starts
+        return self._sorted_text[starts[rank]:starts[rank + 1] - 1]
 
     def task_id(self, position: int) -> str:
         """The id of the task at ``position``."""
@@ -144,20 +150,22 @@ class TaskSet:
         starts = self._id_starts
         return self._id_text[starts[start]:starts[end] - 1] if start < end else b""
 
+    def ranked_ids(self, start: int, end: int) -> list[bytes]:
+        """The ids ranked ``start`` to ``end`` (excluded) by ascending id, encoded: one slice of the sorted text."""
+        starts = self._sorted_starts
+        return self._sorted_text[starts[start]:starts[end] - 1].split(b"\n") if start < end else []
+
     def id_list(self) -> list[str]:
         """Every id in task order, as a list of strings (made now: about 70 MB a million)."""
         return self._id_text[:-1].decode().split("\n") if len(self) else []
 
     def ids_in_id_order(self) -> list[str]:
         """Every id by ascending id, as a list of strings (made now)."""
-        return by_id(self.id_list(), self.order)
+        return self._sorted_text[:-1].decode().split("\n") if len(self) else []
 
     def sorted_ids_sha256(self) -> str:
         """:func:`ids_sha256` of the ids by ascending id."""
-        if self._sorted_ids_sha256 is None:
-            ids = memoryview(self._id_text)[:-1] if self.order is None else b"\n".join(self.ids_at(self.order))
-            self._sorted_ids_sha256 = hashlib.sha256(ids if len(self) else b"").hexdigest()
-        return self._sorted_ids_sha256
+        return hashlib.sha256(memoryview(self._sorted_text)[:-1] if len(self) else b"").hexdigest()
 
     def id_bytes(self) -> int:
         """The bytes of all ids together."""
@@ -531,7 +539,8 @@ def load_tasks_and_digest(path: str, what: str = "tasks", validated_sha256: Any 
 COMPACT_MAGIC = b"allocstack compact task set 2\n"
 #: The parts of a compact task set after its header, in the file's order, with their arrays' type codes
 #: (None: bytes).
-_COMPACT_PARTS = (("ids", None), ("idStarts", "I"), ("order", "I"), ("payloads", None), ("offsets", "Q"))
+_COMPACT_PARTS = (("ids", None), ("idStarts", "I"), ("order", "I"), ("sortedIds", None), ("sortedStarts", "I"),
+                  ("payloads", None), ("offsets", "Q"))
 
 
 def write_compact(path: str | os.PathLike, tasks: TaskSet, input_sha256: str) -> str:
@@ -540,16 +549,19 @@ def write_compact(path: str | os.PathLike, tasks: TaskSet, input_sha256: str) ->
 
     :data:`COMPACT_MAGIC`, one JSON line (the count, the document's digest, the byte order and the byte
     length of each part), then the task set's buffers as they are in memory (:class:`TaskSet`): the ids
-    one a line, where each starts (``array("I")``), the positions by ascending id (none when the ids
-    ascend), the payloads end to end and their offsets (``array("Q")``).
+    one a line, where each starts (``array("I")``), the positions by ascending id and the ids in that
+    order, where each starts (none of these three when the ids ascend), the payloads end to end and their
+    offsets (``array("Q")``).
     :func:`read_compact` reads them back as they are: no decoding, no sorting (a million tasks in a tenth
     of a second).
 
     :raises AllocstackError: ``storage`` or ``io`` when it cannot be written.
     """
+    unsorted = tasks.order is not None
     none = array("I")
-    parts = [memoryview(part).cast("B") for part in (tasks._id_text, tasks._id_starts, tasks.order or none,
-                                                     tasks._payloads, tasks._offsets)]
+    parts = [memoryview(part).cast("B") for part in (
+        tasks._id_text, tasks._id_starts, tasks.order or none, tasks._sorted_text if unsorted else b"",
+        tasks._sorted_starts if unsorted else none, tasks._payloads, tasks._offsets)]
     header = {"count": len(tasks), "inputSha256": input_sha256, "byteorder": sys.byteorder,
               **{f"{name}Bytes": part.nbytes for (name, _), part in zip(_COMPACT_PARTS, parts, strict=True)},
               "itemBytes": {code: array(code).itemsize for _, code in _COMPACT_PARTS if code}}
@@ -588,13 +600,14 @@ def read_compact(path: str | os.PathLike, sha256: str, input_sha256: str) -> Tas
                 return None
     except (OSError, ValueError, KeyError):
         return None
-    id_text, id_starts, order, payloads, offsets = parts
+    id_text, id_starts, order, sorted_text, sorted_starts, payloads, offsets = parts
     count = header["count"]
     if (len(id_starts) != count + 1 or len(offsets) != count + 1 or len(order) not in (0, count)
-            or id_starts[-1] != len(id_text) or offsets[-1] != len(payloads)):
+            or len(sorted_starts) != (len(order) and count + 1) or id_starts[-1] != len(id_text)
+            or offsets[-1] != len(payloads) or (order and sorted_starts[-1] != len(sorted_text))):
         return None
     # As validation wrote them (the file's digest is the one it recorded): taken as they are.
-    return TaskSet(id_text, id_starts, payloads, offsets, order or None)
+    return TaskSet(id_text, id_starts, payloads, offsets, order or None, (sorted_text, sorted_starts) if order else None)
 
 
 @dataclass(frozen=True, slots=True)
