@@ -245,20 +245,19 @@ class TaskBoard:
         where their tasks are (a C call or two a value: about a second a million)."""
         tasks, digests, at, size, blob = self.tasks, self.digests, self.output_at, self.output_size, self.outputs
         names = [encode_basestring_ascii(name).encode("ascii") for name in self.worker_names]
-        view = memoryview(digests)
         for ranks, positions in self.done_in_id_order():
             if not positions:
                 continue
             if type(positions) is range:
                 start, end = positions.start, positions.stop
-                starts, sizes, numbers = at[start:end], size[start:end], self.result_worker[start:end]
+                starts, numbers = at[start:end], self.result_worker[start:end]
+                outputs = map(blob.__getitem__, map(slice, starts, map(add, starts, size[start:end])))
                 hexes = digests[32 * start:32 * end].hex()
-            else:
-                starts, sizes = list(map(at.__getitem__, positions)), map(size.__getitem__, positions)
+            else:  # gathered (a list comprehension: fewer objects a value than a chain of maps)
+                outputs = [blob[at[p]:at[p] + size[p]] for p in positions]
                 numbers = map(self.result_worker.__getitem__, positions)
-                hexes = b"".join([view[32 * p:32 * p + 32] for p in positions]).hex()
+                hexes = b"".join([digests[32 * p:32 * p + 32] for p in positions]).hex()
             chunk_ids = tasks.ranked_ids(ranks.start, ranks.stop) if ranks is not None else tasks.ids_at(positions)
-            outputs = map(blob.__getitem__, map(slice, starts, map(add, starts, sizes)))
             hexes = hexes.encode("ascii")
             digest = map(hexes.__getitem__, map(slice, range(0, len(hexes), 64), range(64, len(hexes) + 64, 64)))
             yield _ENTRY[0] + _ENTRY_SEPARATOR.join(map(b"".join, zip(

@@ -722,9 +722,9 @@ def expected_digests_from_facts(facts: Any, tasks: TaskSet) -> tuple[str, str] |
         if sorted_ids is None or sorted_ids[1] != tasks.ids_in_id_order():
             return None  # ids are task ids (so valid ones), each once
         order = sorted_ids[0]
-    view = memoryview(bytes.fromhex(digests))
-    by_rank = view if order is None else b"".join([view[32 * index:32 * index + 32] for index in order])
-    return document_sha256, listing_sha256(tasks.sorted_ids_sha256(), bytes(by_rank))
+    digests = bytes.fromhex(digests)  # (slices of bytes, not of a memoryview: twice as fast)
+    by_rank = digests if order is None else b"".join([digests[32 * index:32 * index + 32] for index in order])
+    return document_sha256, listing_sha256(tasks.sorted_ids_sha256(), by_rank)
 
 
 def parse_expected(document: Any, tasks: TaskSet, what: str = "expected",
