@@ -335,30 +335,33 @@ def snakemake_end_to_end(count: int, workers: int = 2, batch: int = 256, shape: 
         subprocess.run([SNAKEMAKE, "--cores", "4", "--configfile", "config/bench.yaml"], cwd=work, env=env,
                        check=True, capture_output=True)
         seconds = time.monotonic() - started
-        results = work / f"results/n{count}"
-        end = json.loads((results / "coordinator.json").read_text())
+        end = json.loads((work / f"results/n{count}/coordinator.json").read_text())
         return {"seconds": seconds, "peak": end.get("peakRssMb", float("nan")),
-                "phases": phases(results, end, wall, wall + seconds)}
+                "phases": phases(work, f"n{count}", wall, wall + seconds)}
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
 
 #: The phases of a run end to end (:func:`phases`), in order.
 PHASES = ("Snakemake's start, validate_inputs", "-> coordinator listening (its start, the task set loaded)",
-          "-> gate passed", "-> last worker ended (dispatch)", "-> results.json written",
-          "-> coordinator ended (drained, end record)", "-> events.jsonl (collect_results)",
-          "-> result.json (verify_results)", "-> Snakemake exits (the summary)")
+          "-> gate passed", "-> last worker ended (dispatch)", "-> results.json written (on completion)",
+          "-> coordinator exited (Snakemake ends the group)", "-> collect_results done",
+          "-> verify_results done", "-> Snakemake exits (the summary)")
 
 
-def phases(results: Path, end: dict, started: float, ended: float) -> dict[str, float]:
-    """Seconds between the moments a run's files and events record, from the command's start (``started``,
-    epoch seconds) to its exit (``ended``); see :data:`PHASES`."""
-    events = [json.loads(line) for line in (results / "events.jsonl").read_text().splitlines()]
+def phases(work: Path, run: str, started: float, ended: float) -> dict[str, float]:
+    """Seconds between the moments a run's events and logs record, from the command's start (``started``,
+    epoch seconds) to its exit (``ended``); see :data:`PHASES`. (Logs, not outputs: Snakemake touches a
+    group's outputs when the group ends.)"""
+    events = [json.loads(line) for line in (work / f"results/{run}/events.jsonl").read_text().splitlines()]
     first = {e["event"]: e["t"] for e in reversed(events)}
-    moments = [started, (results / "inputs.json").stat().st_mtime, first["coordinator-listening"],
-               first["gate-passed"], max(e["t"] for e in events if e["event"] == "worker-end"),
-               (results / "results.json").stat().st_mtime, end["endedAt"], (results / "events.jsonl").stat().st_mtime,
-               (results / "result.json").stat().st_mtime, ended]
+
+    def logged(rule: str) -> float:
+        return (work / f"logs/{rule}/{run}.log").stat().st_mtime
+
+    moments = [started, logged("validate_inputs"), first["coordinator-listening"], first["gate-passed"],
+               max(e["t"] for e in events if e["event"] == "worker-end"), first["coordinator-end"],
+               logged("serve_coordinator"), logged("collect_results"), logged("verify_results"), ended]
     return {name: after - before for name, before, after in zip(PHASES, moments[:-1], moments[1:], strict=True)}
 
 
