@@ -251,8 +251,7 @@ def id_lines(ids: list[str], text: bytes | None = None) -> tuple[bytes, array]:
     (and, last, the end)."""
     if text is None:
         text = ("\n".join(ids) + "\n").encode() if ids else b""
-    ascii_only = len(text) == sum(map(len, ids)) + len(ids)  # a character a byte (valid ids are ASCII)
-    lengths = map(len, ids) if ascii_only else map(len, map(str.encode, ids))
+    lengths = map(len, ids) if text.isascii() else map(len, map(str.encode, ids))  # valid ids: a character a byte
     return text, array("I", accumulate(map((1).__add__, lengths), initial=0))
 
 
