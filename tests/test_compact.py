@@ -72,8 +72,12 @@ def test_tasks_read_in_chunks_are_the_tasks_read_at_once(indent, monkeypatch):
         assert decode_tasks_fast(json.dumps(broken, indent=indent).encode()) is None
 
 
+@pytest.mark.parametrize("signpost", [1, 3, 32])
 @pytest.mark.parametrize("order", ["ascending", "shuffled"])
-def test_positions_by_bisection_over_the_sorted_order(order, tmp_path):
+def test_positions_by_bisection_over_the_sorted_order(order, signpost, tmp_path, monkeypatch):
+    """Every id is found at its position, and nothing else is, whatever the ids' order and however many ids
+    lie between two signposts (the first bisection's)."""
+    monkeypatch.setattr(taskset, "SIGNPOST", signpost)
     document = make_tasks(30)
     if order == "shuffled":
         document["tasks"].reverse()
@@ -81,6 +85,8 @@ def test_positions_by_bisection_over_the_sorted_order(order, tmp_path):
     fast = decode_tasks_fast(raw(document))
     same_tasks(fast, parse_tasks(document))
     assert (fast.order is None) == (order == "ascending")  # positions by rank only where ids do not ascend
+    for stranger in ("", "0", "task-", "task-0000005", "task-000005x", "task-000029-", "zzz", "task-0000\u00e9"):
+        assert fast.position(stranger) is None
     duplicate = copy.deepcopy(document)
     duplicate["tasks"][-1]["id"] = duplicate["tasks"][0]["id"]
     assert decode_tasks_fast(raw(duplicate)) is None  # the standard library names the duplicate
