@@ -198,3 +198,32 @@ def test_the_documents_checked_in_children_give_the_same_verdict(case, tmp_path,
     assert (seen[0][0] == 0) == (case.startswith("good") or case == "child fails")
     if case.startswith("payload"):
         assert "payload.repeat" in seen[0][1]
+
+
+@pytest.mark.parametrize("expected_order", ["task", "another"])
+def test_a_realistic_task_set_gets_the_same_summary_from_the_children(expected_order, tmp_path, monkeypatch):
+    """Shuffled ids, non-ASCII and escaped outputs (make_tasks.py's realistic shape): the children (the expected
+    results' told the tasks' sorted order when they list them in the task order, finding it themselves
+    otherwise) make the summary this process makes alone, byte for byte, and their word is taken."""
+    import validate_inputs
+    from make_tasks import realistic_tasks
+
+    tasks = realistic_tasks(300, seed=5)
+    expected = expected_for(tasks)
+    if expected_order == "another":
+        expected["results"].sort(key=lambda r: r["sha256"])
+    tasks_path = write_json(tmp_path / "tasks.json", tasks)
+    expected_path = write_json(tmp_path / "expected.json", expected)
+    summaries = []
+    for fork_bytes in (1 << 40, 0):
+        monkeypatch.setattr(validate_inputs, "FORK_BYTES", fork_bytes)
+        calls = []
+        monkeypatch.setattr(validate_inputs, "load_expected_and_digest", lambda *a, calls=calls, real=validate_inputs.
+                            load_expected_and_digest, **k: calls.append(1) or real(*a, **k))
+        summary = tmp_path / f"inputs-{fork_bytes}.json"
+        assert validate_inputs.main(["--tasks", str(tasks_path), "--expected", str(expected_path), "--workers", "2",
+                                     "--output", str(summary)]) == 0
+        summaries.append(summary.read_bytes())
+        monkeypatch.undo()
+        assert calls == ([1] if fork_bytes else [])
+    assert summaries[0] == summaries[1]

@@ -34,6 +34,7 @@ from allocstack.taskset import (
     expected_listing_sha256,
     load_expected_and_digest,
     load_tasks_and_digest,
+    task_order_message,
     write_compact,
 )
 
@@ -96,7 +97,8 @@ def check_tasks(args) -> dict[str, Any]:
     """The task document (and its expected results): the summary's task facts.
 
     A large expected document is checked on its own (decoded, each output's digest) in a forked
-    child while this process reads the task document; the task set then completes the verdict.
+    child while this process reads the task document, which tells the child the tasks' sorted order
+    once it has it (:func:`task_order_message`); the task set then completes the verdict.
     A large task document's baseline payloads are checked in a second child, forked once the task set
     is read, while this process completes the expected results' verdict. When a child does not prove
     its part valid, it is checked here, which names the first problem (the payloads' before the
@@ -108,9 +110,11 @@ def check_tasks(args) -> dict[str, Any]:
         return {"taskCount": None, "inputSha256": None, "expectedSha256": None, "expectedListingSha256": None,
                 "compactTasksSha256": None, "outputBytes": None}
     # The child first: a process with a thread must not fork.
-    with (Forked(expected_facts, str(args.expected)) if large(args.expected) else nullcontext() as child,
+    with (Forked(expected_facts, str(args.expected), inbox=True) if large(args.expected) else nullcontext() as child,
           ThreadPoolExecutor(1) as writer):
         tasks, tasks_sha256 = load_tasks_and_digest(str(args.tasks))
+        if child:  # (before the next fork: a message is whole once sent, whoever holds the pipe)
+            child.send(task_order_message(tasks))
         baseline = args.handler == "baseline"
         with Forked(baseline_output_bytes, tasks) if baseline and large(args.tasks) else nullcontext() as payloads:
             compact = (writer.submit(write_compact, args.compact_tasks, tasks, tasks_sha256) if args.compact_tasks

@@ -23,6 +23,7 @@ import os
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
+from json.encoder import encode_basestring_ascii
 from pathlib import Path
 from typing import Any
 
@@ -51,6 +52,7 @@ from allocstack.program import expand_argv, program_environment, run_check, serv
 from allocstack.scratch import remove_scratch
 from allocstack.taskset import (
     RESULTS_DOCUMENT,
+    RESULTS_TEXT,
     ExpectedResults,
     TaskSet,
     ascending,
@@ -146,13 +148,16 @@ def verify_validated(args) -> tuple[dict[str, Any], list[Any] | StagedMarker] | 
     try:
         if args.end_record:  # validation passed on these bytes: this check comes next, with the same facts
             endrecord.check_completed(endrecord.read(args.end_record), count, input_sha256, results_sha256)
-        document = decode_results_fast(raw)
+        # The marker written ahead needs no result decoded: the outputs are compared as their JSON text.
+        document = decode_results_fast(raw, RESULTS_TEXT if staged is not None else RESULTS_DOCUMENT)
         results = document.results if document is not None else []
         ids = [result.taskId for result in results]
-        digests = [result.sha256 for result in results]
+        outputs = ([result.output for result in results] if staged is not None
+                   else list(map(encode_basestring_ascii, [result.output for result in results])))
         same = (document is not None and len(results) == count and ascending(ids)  # in order: so sorted by task id
-                and sha256_texts([result.output for result in results]) == digests  # each output has its digest
-                and listing_sha256(ids_sha256(ids), bytes.fromhex("".join(digests))) == listing)
+                and listing_sha256(ids_sha256(ids), b"".join(outputs) if staged is not None
+                                   else "".join(outputs).encode("ascii"),
+                                   "\n".join([result.sha256 for result in results])) == listing)
     except BaseException:
         discard(staged)
         raise
@@ -201,13 +206,14 @@ def marker_fields(facts: dict[str, Any]) -> dict[str, Any]:
     return {"schemaVersion": SCHEMA_VERSION, "status": "success", **facts}
 
 
-def decode_results_fast(raw: bytes) -> Any:
+def decode_results_fast(raw: bytes, decoder: Any = RESULTS_DOCUMENT) -> Any:
     """results.json's bytes as records (output, sha256, taskId, workerId) when msgspec reads them as a
-    schemaVersion 1 document; else None (the checks one by one then name the problem)."""
+    schemaVersion 1 document (``decoder``: RESULTS_DOCUMENT, or RESULTS_TEXT for the outputs' JSON text);
+    else None (the checks one by one then name the problem)."""
     if msgspec is None:
         return None
     try:
-        document = RESULTS_DOCUMENT.decode(raw)
+        document = decoder.decode(raw)
     except msgspec.MsgspecError:
         return None
     return document if document.schemaVersion == SCHEMA_VERSION else None

@@ -24,9 +24,10 @@ import re
 import sys
 from array import array
 from bisect import bisect_left, bisect_right
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from itertools import accumulate, islice
+from json.encoder import encode_basestring_ascii
 from operator import sub
 from pathlib import Path
 from typing import Any
@@ -167,6 +168,10 @@ class TaskSet:
     def ids_in_id_order(self) -> list[str]:
         """Every id by ascending id, as a list of strings (made now)."""
         return self._sorted_text[:-1].decode().split("\n") if len(self) else []
+
+    def ids_sha256(self) -> str:
+        """:func:`ids_sha256` of the ids in task order."""
+        return hashlib.sha256(memoryview(self._id_text)[:-1] if len(self) else b"").hexdigest()
 
     def sorted_ids_sha256(self) -> str:
         """:func:`ids_sha256` of the ids by ascending id."""
@@ -381,13 +386,27 @@ if msgspec is not None:
         schemaVersion: int
         results: list[_Result]
 
+    class _ResultText(msgspec.Struct, forbid_unknown_fields=True, gc=False):
+        """A result of results.json with its output as the JSON text there (not decoded)."""
+
+        taskId: str
+        output: msgspec.Raw
+        sha256: str
+        workerId: str
+
+    class _ResultsText(msgspec.Struct, forbid_unknown_fields=True, gc=False):
+        schemaVersion: int
+        results: list[_ResultText]
+
     _TASK_DOCUMENT = msgspec.json.Decoder(_TaskDocument)
     _TASKS = msgspec.json.Decoder(list[_Task])
     _EXPECTED_DOCUMENT = msgspec.json.Decoder(_ExpectedDocument)
     #: results.json as records with output, sha256, taskId, workerId (verify.py)
     RESULTS_DOCUMENT = msgspec.json.Decoder(_ResultsDocument)
+    #: the same with each output as its JSON text (a :class:`msgspec.Raw`: no string decoded)
+    RESULTS_TEXT = msgspec.json.Decoder(_ResultsText)
 else:
-    _TASK_DOCUMENT = _TASKS = _EXPECTED_DOCUMENT = RESULTS_DOCUMENT = None
+    _TASK_DOCUMENT = _TASKS = _EXPECTED_DOCUMENT = RESULTS_DOCUMENT = RESULTS_TEXT = None
 
 
 def _fast_document(raw: bytes, decoder: Any) -> Any:
@@ -672,31 +691,50 @@ def ids_sha256(ids: list[str]) -> str:
     return hashlib.sha256("\n".join(ids).encode("utf-8")).hexdigest()
 
 
-def listing_sha256(ids_digest: str, digests: bytes) -> str:
-    """The SHA-256 of a list of results: of their task ids' :func:`ids_sha256` (hex) and their outputs' SHA-256
-    (32 bytes each, in the ids' order) after it. Equal digests, equal results, where each output is known to
-    have its digest (validate_inputs checks the expected outputs', verification results.json's).
+def listing_sha256(ids_digest: str, outputs: bytes, digests: str) -> str:
+    """The SHA-256 of a list of results: their task ids' :func:`ids_sha256` (hex), the SHA-256 of their outputs'
+    JSON text as results.json writes them (``encode_basestring_ascii``) end to end, then their digests one a line.
+    Equal digests, equal lists (a JSON string ends where it ends, and no digest holds a newline).
 
     validate_inputs records it for the expected results by ascending task id (results.json's order:
     :func:`expected_listing_sha256`); verification compares results.json's results with them through it,
-    without reading the expected document again.
+    without reading the expected document again, and without decoding an output (results.json holds their
+    JSON text).
     """
-    return hashlib.sha256(bytes.fromhex(ids_digest) + digests).hexdigest()
+    text = f"{ids_digest}\n{hashlib.sha256(outputs).hexdigest()}\n{digests}"
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def _listing_of(ids_digest: str, outputs: list[str], digests: list[str], order: array | None) -> str:
+    """:func:`listing_sha256` of results at positions (``outputs``, ``digests``) in the order ``order``."""
+    text = "".join(map(encode_basestring_ascii, by_id(outputs, order))).encode("ascii")
+    return listing_sha256(ids_digest, text, "\n".join(by_id(digests, order)))
 
 
 def expected_listing_sha256(tasks: TaskSet, expected: ExpectedResults) -> str:
     """:func:`listing_sha256` of ``expected`` (the results of ``tasks``) by ascending task id."""
-    return listing_sha256(tasks.sorted_ids_sha256(), bytes.fromhex("".join(by_id(expected.digests, tasks.order))))
+    return _listing_of(tasks.sorted_ids_sha256(), expected.outputs, expected.digests, tasks.order)
 
 
-def expected_facts(path: str) -> list[Any] | None:
-    """The expected document at ``path`` checked on its own, without the task set: when msgspec reads it and
-    each digest is its output's, ``[its result count, its task ids one a line, the SHA-256 of its bytes, its
-    digests end to end]`` (in its order: no sorting here); None otherwise, or when it cannot be read.
+def task_order_message(tasks: TaskSet) -> bytes:
+    """What :func:`expected_facts` may be told of the task set (validate_inputs sends it to its child): the
+    :func:`ids_sha256` of the ids in task order and by ascending id, then the positions by ascending id
+    (none when the ids ascend)."""
+    return (tasks.ids_sha256() + tasks.sorted_ids_sha256()).encode("ascii") + (tasks.order or b"")
 
-    The task set then completes :func:`_expected_fast`'s verdict (:func:`expected_digests_from_facts`),
-    so this half can run in another process while the task document is read (validate_inputs: 1M
-    results in about a second and a half).
+
+def expected_facts(path: str, task_order: Callable[[], bytes] | None = None) -> list[Any] | None:
+    """The expected document at ``path`` checked on its own, without the task set: when msgspec reads it, no
+    task id repeats and each digest is its output's, ``[its result count, the ids_sha256 of its task ids by
+    ascending id, the SHA-256 of its bytes, the listing_sha256 of its results by ascending id]``; None
+    otherwise, or when it cannot be read.
+
+    The task set then completes :func:`_expected_fast`'s verdict in two comparisons, whatever the order of
+    either document (:func:`expected_digests_from_facts`), so this half can run in another process while
+    the task document is read (validate_inputs: 1M results in about three seconds).
+
+    :param task_order: returns :func:`task_order_message` (or b"": none): when this document lists its
+        results in the task order, the tasks' sorted order is theirs and need not be found again here.
     """
     try:
         raw = read_bytes(path, "expected")
@@ -712,27 +750,27 @@ def expected_facts(path: str) -> list[Any] | None:
     del document, entries
     if sha256_texts(outputs) != digests:
         return None
-    return [len(ids), "\n".join(ids), hashlib.sha256(raw).hexdigest(), "".join(digests)]
+    message = task_order() if task_order is not None else b""
+    if message[:64] == ids_sha256(ids).encode("ascii"):  # the tasks' order: their sorted order is this one's
+        ids_digest, order = message[64:128].decode("ascii"), array("I")
+        order.frombytes(message[128:])
+        order = order or None
+    else:
+        sorted_ids = sort_ids(ids)
+        if sorted_ids is None:
+            return None  # a task id twice
+        order, ids_digest = sorted_ids[0], ids_sha256(sorted_ids[1])
+    return [len(ids), ids_digest, hashlib.sha256(raw).hexdigest(), _listing_of(ids_digest, outputs, digests, order)]
 
 
 def expected_digests_from_facts(facts: Any, tasks: TaskSet) -> tuple[str, str] | None:
     """The expected document's SHA-256 and :func:`expected_listing_sha256` when its :func:`expected_facts`
     prove it valid for ``tasks`` (one result per task, in any order, as :func:`_expected_fast` accepts it);
     None to validate it again (:func:`load_expected_and_digest`, which names any problem)."""
-    if not (isinstance(facts, list) and len(facts) == 4 and facts[0] == len(tasks)
-            and all(isinstance(fact, str) for fact in facts[1:])):
-        return None
-    count, ids, document_sha256, digests = facts
-    if ids.encode() == tasks.id_run(0, count):  # in task order (make_tasks.py's): each task once
-        order = tasks.order  # by rank: where the result is in the document
-    else:
-        sorted_ids = sort_ids(ids.split("\n"))
-        if sorted_ids is None or sorted_ids[1] != tasks.ids_in_id_order():
-            return None  # ids are task ids (so valid ones), each once
-        order = sorted_ids[0]
-    digests = bytes.fromhex(digests)  # (slices of bytes, not of a memoryview: twice as fast)
-    by_rank = digests if order is None else b"".join([digests[32 * index:32 * index + 32] for index in order])
-    return document_sha256, listing_sha256(tasks.sorted_ids_sha256(), by_rank)
+    if (isinstance(facts, list) and len(facts) == 4 and facts[0] == len(tasks)
+            and facts[1] == tasks.sorted_ids_sha256() and isinstance(facts[2], str) and isinstance(facts[3], str)):
+        return facts[2], facts[3]
+    return None
 
 
 def parse_expected(document: Any, tasks: TaskSet, what: str = "expected",
