@@ -9,7 +9,8 @@ min_version("9.27")
 configfile: "config/config.yaml"
 
 
-# common.smk validates the config against workflow/schemas/config.schema.yaml first.
+# common.smk makes the plan first (workflow/scripts/allocstack/plan/): the config validated
+# against workflow/schemas/config.schema.yaml, every decision made, or ONE line and an exit.
 include: "workflow/rules/common.smk"
 include: "workflow/rules/inputs.smk"
 include: "workflow/rules/coordinator.smk"
@@ -25,9 +26,9 @@ include: "workflow/rules/verify.smk"
 rule all:
     default_target: True
     input:
-        f"results/{RUN}/result.json",
-        f"results/{RUN}/decision-record.md",
-        f"results/{RUN}/timeline.svg",
+        PLAN.layout.marker,
+        PLAN.layout.decision_record,
+        PLAN.layout.timeline,
     localrule: True
 
 

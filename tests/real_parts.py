@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 
@@ -88,3 +89,13 @@ def require_charliecloud_squashfs() -> str:
     return _require_runtime("ch-run", "as root: tests/cluster/prepare.sh installs Debian's charliecloud-runtime",
                             "ALLOCSTACK_TEST_CHARLIECLOUD_SQUASHFS", os.path.isfile,
                             {**os.environ, "USER": os.environ.get("USER") or "root"})
+
+
+def require_job_tmpdir_prolog() -> None:
+    """The test cluster's prolog that makes each job a directory on each node (tests/cluster/job-tmpdir.sh)."""
+    require_slurm()
+    config = subprocess.run(["scontrol", "show", "config"], capture_output=True, text=True, timeout=20,
+                            check=False).stdout
+    prolog = re.search(r"^Prolog\s*=\s*(\S+)", config, flags=re.MULTILINE)
+    if not prolog or os.path.basename(prolog[1]) != "prolog" or not os.path.exists(prolog[1]):
+        unavailable("the test cluster has no per-job directory prolog (tests/cluster/slurm.sh start installs it)")

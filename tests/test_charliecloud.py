@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 from container_helpers import assert_killed_launcher_leaves_nothing, assert_sigterm_drains, drain_probe
-from test_compose_stacks import STACK, check_stack_ran, import_test_stack
+from test_compose_stacks import STACK, check_stack_ran, import_test_stack, place_images
 from test_containers import make_image
 from test_faults import component_pids, journaled, slow_run, wait_for
 from test_slurm import TEST_RESOURCES, assert_a_completed_step_per_component, the_stack_job
@@ -80,7 +80,7 @@ def test_local_baseline_in_a_charliecloud_image_without_apptainer(project, any_i
     assert "launch: coordinator: ch-run '--unset-env=*'" in log
     assert "coordinator: stopped (signal:SIGTERM)" in log  # drained to its last line, the image still there
     assert json.loads((project / "results/baseline/coordinator.json").read_text())["status"] == "completed"
-    assert not list((project / "tmp").glob("allocstack-*/baseline"))  # scratch and mount-point trees removed
+    assert not list((project / "tmp").glob("allocstack-*/baseline.*"))  # scratch and mount-point trees removed
     assert not pids_mentioning(str(project))
     print(f"local run with ch-run: {elapsed:.1f} s")
 
@@ -139,7 +139,7 @@ def test_only_the_run_paths_and_allocstacks_variables_are_inside(tmp_path, any_i
     assert set(seen["env"]) == expected, set(seen["env"]) ^ expected
     assert seen["env"]["USER"] == pwd.getpwuid(os.getuid()).pw_name
     assert seen["env"]["CUDA_VISIBLE_DEVICES"] == "0,1"
-    assert not list((tmp_path / "scratch").glob("allocstack-*/probe/.mounts-*"))  # the mount-point tree is gone
+    assert not list((tmp_path / "scratch").glob("allocstack-*/probe.*/.mounts-*"))  # the mount-point tree is gone
 
 
 def test_sigterm_reaches_the_component_through_ch_run_and_nothing_is_left(tmp_path, any_image):
@@ -275,7 +275,8 @@ def test_gpus_per_worker_reach_the_steps_but_no_nv_flag(project, image):
                                                 image=image))
     assert done.returncode == 0, done.stderr
     assert done.stdout.count("--step-arg=--gpus=1") == 2  # the two workers
-    assert done.stdout.count("--runtime=charliecloud") == 5  # coordinator, gate, 2 workers, verify
+    # validate_inputs (the image's sidecar), and launch.py for the coordinator, the gate, 2 workers, verify
+    assert done.stdout.count("--runtime=charliecloud") == 6
     assert "--runtime-arg=--nv" not in done.stdout  # Charliecloud: the driver comes from ch-fromhost --nvidia
 
 
@@ -374,10 +375,11 @@ def test_component_start_cost_against_apptainer_and_the_host(tmp_path, image):
 
 def test_an_imported_compose_stack_runs_in_the_charliecloud_image(project, image):
     """Your own Compose stack (its services, long-running workers, its check, a named volume) under ch-run."""
-    config = import_test_stack(project, "api")
+    config = import_test_stack(project, "api", "--runtime", "charliecloud")
+    images = place_images(project, config, image)  # python:3.11-slim: here the test image's directory
     done = snakemake(project, *charliecloud_run("--cores", "4", "--configfile", config, image=image))
     assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
     check_stack_ran(project, "api")
     provenance = json.loads((project / f"results/{STACK['api'][0]}/provenance.json").read_text())
     assert provenance["containerRuntime"]["name"] == "charliecloud"
-    assert all(component["container"] == image for component in provenance["components"].values())
+    assert all(component["container"] == str(project / images[0]) for component in provenance["components"].values())

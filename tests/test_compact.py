@@ -15,12 +15,12 @@ import pytest
 import uvloop
 from test_inputs import TASK_CASES
 
-from allocstack import journal as journal_module
-from allocstack import taskset
-from allocstack.errors import AllocstackError
-from allocstack.journal import Journal, _line, replay, result_line
-from allocstack.taskboard import TaskBoard
-from allocstack.taskset import decode_tasks, decode_tasks_fast, load_expected, parse_tasks
+from allocstack.common import taskset
+from allocstack.common.errors import AllocstackError
+from allocstack.common.taskset import decode_tasks, decode_tasks_fast, load_expected, parse_tasks
+from allocstack.coordinator import journal as journal_module
+from allocstack.coordinator.journal import Journal, _line, replay, result_line
+from allocstack.coordinator.taskboard import TaskBoard
 from conftest import expected_for, make_tasks
 
 TRICKY_OUTPUTS = ["", "x", 'quote " and \\ backslash', "new\nline\ttab", "ü é 漢字", "emoji 🎉", "\x00\x1f", "\u2028"]
@@ -181,7 +181,7 @@ def test_results_json_is_the_standard_librarys_text():
 
 @pytest.mark.parametrize("shuffled", [False, True])
 def test_results_json_in_several_chunks(monkeypatch, shuffled):
-    monkeypatch.setattr("allocstack.taskboard.RESULTS_CHUNK", 3)
+    monkeypatch.setattr("allocstack.coordinator.taskboard.RESULTS_CHUNK", 3)
     board = finished_board([f"out-{i}" for i in range(10)], shuffled)
     assert board.tasks.ascending is not shuffled
     document = json.loads(b"".join(board.results_json()))
@@ -284,7 +284,7 @@ def test_the_window_gathers_a_late_submitter_and_is_bounded(loop, tmp_path, monk
     b'{"a":NaN}', b'{"a":1e400}', b'{"a":"\\ud800"}',  # msgspec refuses these; the standard library reads them
 ])
 def test_loads_bytes_reads_as_the_standard_library_does(body, monkeypatch):
-    from allocstack import jsonio
+    from allocstack.common import jsonio
 
     want = json.loads(body.decode("utf-8"))
     got = jsonio.loads_bytes(body)
@@ -295,7 +295,7 @@ def test_loads_bytes_reads_as_the_standard_library_does(body, monkeypatch):
 
 @pytest.mark.parametrize("body", [b"\xef\xbb\xbf{}", b'{"a":' + b"9" * 5000 + b"}", b"[" * 100_000, b'{"a":"\xff"}', b"{"])
 def test_loads_bytes_refuses_what_the_standard_library_refuses(body):
-    from allocstack import jsonio
+    from allocstack.common import jsonio
 
     with pytest.raises((ValueError, RecursionError)):
         jsonio.loads_bytes(body)
@@ -303,7 +303,7 @@ def test_loads_bytes_refuses_what_the_standard_library_refuses(body):
 
 @pytest.mark.parametrize("document", [{"workerId": "w", "results": [{"output": "é\n\x00\ud800", "n": 1}]}, [1, None]])
 def test_dumps_compact_reads_back_the_same(document, monkeypatch):
-    from allocstack import jsonio
+    from allocstack.common import jsonio
 
     assert json.loads(jsonio.dumps_compact(document)) == document
     monkeypatch.setattr(jsonio, "msgspec", None)
@@ -335,7 +335,7 @@ def digest_of(text: str) -> str:
 def test_result_lines_are_the_journal_lines_of_each_result(outputs):
     from json.encoder import encode_basestring_ascii
 
-    from allocstack.journal import result_lines
+    from allocstack.coordinator.journal import result_lines
 
     ids = [f"t-{i}" for i in range(len(outputs))]
     digests = [digest_of(output) for output in outputs]
@@ -357,7 +357,7 @@ def test_tasks_json_of_a_run_is_each_tasks_json(order):
 
 
 def test_results_json_of_a_board_partly_done_in_chunks(monkeypatch):
-    monkeypatch.setattr("allocstack.taskboard.RESULTS_CHUNK", 4)
+    monkeypatch.setattr("allocstack.coordinator.taskboard.RESULTS_CHUNK", 4)
     board = TaskBoard(parse_tasks({"schemaVersion": 1, "tasks": [{"id": f"t{i:02d}", "payload": {}}
                                                                  for i in range(11)]}), lease_seconds=60)
     claim = board.claim("w-1", 11, now=0)
@@ -386,8 +386,8 @@ class _Api:
     """The coordinator's protocol over a real journal, called as the HTTP server calls it."""
 
     def __init__(self, path, count: int = 12) -> None:
-        from allocstack.api import CoordinatorApi
-        from allocstack.progress import Progress
+        from allocstack.coordinator.api import CoordinatorApi
+        from allocstack.coordinator.progress import Progress
 
         self.board = TaskBoard(parse_tasks(make_tasks(count)), lease_seconds=60, expected_workers=2)
         self.journal = Journal(path, "in", group=1, window=0)
@@ -395,7 +395,7 @@ class _Api:
                                   on_fault=lambda error: None, on_change=lambda: None, log=lambda line: None)
 
     async def post(self, path: str, body) -> tuple[int, object]:
-        from allocstack.httpserver import ClientError, Request
+        from allocstack.coordinator.httpserver import ClientError, Request
 
         handler = {"/claim": self.api.claim, "/results": self.api.results, "/result": self.api.result}[path]
         data = body if isinstance(body, bytes) else json.dumps(body).encode()
@@ -447,7 +447,7 @@ async def _conversation(api: _Api) -> list:
 def test_the_batch_path_and_the_result_by_result_path_agree(tmp_path, monkeypatch):
     """Whatever the batches hold, the typed batch path gives the same answers, journal, board and results.json
     as the general path (msgspec absent); and it did take whole good batches at once."""
-    from allocstack import api as api_module
+    from allocstack.coordinator import api as api_module
 
     taken = []
     stage_run = TaskBoard.stage_run
@@ -474,7 +474,7 @@ def test_the_batch_path_and_the_result_by_result_path_agree(tmp_path, monkeypatc
 # -- input validation and verification of a million: all at once, the same verdict as one by one --------
 
 def baseline_verdict(tasks):
-    from allocstack import handlers
+    from allocstack.worker import handlers
 
     try:
         return handlers.check_baseline_tasks(tasks, "tasks t.json")
@@ -485,7 +485,7 @@ def baseline_verdict(tasks):
 @pytest.mark.parametrize("change", [None, "escaped", "unknown-key", "no-repeat", "repeat-0", "repeat-bool",
                                     "repeat-float", "long-output", "empty-message", "not-ascii"])
 def test_baseline_payloads_all_at_once_agree_with_one_by_one(change, monkeypatch):
-    from allocstack import handlers
+    from allocstack.worker import handlers
 
     document = make_tasks(6)
     payloads = [task["payload"] for task in document["tasks"]]
@@ -587,7 +587,7 @@ def test_results_checked_all_at_once_or_one_by_one(case, with_expected, tmp_path
 @pytest.mark.parametrize("outputs", [["plain", "quote \" back \\ new\n tab\t nul\x00 \x1f"], [], ["ü"], ["\x7f"],
                                      ["\ud800"]])
 def test_results_written_in_one_piece_are_the_standard_librarys_text(outputs):
-    from allocstack.jsonio import results_document, results_document_fast
+    from allocstack.common.jsonio import results_document, results_document_fast
 
     results = [{"output": o, "sha256": "a" * 64, "taskId": f"t{i}", "workerId": "worker-01"}
                for i, o in enumerate(outputs)]
@@ -605,7 +605,7 @@ def test_results_written_in_one_piece_are_the_standard_librarys_text(outputs):
 def test_a_validated_document_skips_only_the_checks_its_digest_proves_passed(tmp_path):
     """validate_inputs' digest of the task document lets the coordinator skip the id and number checks: the
     same tasks; any other bytes (here an id the checks refuse) are checked in full."""
-    from allocstack.taskset import load_tasks_and_digest
+    from allocstack.common.taskset import load_tasks_and_digest
 
     document = make_tasks(30)
     path = tmp_path / "tasks.json"
@@ -628,7 +628,7 @@ def test_the_compact_task_set_is_the_validated_one_and_taken_only_while_both_dig
     """validate_inputs writes the task set it validated compactly; the coordinator takes it instead of decoding
     the document while the document's digest is the validated one and the copy's is the one recorded; a
     changed document, an edited copy or one of another document: the document is read as without it."""
-    from allocstack.taskset import load_tasks_and_digest, read_compact, write_compact
+    from allocstack.common.taskset import load_tasks_and_digest, read_compact, write_compact
 
     document = make_tasks(40)
     if order == "shuffled":

@@ -13,7 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from allocstack.containers import (
+from allocstack.common.errors import AllocstackError
+from allocstack.common.jsonio import check_sidecar, sha256_tree
+from allocstack.launch.containers import (
     BASE_PATH,
     charliecloud_prefix,
     check_image_format,
@@ -24,8 +26,6 @@ from allocstack.containers import (
     mount_tops,
     mount_tree_dirs,
 )
-from allocstack.errors import AllocstackError
-from allocstack.jsonio import check_sidecar, sha256_tree
 from conftest import ROOT, SCRIPTS, run_script
 
 
@@ -101,7 +101,7 @@ def test_an_unreadable_file_in_a_directory_image_is_a_prerequisite_error():
         os.chmod(base, 0o755)  # noqa: S103  (on purpose: `nobody` must reach the image)
         image = make_image(base / "image")
         (image / "etc/os-release").chmod(0)
-        code = ("import sys; from allocstack.errors import AllocstackError; from allocstack.jsonio import sha256_tree\n"
+        code = ("import sys; from allocstack.common.errors import AllocstackError; from allocstack.common.jsonio import sha256_tree\n"
                 f"try: sha256_tree({str(image)!r}, 'image')\n"
                 "except AllocstackError as e: print(e.diag, e.message); sys.exit(0)\nsys.exit(1)")
         as_user = ["runuser", "-u", "nobody", "--"] if os.geteuid() == 0 else []

@@ -8,15 +8,16 @@ from pathlib import Path
 
 import pytest
 
-from allocstack import endrecord, names
-from allocstack.auth import Tokens
-from allocstack.errors import AllocstackError
-from allocstack.httpserver import Request, Response
-from allocstack.progress import Progress, progress_line
-from allocstack.routing import Router
-from allocstack.settings import CoordinatorSettings, parse_settings
-from allocstack.taskboard import TaskBoard
-from allocstack.taskset import parse_tasks
+from allocstack.common import names
+from allocstack.common.errors import AllocstackError
+from allocstack.common.taskset import parse_tasks
+from allocstack.coordinator import endrecord
+from allocstack.coordinator.auth import Tokens
+from allocstack.coordinator.httpserver import Request, Response
+from allocstack.coordinator.progress import Progress, progress_line
+from allocstack.coordinator.routing import Router
+from allocstack.coordinator.settings import CoordinatorSettings, parse_settings
+from allocstack.coordinator.taskboard import TaskBoard
 from conftest import make_tasks
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from allocstack.errors import DIAGNOSTICS
+from allocstack.common.errors import DIAGNOSTICS
 from conftest import ROOT, make_tasks
 
 #: The README is the front page: what it is, a quick start, your own program, then links.
@@ -85,11 +85,11 @@ def test_every_refused_input_names_a_diagnostic_or_an_http_status():
 
 
 def test_the_protocol_table_lists_every_route_of_the_coordinator(tmp_path):
-    from allocstack.api import CoordinatorApi
-    from allocstack.journal import Journal
-    from allocstack.progress import Progress
-    from allocstack.taskboard import TaskBoard
-    from allocstack.taskset import parse_tasks
+    from allocstack.common.taskset import parse_tasks
+    from allocstack.coordinator.api import CoordinatorApi
+    from allocstack.coordinator.journal import Journal
+    from allocstack.coordinator.progress import Progress
+    from allocstack.coordinator.taskboard import TaskBoard
 
     api = CoordinatorApi(TaskBoard(parse_tasks(make_tasks(1)), lease_seconds=60), Journal(tmp_path / "j", "in"),
                          Progress(), event=lambda *a, **k: None, on_fault=lambda error: None,

@@ -1,4 +1,4 @@
-"""The workers' HTTP client (allocstack.httpclient, allocstack.client) against real servers on loopback:
+"""The workers' HTTP client (allocstack.worker.httpclient, allocstack.worker.client) against real servers on loopback:
 keep-alive, reconnecting after the server closed, the pinned TLS certificate, timeouts."""
 
 from __future__ import annotations
@@ -11,11 +11,11 @@ import threading
 
 import pytest
 
-from allocstack.client import CoordinatorClient
-from allocstack.errors import AllocstackError
-from allocstack.httpclient import CertificateRefused, ConnectFailed, HttpConnection, TimedOut, TransportError
-from allocstack.httpserver import HttpServer, Limits, Request, Response
-from allocstack.tls import tls_context
+from allocstack.common.errors import AllocstackError
+from allocstack.common.tls import tls_context
+from allocstack.coordinator.httpserver import HttpServer, Limits, Request, Response
+from allocstack.worker.client import CoordinatorClient
+from allocstack.worker.httpclient import CertificateRefused, ConnectFailed, HttpConnection, TimedOut, TransportError
 
 
 class ThreadServer:

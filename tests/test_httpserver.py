@@ -5,8 +5,8 @@ from __future__ import annotations
 import asyncio
 import ssl
 
-from allocstack.httpserver import ClientError, HttpServer, Limits, Request, Response
-from allocstack.tls import tls_context
+from allocstack.common.tls import tls_context
+from allocstack.coordinator.httpserver import ClientError, HttpServer, Limits, Request, Response
 
 #: Tests talk TLS without checking the certificate: what is tested is the server behind it.
 CLIENT_TLS = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)

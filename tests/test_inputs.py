@@ -162,7 +162,7 @@ def test_the_documents_checked_in_children_give_the_same_verdict(case, tmp_path,
     another, are accepted on the children's word alone."""
     import validate_inputs
 
-    from allocstack import taskset
+    from allocstack.common import taskset
 
     tasks = GOOD_TASKS
     expected = GOOD_EXPECTED if case.startswith(("good", "child", "payload")) or case in PAYLOAD_CASES \

@@ -15,13 +15,13 @@ import sys
 import time
 from pathlib import Path
 
-from allocstack.lifeline import ENV as LIFELINE_ENV
+from allocstack.launch.lifeline import ENV as LIFELINE_ENV
 from conftest import SCRIPTS
 
 # Records what the component sees, then waits for SIGTERM (a service) or exits with the code in argv[2].
 COMPONENT = """\
 import json, os, pathlib, signal, sys, time
-from allocstack.names import VOLUME_PREFIX
+from allocstack.common.names import VOLUME_PREFIX
 record = pathlib.Path(sys.argv[1])
 def drained(signum, frame):
     record.with_suffix(".term").write_text(str(os.getpid()))

@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 from test_own_service import CLIENT, SERVICE
 
-from allocstack.events import gate_precedes_workers, read_events
+from allocstack.common.events import gate_precedes_workers, read_events
 from conftest import ensure_other_user, expected_for, pids_mentioning, write_json
 from real_parts import SLURM_STATE, require_apptainer, require_charliecloud, require_multinode
 from workflow_helpers import SNAKEMAKE, copy_project, snakemake

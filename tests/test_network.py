@@ -23,19 +23,18 @@ import requests
 from launch import killed_by
 from test_own_service import SERVICE
 
-from allocstack import slurm
-from allocstack.client import CoordinatorClient
-from allocstack.endpoint import read_endpoint, write_endpoint
-from allocstack.errors import AllocstackError
-from allocstack.events import gate_precedes_workers
-from allocstack.httpclient import CertificateRefused
-from allocstack.network import bind_address, interface_address, node_for
-from allocstack.progress import per_node
-from allocstack.sessions import PinnedAdapter, loopback_session
-from allocstack.tls import certificate_command, fingerprint, tls_context
-from allocstack.tunnel import LocalForward
+from allocstack.common import slurm
+from allocstack.common.endpoint import read_endpoint, write_endpoint
+from allocstack.common.errors import AllocstackError
+from allocstack.common.events import gate_precedes_workers
+from allocstack.common.network import bind_address, interface_address, node_for
+from allocstack.common.tls import certificate_command, fingerprint, tls_context
+from allocstack.coordinator.progress import per_node
+from allocstack.launch.tunnel import LocalForward
+from allocstack.worker.client import CoordinatorClient
+from allocstack.worker.httpclient import CertificateRefused
+from allocstack.worker.sessions import PinnedAdapter, loopback_session
 from conftest import SCRIPTS, make_tasks, run_script
-from workflow_helpers import snakemake
 
 
 @pytest.fixture
@@ -260,46 +259,6 @@ def test_a_step_killed_from_outside_is_told_apart_from_an_exit():
     assert killed_by(137, in_step=False) is None  # a plain process exiting 137 exited
     assert killed_by(-9, in_step=False) == 9
     assert killed_by(75, in_step=True) is None
-
-
-def test_workers_are_spread_over_the_nodes_in_balanced_blocks(project):
-    """Inside an allocation (SLURM_JOB_ID set) a dry run prints where each worker's step goes."""
-    done = snakemake(project, "--dry-run", "--printshellcmds", "--config", "nodes=3", "workers=7",
-                     env={"SLURM_JOB_ID": "1"}, timeout=120)
-    assert done.returncode == 0, done.stderr[-2000:]
-    placed = {}
-    for block in done.stdout.split("\n\n"):
-        worker = re.search(r"--worker-id (worker-\d+)", block)
-        if worker:
-            index = re.search(r"--node-index=(\d+)", block)
-            placed[worker.group(1)] = int(index.group(1)) if index else 0
-    assert placed == {"worker-01": 0, "worker-02": 0, "worker-03": 0, "worker-04": 1, "worker-05": 1,
-                      "worker-06": 2, "worker-07": 2}
-    assert "--network-endpoint-file=state/baseline/endpoint.json" in done.stdout
-    assert done.stdout.count("--off-node") == 2  # a gate on each other node
-    assert "--gate-record=results/baseline/gates/node-3.json" in done.stdout
-
-
-@pytest.mark.parametrize("config, words", [
-    ("nodes: 3\nworkers: 2\n", "nodes=3 but workers=2: a node would get no worker"),
-    ("nodes: 2\n", "nodes=2 needs a Slurm allocation"),
-    ("nodes: 2\nslurm: {job_steps: false}\n", "nodes=2 needs slurm.job_steps: true"),
-    ("network: {interface: 'eth0; rm -rf /'}\n", "network.interface"),
-])
-def test_bad_multi_node_config_is_refused_before_anything_runs(project, config, words):
-    (project / "config/bad.yaml").write_text(config)
-    done = snakemake(project, "--dry-run", "--configfile", "config/bad.yaml", timeout=120,
-                     env={"SLURM_JOB_ID": ""} if "allocation" in words else None)
-    output = done.stdout + done.stderr
-    assert done.returncode != 0 and "allocstack: error [config]:" in output and words in output, output[-1500:]
-
-
-def test_one_node_runs_as_before_on_loopback(project):
-    """nodes: 1 (the default) plans no network listener, no node gates and no shared event logs."""
-    done = snakemake(project, "--dry-run", "--printshellcmds", timeout=120)
-    assert done.returncode == 0
-    assert "--network-endpoint-file" not in done.stdout and "--off-node" not in done.stdout
-    assert "--node-index" not in done.stdout and "/events/" not in done.stdout
 
 
 def test_a_node_gate_that_comes_late_still_passes_while_the_coordinator_serves(tls_coordinator, tmp_path):

@@ -1,4 +1,4 @@
-"""The run's scratch on a step's own node (node_scratch.py, allocstack/nodescratch.py), without a cluster.
+"""The run's scratch on a step's own node (node_scratch.py, allocstack/launch/nodescratch.py), without a cluster.
 
 Real processes: the wrapper really execs its command, the task epilog really removes what the
 node's last step leaves. tests/test_multinode.py runs it on the test cluster's nodes, whose
@@ -19,8 +19,8 @@ from pathlib import Path
 import launch
 import pytest
 
-from allocstack import network
-from allocstack.nodescratch import FIRST_NODE, STEP_ENV, enter, leave, lock_path, locked, step_mount_tree
+from allocstack.common import network
+from allocstack.launch.nodescratch import FIRST_NODE, STEP_ENV, enter, leave, lock_path, locked, step_mount_tree
 from conftest import SCRIPTS
 
 WRAPPER = SCRIPTS / "node_scratch.py"
@@ -75,7 +75,7 @@ def test_a_scratch_someone_else_could_read_or_a_symlink_is_refused_and_the_comma
                           env=step_env(tmp_path / "root" / "allocstack-0" / "run", "worker-03"), timeout=60, check=False)
     assert done.returncode == 69 and not ran.exists()
     assert done.stderr.strip().splitlines() == [
-        f"allocstack: error [prerequisite]: scratch path {tmp_path / 'root' / 'allocstack-0'} is not a plain directory"]
+        f"allocstack: error [scratch]: scratch path {tmp_path / 'root' / 'allocstack-0'} is not a plain directory"]
 
 
 def test_the_wrapper_makes_scratch_then_becomes_the_command_and_the_epilog_removes_it(tmp_path):

@@ -7,7 +7,7 @@ import time
 
 from readiness import following
 
-from allocstack.endpoint import Endpoint, write_endpoint
+from allocstack.common.endpoint import Endpoint, write_endpoint
 from conftest import make_tasks, run_script
 
 

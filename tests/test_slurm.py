@@ -66,7 +66,7 @@ def assert_a_completed_step_per_component(job: str) -> None:
             break
         time.sleep(0.5)
     for name in COMPONENTS:
-        assert job_steps.get(name) == "COMPLETED", job_steps
+        assert job_steps.get(name) == "COMPLETED", f"step {name} of job {job}: {json.dumps(job_steps)}"
 
 
 def job_state(job: str) -> str:

@@ -1,4 +1,4 @@
-"""The parsers of allocstack.slurm, on output captured from the test cluster (Slurm 22.05.8).
+"""The parsers of allocstack.common.slurm, on output captured from the test cluster (Slurm 22.05.8).
 
 Captured with the exact commands allocstack runs, against job 15 (two named steps,
 ``sbatch -c 2 --time=2 --wrap 'srun --overlap -n1 -c1 --job-name=coordinator sleep 20 & ...'``)
@@ -11,7 +11,7 @@ from __future__ import annotations
 import signal
 import time
 
-from allocstack import slurm
+from allocstack.common import slurm
 
 # sinfo --noheader --Node --format=%c   (the node is listed once per partition)
 SINFO_NODE_CPUS = "8\n8\n"

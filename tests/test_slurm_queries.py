@@ -1,4 +1,4 @@
-"""allocstack.slurm: Slurm's answers parsed from captured output, and the pre-submission check."""
+"""allocstack.common.slurm: Slurm's answers parsed from captured output, and the pre-submission check."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import sys
 
 import pytest
 
-from allocstack import slurm
-from allocstack.slurm import ClusterFacts, Submission
+from allocstack.common import slurm
+from allocstack.common.slurm import ClusterFacts, Submission
 
 # Captured on the test cluster (Slurm 22.05.8): `scontrol --oneliner show partition`.
 PARTITIONS = (

@@ -9,12 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from allocstack.errors import AllocstackError
-from allocstack.journal import Journal, replay
-from allocstack.jsonio import atomic_write_json
-from allocstack.scratch import ensure_private_dir, resolve_root, run_scratch
-from allocstack.taskboard import TaskBoard, fair_share
-from allocstack.taskset import parse_tasks
+from allocstack.common.errors import AllocstackError
+from allocstack.common.jsonio import atomic_write_json
+from allocstack.common.scratch import ensure_private_dir, resolve_root, run_scratch
+from allocstack.common.taskset import parse_tasks
+from allocstack.coordinator.journal import Journal, replay
+from allocstack.coordinator.taskboard import TaskBoard, fair_share
 from conftest import make_tasks
 
 
@@ -169,7 +169,7 @@ def test_scratch_resolution_order(tmp_path):
     assert resolve_root(None, {"TMPDIR": "/t"}) == Path("/t")
     with pytest.raises(AllocstackError) as raised:
         resolve_root(None, {"SLURM_JOB_ID": "42"})
-    assert raised.value.diag == "prerequisite" and "42" in raised.value.message
+    assert raised.value.diag == "scratch" and "42" in raised.value.message
 
 
 def test_scratch_is_private_and_refuses_foreign_or_symlinked_dirs(tmp_path):

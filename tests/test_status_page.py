@@ -10,7 +10,7 @@ import subprocess
 import pytest
 import requests
 
-from allocstack.jsonio import sha256_text
+from allocstack.common.jsonio import sha256_text
 from conftest import make_tasks, run_script
 from real_parts import unavailable
 

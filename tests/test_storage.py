@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 import requests
 
-from allocstack.errors import AllocstackError
-from allocstack.journal import Journal, replay
+from allocstack.common.errors import AllocstackError
+from allocstack.coordinator.journal import Journal, replay
 from conftest import RunningCoordinator, expected_for, make_tasks, run_script, write_json
 from real_parts import unavailable
 from workflow_helpers import SNAKEMAKE, snakemake
@@ -223,7 +223,7 @@ def test_the_room_estimate_counts_each_id_and_output():
     """The journal's need for the pending tasks, results.json's and the marker's for every task, from the count of
     ids and their characters, counted from a list (a fresh run: every task pending) or one at a time (a resumed
     run's pending ids)."""
-    from allocstack import storage
+    from allocstack.common import storage
 
     ids = [f"task-{number:0{number % 7 + 1}d}" for number in range(1000)]
     pending = ids[::3]

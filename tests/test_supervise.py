@@ -1,4 +1,4 @@
-"""The one child supervisor (allocstack/supervise.py) and the one runner of your programs (program.run_program).
+"""The one child supervisor (allocstack/launch/supervise.py) and the one runner of your programs (program.run_program).
 
 Real child processes and real signals. The supervisor takes over SIGTERM, SIGINT and
 SIGHUP of the process it runs in, so every test gives pytest's handlers back.
@@ -16,11 +16,11 @@ from pathlib import Path
 
 import pytest
 
-from allocstack.errors import AllocstackError
-from allocstack.lifeline import ENV as LIFELINE_ENV
-from allocstack.lifeline import FORWARDED_SIGNALS
-from allocstack.program import ProgramError, run_program
-from allocstack.supervise import Outcome, Supervised, exit_status
+from allocstack.common.errors import AllocstackError
+from allocstack.launch.lifeline import ENV as LIFELINE_ENV
+from allocstack.launch.lifeline import FORWARDED_SIGNALS
+from allocstack.launch.program import ProgramError, run_program
+from allocstack.launch.supervise import Outcome, Supervised, exit_status
 from conftest import SCRIPTS
 
 # Each child touches the file named by its argument once its SIGTERM handler is in place.
@@ -157,7 +157,7 @@ def test_run_program_gets_exactly_its_environment_stdin_and_a_bound():
 TWICE = """
 import os, signal, sys, weakref
 sys.path.insert(0, sys.argv[1])
-from allocstack.cli import run
+from allocstack.common.cli import run
 
 class Pool:
     pass

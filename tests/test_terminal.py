@@ -201,7 +201,7 @@ def test_status_shows_a_finished_run_and_picks_the_only_run(project):
 def test_the_tunnel_names_the_real_user_without_user_set():
     import pwd
 
-    from allocstack.endpoint import tunnel_command
+    from allocstack.common.endpoint import tunnel_command
 
     command = tunnel_command(43825, {"SLURMD_NODENAME": "node042", "SLURM_SUBMIT_HOST": "login1"})
     name = pwd.getpwuid(os.getuid()).pw_name
@@ -239,7 +239,8 @@ def test_make_tasks_makes_a_task_set_every_worker_shares(project):
 def test_the_summary_reads_the_markers_keys_without_its_results(marker, with_msgspec, tmp_path, monkeypatch):
     """The end-of-run summary reads the success marker's status, taskCount, check and services, never its results
     (a million of them took 1.4 s at the end of every run): the same keys and the same summary as the whole marker."""
-    from allocstack import jsonio, summary
+    from allocstack.common import jsonio
+    from allocstack.status import summary
 
     if not with_msgspec:
         monkeypatch.setattr(jsonio, "msgspec", None)

@@ -280,9 +280,22 @@ install_conf() {
 write_slurm_conf() {
     [[ $STATE == /* && $STATE != *'|'* ]] ||
         die "ALLOCSTACK_SLURM_STATE must be an absolute path without '|': $STATE"
+    install_job_scripts
     # Every client (sbatch, srun, sacct, the Snakemake plugin) reads the default path.
     sed -e "s|@HOST@|$HOST|g" -e "s|@STATE@|$STATE|g" "$SCRIPT_DIR/slurm.conf.in" |
         install_conf "$SLURM_CONF" 644
+}
+
+# The Prolog, Epilog and TaskProlog slurm.conf names (job-tmpdir.sh under those names): a copy in
+# the state directory, so the configuration never points into a checkout that may go away.
+install_job_scripts() {
+    local name
+    mkdir -p "$STATE/scripts"
+    install -m 755 "$SCRIPT_DIR/job-tmpdir.sh" "$STATE/scripts/job-tmpdir.sh.new"
+    mv -f "$STATE/scripts/job-tmpdir.sh.new" "$STATE/scripts/job-tmpdir.sh"
+    for name in prolog epilog task-prolog; do
+        ln -sfn job-tmpdir.sh "$STATE/scripts/$name"
+    done
 }
 
 write_slurmdbd_conf() {
@@ -617,12 +630,18 @@ node_named_usable() {
 }
 
 # A node started before it had node-local scratch: bind it now, in the node's own mount
-# namespace (job steps started from then on see it; nothing is restarted).
+# namespace (job steps started from then on see it; nothing is restarted). The same for its
+# view of the configuration: writing a new $SLURM_CONF on the host renames a file over the
+# node's bind mount there, which the kernel then detaches in the node's namespace (the node
+# would read the host's configuration: no node of its name, a controller on its own loopback),
+# so the node's view is bound again before the reconfigure that follows.
 ensure_node_scratch() {
     local name=$1 pid
     pid=$(running_pid "slurmd-$name") || return 0
     nsenter --target "$pid" --mount -- mountpoint -q "$NODE_SCRATCH" ||
         nsenter --target "$pid" --mount -- mount --bind "$(node_scratch_dir "$name")" "$NODE_SCRATCH"
+    nsenter --target "$pid" --mount -- cmp -s "$NODE_CONF" "$SLURM_CONF" ||
+        nsenter --target "$pid" --mount -- mount --bind "$NODE_CONF" "$SLURM_CONF"
 }
 
 start_node() {

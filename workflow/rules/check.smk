@@ -10,7 +10,7 @@ rule run_check:
         services=check_inputs,
         script=script("check.py"),
     output:
-        "results/{run}/check.json",
+        FILES.check_record,
     log:
         "logs/run_check/{run}.log",
     group:
@@ -24,6 +24,6 @@ rule run_check:
         runtime=0,
     params:
         launch=launch("check"),
-        options=check_options,
+        args=args("check"),
     shell:
-        "exec {params.launch} {input.script} {params.options} --record {output} > {log} 2>&1"
+        "exec {params.launch} {input.script} {params.args} > {log} 2>&1"

@@ -7,18 +7,18 @@
 rule collect_results:
     input:
         unpack(coordinator_outputs),
-        validated="results/{run}/inputs.json",
-        service_gates=expand(service_gate("{service}"), service=SERVICES),
+        validated=FILES.inputs_summary,
+        service_gates=service_gates,
         workers=worker_records,
-        check=check_record,
-        node_gates=node_gate_records,
+        check=check_records,
+        node_gates=node_gates,
         script=script("collect.py"),
     output:
-        events="results/{run}/events.jsonl",
-        provenance="results/{run}/provenance.json",
-        services="results/{run}/services.json",
+        events=FILES.events,
+        provenance=FILES.provenance,
+        services=FILES.services_record,
         timeline=report(
-            "results/{run}/timeline.svg",
+            FILES.timeline,
             caption="../report/timeline.rst",
             category="Timeline",
         ),
@@ -34,12 +34,7 @@ rule collect_results:
         # (Snakemake sums runtime over a group's sequential stages).
         runtime=0,
     params:
-        python=PYTHON,
-        scratch=config["scratch"] or "",
-        options=collect_options,
-        shared=shared_dir,
+        python=PLAN.python,
+        args=args("collect"),
     shell:
-        "{params.python} {input.script} --scratch-root={params.scratch:q} --run {wildcards.run} "
-        "--inputs-summary {input.validated} --shared-dir {params.shared:q} --events-out {output.events} "
-        "--provenance-out {output.provenance} --services-out {output.services} --timeline-out {output.timeline} "
-        "{params.options} > {log} 2>&1"
+        "{params.python} {input.script} {params.args} > {log} 2>&1"

@@ -17,13 +17,13 @@
 rule serve_coordinator:
     input:
         tasks=tasks_input,
-        validated="results/{run}/inputs.json",
-        compact=COMPACT_TASKS,
+        validated=FILES.inputs_summary,
+        compact=FILES.compact_tasks,
         script=script("coordinator.py"),
     output:
-        service=service("results/{run}/coordinator.service"),
-        results="results/{run}/results.json",
-        end_record="results/{run}/coordinator.json",
+        service=service(FILES.coordinator_service),
+        results=FILES.coordinator_results,
+        end_record=FILES.coordinator_end,
     log:
         "logs/serve_coordinator/{run}.log",
     group:
@@ -32,29 +32,9 @@ rule serve_coordinator:
         STACK_ENV
     threads: 0
     resources:
-        **stack_resources(),
+        **PLAN.shape.coordinator_resources(),
     params:
-        launch=launch(
-            "coordinator",
-            config["coordinator"]["cpus"],
-            job_end_time=config["coordinator"]["stop_claims_before_end"],
-        ),
-        journal=journal_path,
-        network=network_options(NAMES.ENDPOINT),
-        lease=config["coordinator"]["lease_seconds"],
-        workers=config["workers"],
-        attempts=config["coordinator"]["max_attempts"],
-        idle=config["coordinator"]["idle_timeout"],
-        lifetime=config["coordinator"]["lifetime"],
-        stop_claims=(
-            ""
-            if config["coordinator"]["stop_claims_before_end"]
-            else "--stop-claims-at 0"
-        ),
+        launch=launch("coordinator"),
+        args=args("coordinator"),
     shell:
-        ": > {output.service}; exec {params.launch} {input.script} --input {input.tasks:q} "
-        "--results {output.results} --end-record {output.end_record} --inputs-summary {input.validated} "
-        "--compact-tasks {input.compact} "
-        "--service-file {output.service} --journal {params.journal:q} "
-        "--workers {params.workers} --max-attempts {params.attempts} --lease-seconds {params.lease} --idle-timeout {params.idle} "
-        "--lifetime {params.lifetime} {params.stop_claims} {params.network} 2> {log}"
+        ": > {output.service}; exec {params.launch} {input.script} {params.args} 2> {log}"

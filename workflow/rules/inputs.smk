@@ -13,10 +13,10 @@ rule validate_inputs:
         expected=expected_input,
         script=script("validate_inputs.py"),
     output:
-        **compact_tasks_output(),
-        summary="results/{run}/inputs.json",
+        **PLAN.validated_outputs("{run}"),
+        summary=FILES.inputs_summary,
         decisions=report(
-            "results/{run}/decision-record.md",
+            FILES.decision_record,
             caption="../report/decision-record.rst",
             category="Decision record",
         ),
@@ -26,27 +26,9 @@ rule validate_inputs:
     conda:
         STACK_ENV
     params:
-        expected=expected_option,
-        python=PYTHON,
-        image=(
-            f"--image {shlex.quote(config['image'])} --runtime {RUNTIME}"
-            if USE_IMAGE
-            else ""
-        ),
-        workers=config["workers"],
-        handler=(
-            "long-running"
-            if LONG_RUNNING
-            else ("command" if config["worker"]["command"] else "baseline")
-        ),
-        tasks=tasks_option,
-        compact=compact_tasks_option,
-        decisions=json.dumps(config["decisions"]),
-        facts=decision_facts,
+        python=PLAN.python,
+        args=args("validate_inputs"),
     message:
-        f"validate_inputs: the inputs, then the decision record ({decision_summary()})"
+        f"validate_inputs: the inputs, then the decision record ({PLAN.decision_summary})"
     shell:
-        "{params.python} {input.script} {params.tasks} {params.compact} {params.expected} "
-        "--workers {params.workers} --handler {params.handler} {params.image} "
-        "--output {output.summary} --run {wildcards.run} --decisions-json {params.decisions:q} "
-        "--facts-json {params.facts:q} --decision-record {output.decisions} > {log} 2>&1"
+        "{params.python} {input.script} {params.args} > {log} 2>&1"

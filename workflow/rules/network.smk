@@ -8,15 +8,15 @@
 # on that node starts.
 
 
-if NODES > 1:
+if PLAN.nodes > 1:
 
     rule await_network:
         input:
-            service="results/{run}/coordinator.service",
-            validated="results/{run}/inputs.json",
+            service=FILES.coordinator_service,
+            validated=FILES.inputs_summary,
             script=script("readiness.py"),
         output:
-            "results/{run}/gates/node-{node}.json",
+            FILES.node_gate("{node}"),
         log:
             "logs/await_network/{run}/node-{node}.log",
         group:
@@ -27,18 +27,7 @@ if NODES > 1:
         params:
             # A node lost before its gate passed: recorded (not "ready"), its workers never
             # start, the other nodes do the work.
-            launch=launch(
-                "gate-node-{wildcards.node}",
-                node=gate_node,
-                tolerate_kill="results/{wildcards.run}/gates/node-{wildcards.node}.json",
-            ),
-            endpoint=shared_endpoint,
-            events=node_gate_events,
-            coordinator_record="results/{run}/coordinator.json",
-            timeout=config["readiness"]["timeout"],
-            interval=config["readiness"]["interval"],
+            launch=launch("node_gate"),
+            args=args("node_gate"),
         shell:
-            "exec {params.launch} {input.script} --off-node --inputs-summary {input.validated} "
-            "--endpoint-file {params.endpoint:q} --events {params.events:q} "
-            "--timeout {params.timeout} --interval {params.interval} "
-            "--record {output} --coordinator-record {params.coordinator_record} > {log} 2>&1"
+            "exec {params.launch} {input.script} {params.args} > {log} 2>&1"

@@ -5,11 +5,11 @@
 
 rule await_readiness:
     input:
-        service="results/{run}/coordinator.service",
-        validated="results/{run}/inputs.json",
+        service=FILES.coordinator_service,
+        validated=FILES.inputs_summary,
         script=script("readiness.py"),
     output:
-        "results/{run}/readiness.json",
+        FILES.coordinator_gate,
     log:
         "logs/await_readiness/{run}.log",
     group:
@@ -19,10 +19,6 @@ rule await_readiness:
     threads: 0
     params:
         launch=launch("readiness"),
-        coordinator_record="results/{run}/coordinator.json",
-        timeout=config["readiness"]["timeout"],
-        interval=config["readiness"]["interval"],
+        args=args("readiness"),
     shell:
-        "exec {params.launch} {input.script} --inputs-summary {input.validated} "
-        "--timeout {params.timeout} --interval {params.interval} "
-        "--record {output} --coordinator-record {params.coordinator_record} > {log} 2>&1"
+        "exec {params.launch} {input.script} {params.args} > {log} 2>&1"

@@ -8,16 +8,16 @@
 # exit status: its supervisor records how it ended, and verification checks it.
 # Its service file is created first thing, as the coordinator's is (coordinator.smk).
 # With config nodes above 1 every service runs on the first node, on its loopback as
-# with one node, and is relayed to the other nodes over TLS (allocstack/tunnel.py).
+# with one node, and is relayed to the other nodes over TLS (allocstack/launch/tunnel.py).
 
 
 rule serve_service:
     input:
-        validated="results/{run}/inputs.json",
+        validated=FILES.inputs_summary,
         dependencies=service_dependencies,
         script=script("app_service.py"),
     output:
-        service=service("results/{run}/services/{service}.service"),
+        service=service(FILES.service_file("{service}")),
     log:
         "logs/serve_service/{run}/{service}.log",
     group:
@@ -28,21 +28,19 @@ rule serve_service:
     resources:
         cpus_per_task=service_cpus,
     params:
-        launch=launch("{wildcards.service}", service_cpus),
-        options=service_options,
+        launch=launch("service"),
         # With more than one node: relayed over TLS to the first node's network address too.
-        network=network_options(NAMES.service_endpoint("{service}")),
+        args=args("service"),
     shell:
-        ": > {output.service}; exec {params.launch} {input.script} --service-file {output.service} "
-        "{params.options} {params.network} > {log} 2>&1"
+        ": > {output.service}; exec {params.launch} {input.script} {params.args} > {log} 2>&1"
 
 
 rule await_service:
     input:
-        service="results/{run}/services/{service}.service",
+        service=FILES.service_file("{service}"),
         script=script("readiness.py"),
     output:
-        "results/{run}/services/{service}-readiness.json",
+        FILES.service_gate("{service}"),
     log:
         "logs/await_service/{run}/{service}.log",
     group:
@@ -51,7 +49,7 @@ rule await_service:
         STACK_ENV
     threads: 0
     params:
-        launch=launch("{wildcards.service}-readiness"),
-        options=service_gate_options,
+        launch=launch("service_gate"),
+        args=args("service_gate"),
     shell:
-        "exec {params.launch} {input.script} {params.options} --record {output} > {log} 2>&1"
+        "exec {params.launch} {input.script} {params.args} > {log} 2>&1"

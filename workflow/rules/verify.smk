@@ -10,13 +10,13 @@ rule verify_results:
         unpack(coordinator_outputs),
         tasks=tasks_input,
         expected=expected_input,
-        validated="results/{run}/inputs.json",
-        check=check_record,
-        services="results/{run}/services.json",
-        events="results/{run}/events.jsonl",
+        validated=FILES.inputs_summary,
+        check=check_records,
+        services=FILES.services_record,
+        events=FILES.events,
         script=script("verify.py"),
     output:
-        "results/{run}/result.json",
+        FILES.marker,
     log:
         "logs/verify_results/{run}.log",
     group:
@@ -29,10 +29,7 @@ rule verify_results:
         # (Snakemake sums runtime over a group's sequential stages).
         runtime=0,
     params:
-        launch=launch("verify", scratch=VOLUMES_AFTER_COLLECT, one_shot=True),
-        options=verify_options,
-        journal=journal_path,
-        scratch="--remove-scratch" if VOLUMES_AFTER_COLLECT else "",
+        launch=launch("verify"),
+        args=args("verify"),
     shell:
-        "{params.launch} {input.script} {params.options} "
-        "--output {output} --retire-journal {params.journal:q} {params.scratch} > {log} 2>&1"
+        "{params.launch} {input.script} {params.args} > {log} 2>&1"

@@ -10,7 +10,7 @@
 # is claimed within milliseconds of the gate passing. verify_results checks in
 # events.jsonl that the gate passed before every worker started.
 #
-# With config nodes above 1 the workers are spread over the nodes (worker_node: balanced
+# With config nodes above 1 the workers are spread over the nodes (plan/placement.py: balanced
 # blocks), each a job step pinned to its node; off the first node a worker also waits for
 # its node's gate (network.smk) and reads the endpoint published for the other nodes.
 
@@ -18,9 +18,9 @@
 rule run_worker:
     input:
         services=worker_inputs,
-        script=script("replica.py" if LONG_RUNNING else "worker.py"),
+        script=script(PLAN.script_of("worker")),
     output:
-        "results/{run}/workers/{worker}.json",
+        FILES.worker_record("{worker}"),
     log:
         "logs/run_worker/{run}/{worker}.log",
     group:
@@ -30,26 +30,12 @@ rule run_worker:
     threads: 0
     resources:
         # With more than one node the coordinator's job carries the CPUs per node.
-        cpus_per_task=config["worker"]["cpus"] if NODES == 1 else 0,
-        gpu=config["worker"]["gpus"],
+        cpus_per_task=PLAN.shape.worker_cpus,
+        gpu=PLAN.config["worker"]["gpus"],
     params:
         # A per-task worker killed from outside is tolerated (its tasks go back to the
-        # queue); a long-running one is not: the run fails.
-        launch=launch(
-            "{wildcards.worker}",
-            config["worker"]["cpus"],
-            tolerate_kill=(
-                None
-                if LONG_RUNNING
-                else "results/{wildcards.run}/workers/{wildcards.worker}.json"
-            ),
-            node=worker_node,
-        ),
-        network=worker_network_options,
-        gates=gate_records,
-        gate_timeout=gates_timeout(),
-        options=worker_options,
+        # queue); a long-running one is not: the run fails (plan/argv.py).
+        launch=launch("worker"),
+        args=args("worker"),
     shell:
-        "exec {params.launch} {input.script} --worker-id {wildcards.worker} "
-        "{params.gates} --gate-timeout {params.gate_timeout} --record {output} {params.options} {params.network} "
-        "> {log} 2>&1"
+        "exec {params.launch} {input.script} {params.args} > {log} 2>&1"

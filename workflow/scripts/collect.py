@@ -7,8 +7,8 @@ off the first node (``<state_dir>/<run>/events/*.jsonl``, removed once merged),
 writes them sorted by time to the results directory, draws them as the run's
 timeline (``--timeline-out``, plot_timeline.py), writes ``provenance.json`` (where each component ran: host, Python, OS release
 as seen by the component, Slurm job/step, container; the Slurm version, the
-container runtime and its version; input and image digests), then removes the
-run's scratch directory.
+container runtime and its version; input and image digests; the run's scratch and where its
+root came from), then removes the run's scratch directory.
 """
 
 from __future__ import annotations
@@ -22,23 +22,24 @@ from typing import Any
 
 from plot_timeline import render as render_timeline
 
-from allocstack import SCHEMA_VERSION, names
-from allocstack.cli import ArgumentParser, positive_float, run, tool_version
-from allocstack.endpoint import service_end_path
-from allocstack.errors import EXIT_OK, AllocstackError, report
-from allocstack.events import read_events
-from allocstack.jsonio import atomic_write_json, atomic_write_text, read_json
-from allocstack.runtimes import PROGRAMS, version_argv
-from allocstack.scratch import remove_scratch, resolve_root, run_scratch
+from allocstack import SCHEMA_VERSION
+from allocstack.common import names
+from allocstack.common.cli import ArgumentParser, positive_float, run, tool_version
+from allocstack.common.endpoint import service_end_path
+from allocstack.common.errors import EXIT_OK, AllocstackError, report
+from allocstack.common.events import read_events
+from allocstack.common.jsonio import atomic_write_json, atomic_write_text, read_json
+from allocstack.common.scratch import remove_scratch, resolve_root, root_source, scratch_of
+from allocstack.launch.containers import PROGRAMS, version_argv
 
 PROVENANCE_FIELDS = ("host", "python", "pythonVersion", "osRelease", "container", "slurmJobId", "slurmStepId")
 
 
 def container_runtime(summary: dict[str, Any]) -> dict[str, Any] | None:
     """The runtime that ran the image, and its version as this node reports it (None without an image)."""
-    if not summary.get("image"):
+    if not summary.get("image") and not summary.get("programImages"):
         return None
-    from allocstack.containers import runtime_environ
+    from allocstack.launch.containers import runtime_environ
 
     runtime = summary.get("runtime", "apptainer")
     version = tool_version(version_argv(runtime), runtime_environ(os.environ))
@@ -49,11 +50,11 @@ def cluster_facts(job: str | None, summary: dict[str, Any]) -> tuple[str | None,
     """Slurm's version, the job's steps as accounting records them, and the container runtime: three client
     programs at once (this runs in the job). Outside an allocation and without an image there is none to ask,
     and nothing of Slurm's or the runtimes' code is imported."""
-    if not job and not summary.get("image"):
+    if not job and not summary.get("image") and not summary.get("programImages"):
         return None, None, None
     from concurrent.futures import ThreadPoolExecutor
 
-    from allocstack import slurm
+    from allocstack.common import slurm
 
     with ThreadPoolExecutor(max_workers=3) as pool:
         version = pool.submit(slurm.version) if job else None
@@ -97,7 +98,7 @@ def service_ends(scratch: Path, services: list[str], timeout: float) -> dict[str
 def parse_args(argv: list[str] | None):
     parser = ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--scratch-root", default="", help="configured scratch root ('' = $SLURM_TMPDIR, $TMPDIR, ...)")
-    parser.add_argument("--run", required=True, help="run name (scratch is ROOT/allocstack-UID/RUN)")
+    parser.add_argument("--run", required=True, help="run name (scratch is ROOT/allocstack-UID/RUN.CHECKOUT[.JOB])")
     parser.add_argument("--inputs-summary", type=Path, required=True, help="validate_inputs summary (digests)")
     parser.add_argument("--events-out", type=Path, required=True, help="merged event log to write")
     parser.add_argument("--provenance-out", type=Path, required=True, help="provenance record to write")
@@ -118,7 +119,7 @@ def parse_args(argv: list[str] | None):
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     try:
-        args.scratch = run_scratch(resolve_root(args.scratch_root, os.environ), args.run)
+        args.scratch = scratch_of(resolve_root(args.scratch_root, os.environ), args.run, os.environ)
         ends = service_ends(args.scratch, args.service, args.stop_timeout)
         if args.services_out:
             atomic_write_json(args.services_out, {"schemaVersion": SCHEMA_VERSION, "services": ends}, 0o644)
@@ -141,6 +142,8 @@ def main(argv: list[str] | None = None) -> int:
             "expectedSha256": summary.get("expectedSha256"),
             "image": summary.get("image"),
             "imageSha256": summary.get("imageSha256"),
+            # each image a program of yours ran in, checked against its sidecar before anything started
+            "programImages": summary.get("programImages", {}),
             "slurm": {
                 "version": slurm_version,
                 "jobId": job,
@@ -148,6 +151,7 @@ def main(argv: list[str] | None = None) -> int:
                 "steps": steps,
             },
             "containerRuntime": runtime,
+            "scratch": {"path": str(args.scratch), "from": root_source(args.scratch_root, os.environ)},
             "components": components(events),
         }, 0o644)
         if not args.keep_scratch:

@@ -50,23 +50,24 @@ import sys
 import time
 from typing import Any
 
-from allocstack import endrecord, eventloop, storage
-from allocstack.api import CoordinatorApi
-from allocstack.auth import Tokens
-from allocstack.cli import echo, run, runtime_facts, silence_stdout
-from allocstack.endpoint import TUNNEL_PORT, tunnel_command, write_endpoint, write_service_file
-from allocstack.errors import EXIT_IO, EXIT_TEMPFAIL, AllocstackError, report
-from allocstack.events import append_event
-from allocstack.httpserver import HttpServer, Limits, Request, Response
-from allocstack.journal import Journal, replay
-from allocstack.jsonio import atomic_write_chunks, read_json
-from allocstack.lifeline import launcher_alive, launcher_pid
-from allocstack.network import NetworkListener, plan_listener
-from allocstack.progress import Progress, live_line, progress_line
-from allocstack.scratch import ensure_private_dir, private_level
-from allocstack.settings import CoordinatorSettings, parse_settings
-from allocstack.taskboard import ALLOCATION_ENDING, TaskBoard
-from allocstack.taskset import load_tasks_and_digest, validated_summary
+from allocstack.common import storage
+from allocstack.common.cli import echo, run, runtime_facts, silence_stdout
+from allocstack.common.endpoint import TUNNEL_PORT, tunnel_command, write_endpoint, write_service_file
+from allocstack.common.errors import EXIT_IO, EXIT_TEMPFAIL, AllocstackError, report
+from allocstack.common.events import append_event
+from allocstack.common.jsonio import atomic_write_chunks, read_json
+from allocstack.common.network import NetworkListener, plan_listener
+from allocstack.common.scratch import make_private, private_level
+from allocstack.common.taskset import load_tasks_and_digest, validated_summary
+from allocstack.coordinator import endrecord, eventloop
+from allocstack.coordinator.api import CoordinatorApi
+from allocstack.coordinator.auth import Tokens
+from allocstack.coordinator.httpserver import HttpServer, Limits, Request, Response
+from allocstack.coordinator.journal import Journal, replay
+from allocstack.coordinator.progress import Progress, live_line, progress_line
+from allocstack.coordinator.settings import CoordinatorSettings, parse_settings
+from allocstack.coordinator.taskboard import ALLOCATION_ENDING, TaskBoard
+from allocstack.launch.lifeline import launcher_alive, launcher_pid
 
 #: Seconds between housekeeping ticks (lease expiry, progress samples, own bounds).
 TICK_SECONDS = 0.25
@@ -329,10 +330,10 @@ def start_fresh(settings: CoordinatorSettings) -> None:
         write_service_file(settings.service_file)
     if settings.end_record:
         settings.end_record.unlink(missing_ok=True)
-    if settings.scratch:
-        ensure_private_dir(settings.scratch)
+    if settings.scratch:  # the directory it was given: its launcher made and checked it on the host
+        make_private(settings.scratch)
     if settings.network_endpoint_file:  # the run's state directory: the other nodes read the endpoint there
-        private_level(settings.network_endpoint_file.parent)
+        private_level(settings.network_endpoint_file.parent, "prerequisite")
     for stale in (settings.endpoint_file, settings.events, settings.network_endpoint_file):
         if stale:
             stale.unlink(missing_ok=True)
@@ -419,6 +420,8 @@ def main(argv: list[str] | None = None) -> int:
         network = network_listener(settings)
     except AllocstackError as error:
         return startup_failed(settings, error)
+    except OSError as exc:  # what the system refused where no step expected it: still one line, and the record
+        return startup_failed(settings, AllocstackError("io", f"the coordinator cannot start: {exc}"))
     return eventloop.run(serve(Coordinator(settings, board, journal, input_sha256, network)))
 
 

@@ -4,7 +4,7 @@
 For a file (a SIF, a SquashFS file) the line is what ``sha256sum`` writes. For a directory image
 (Charliecloud, or an Apptainer sandbox) ``sha256sum`` has no answer, so the digest
 covers the whole tree: every entry's name, type and permission bits, every file's
-contents and every symlink's target (see ``allocstack.jsonio.sha256_tree``)::
+contents and every symlink's target (see ``allocstack.common.jsonio.sha256_tree``)::
 
     python3 workflow/scripts/image_digest.py /project/mygroup/images/allocstack
 
@@ -18,9 +18,9 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from allocstack.cli import ArgumentParser
-from allocstack.errors import EXIT_OK, AllocstackError, report
-from allocstack.jsonio import atomic_write_text, sha256_path, sidecar_line
+from allocstack.common.cli import ArgumentParser
+from allocstack.common.errors import EXIT_OK, AllocstackError, report
+from allocstack.common.jsonio import atomic_write_text, sha256_path, sidecar_line
 
 
 def parse_args(argv: list[str] | None):

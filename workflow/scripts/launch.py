@@ -2,8 +2,10 @@
 """Start one stack component: as a Slurm job step when inside an allocation, in the image when one is set.
 
 This is where a Compose service becomes a program the scheduler launches and
-tracks. ``launch.py [options] -- SCRIPT [ARGS...]`` resolves the run's job-scoped
-scratch (creating it 0700), then runs and supervises::
+tracks. ``launch.py [options] -- SCRIPT [ARGS...]`` makes and checks the run's
+job-scoped scratch on the host (0700 and yours, its root writable and not full:
+allocstack/common/scratch.py ``prepare``; inside the container the component only uses the
+directory it is given), then runs and supervises::
 
     [srun STEP_ARGS... [python3 node_scratch.py ... --]] [apptainer exec ... IMAGE | ch-run ... IMAGE --] python SCRIPT ARGS...
 
@@ -14,14 +16,14 @@ scratch (creating it 0700), then runs and supervises::
   ``--node-index K`` (config ``nodes`` above 1: a worker's place) the allocation's
   K-th other node.
 * the container runtime (``--runtime``: Apptainer's ``apptainer exec`` or
-  Charliecloud's ``ch-run``, see allocstack/containers.py) is used when
+  Charliecloud's ``ch-run``, see allocstack/launch/containers.py) is used when
   ``--image`` is given; paths are bound at the same location inside the
   container (the scripts, scratch and the paths in ``--bind``), so the command
   line needs no rewriting, and the environment holds only what allocstack sets.
 * a step on another node (``--node-index``) first runs ``node_scratch.py`` there, which
   makes the run's scratch (and Charliecloud's mount-point tree) on that node and execs the
   rest; srun runs it again as the step's task epilog, which removes them once the node's
-  last step of the run ended (scratch may be local to each node: see allocstack/nodescratch.py).
+  last step of the run ended (scratch may be local to each node: see allocstack/launch/nodescratch.py).
 * ``--volume NAME`` (a Compose named volume) is the directory ``SCRATCH/volumes/NAME``,
   named to the component in ``$ALLOCSTACK_VOLUME_NAME``.
 
@@ -34,7 +36,7 @@ message may quote its data.
 Supervision: SIGTERM, SIGINT and SIGHUP are forwarded to the component (so a
 drain reaches it through srun and the container runtime; with a Charliecloud SquashFS
 image to ch-run's child alone, since ch-run unmounts the image when it gets SIGTERM
-itself, see allocstack/containers.py ``forks_component``); if launch.py itself is
+itself, see allocstack/launch/containers.py ``forks_component``); if launch.py itself is
 killed, the kernel kills the component too (``PR_SET_PDEATHSIG``), so nothing is
 orphaned. With ``--tolerate-kill RECORD`` (workers), a component killed by a
 signal that did not come through launch.py (``kill -9``, the OOM killer, its job
@@ -45,6 +47,18 @@ still decides whether the run succeeded.
 Outside an allocation (or without job steps) and without an image, a component without
 ``--tolerate-kill`` runs in this launcher's own process (:func:`runs_here`): supervision would
 add nothing there, and it saves an interpreter per component when the stack starts.
+
+When the component has ended by itself (no stop signal reached this launcher) it notes how in
+scratch (``ended/<component>.json``: the exit code and the component's last line,
+allocstack/coordinator/endrecord.py), where the gate that waits for it looks: a component that died at
+start, or whose container runtime failed, ends its gate at once. A component that failed ends
+its log with ``launch: COMPONENT exited CODE`` (the end-of-run summary quotes the line before).
+
+With ``--run-state`` (the run's state directory, allocstack/common/attempts.py): a second start of the
+same run while another command runs it is refused in one line naming that command; a failure
+another attempt cannot change (:data:`allocstack.common.errors.LASTING`) is recorded there, and every
+launcher of a later attempt of the same command (the profile's ``retries``) ends at once with
+that attempt's line instead of running into it again.
 """
 
 from __future__ import annotations
@@ -59,22 +73,25 @@ import subprocess
 import sys
 import tempfile
 import time
+import traceback
 from collections.abc import Mapping
 from pathlib import Path
 
-from allocstack.cli import ArgumentParser, positive_int, run
-from allocstack.errors import AllocstackError, report
-from allocstack.jsonio import atomic_write_json
-from allocstack.lifeline import ENV as LIFELINE_ENV
-from allocstack.names import VOLUME_PREFIX
-from allocstack.nodescratch import FIRST_NODE, SCRATCH_ENV, STEP_ENV, step_mount_tree
-from allocstack.program import volume_environment
-from allocstack.runtimes import PROGRAMS
-from allocstack.scratch import ensure_private_dir, resolve_root, run_scratch
-from allocstack.supervise import Supervised
+from allocstack.common import attempts
+from allocstack.common.cli import ArgumentParser, positive_int, run
+from allocstack.common.errors import LASTING, AllocstackError, diag_of, report
+from allocstack.common.jsonio import atomic_write_json
+from allocstack.common.names import ENDED_DIR, VOLUME_PREFIX
+from allocstack.common.scratch import make_private, prepare, resolve_root, root_source, scratch_of
+from allocstack.coordinator import endrecord
+from allocstack.launch.containers import PROGRAMS
+from allocstack.launch.lifeline import ENV as LIFELINE_ENV
+from allocstack.launch.nodescratch import FIRST_NODE, SCRATCH_ENV, STEP_ENV, step_mount_tree
+from allocstack.launch.program import volume_environment
+from allocstack.launch.supervise import Supervised
 
-# Imported where they are used, not here: allocstack.slurm (job steps), allocstack.containers (an image) and
-# allocstack.network (a step on another node). Outside an allocation and without an image launch.py needs
+# Imported where they are used, not here: allocstack.common.slurm (job steps), allocstack.launch.containers (an image) and
+# allocstack.common.network (a step on another node). Outside an allocation and without an image launch.py needs
 # none of them, and four launchers start at once with the stack on the login node's few CPUs.
 
 
@@ -103,8 +120,9 @@ def this_node(environ: Mapping[str, str]) -> str:
 
 #: What passes from the launcher's environment into the image (the runtime drops everything else).
 #: Not SLURM_STEP_ID: the launcher's is Snakemake's step, not the component's own.
+#: The command mark (allocstack/common/attempts.py) too: a gate tells its own attempt's notes from an earlier one's.
 PASSED_ENV = ("SLURM_JOB_ID", "SLURM_JOB_END_TIME", "SLURMD_NODENAME", "SLURM_SUBMIT_HOST", "USER",
-              "CUDA_VISIBLE_DEVICES", LIFELINE_ENV)
+              "CUDA_VISIBLE_DEVICES", LIFELINE_ENV, attempts.COMMAND_ENV)
 
 
 def component_binds(args, scratch: Path | None) -> list[str]:
@@ -117,7 +135,7 @@ def component_binds(args, scratch: Path | None) -> list[str]:
 def component_env(args, scratch: Path | None, environ: Mapping[str, str]) -> dict[str, str]:
     """The component's whole environment inside the image, besides the image's own."""
     env = {"PYTHONDONTWRITEBYTECODE": "1"}
-    for name in PASSED_ENV:
+    for name in (*PASSED_ENV, *args.pass_env):
         if environ.get(name):
             env[name] = environ[name]
     if scratch is not None:
@@ -128,7 +146,7 @@ def component_env(args, scratch: Path | None, environ: Mapping[str, str]) -> dic
     return env
 
 
-#: Run on the node of a step off the first node, before the component (see allocstack/nodescratch.py).
+#: Run on the node of a step off the first node, before the component (see allocstack/launch/nodescratch.py).
 NODE_SCRATCH = Path(__file__).resolve().with_name("node_scratch.py")
 
 
@@ -154,7 +172,7 @@ def build_argv(args, scratch: Path | None, environ: Mapping[str, str], mount_tre
         raise AllocstackError("config", f"{args.component} is placed on node {args.node_index + 1}, but more than "
                                         "one node needs Slurm job steps (slurm.job_steps: true, inside an allocation)")
     if args.node_index:
-        from allocstack.network import node_for
+        from allocstack.common.network import node_for
 
         node = node_for(args.node_index, this_node(environ), environ.get("SLURM_JOB_ID", ""))
     else:
@@ -163,7 +181,7 @@ def build_argv(args, scratch: Path | None, environ: Mapping[str, str], mount_tre
     python = "python3" if args.image else sys.executable
     argv = [python, str(script), *args.command[1:]]
     if args.image:
-        from allocstack.containers import container_prefix
+        from allocstack.launch.containers import container_prefix
 
         env = component_env(args, scratch, environ)
         if in_step:
@@ -217,7 +235,7 @@ def prepare_binds(args, scratch: Path | None, environ: Mapping[str, str]) -> tup
     """With an image: create the ``--bind`` sources and, for Charliecloud, the mount-point tree.
 
     A bind source must exist (results/<run>, state/<run> may not yet; they are on the
-    filesystem the nodes share). The Charliecloud mount-point tree (see allocstack/containers.py)
+    filesystem the nodes share). The Charliecloud mount-point tree (see allocstack/launch/containers.py)
     lives in scratch (or, without scratch, in the scratch root) and is removed when the
     component ends; collection removes scratch anyway. For a step on another node the tree is
     made there, by node_scratch.py: it is named, not created, here.
@@ -232,7 +250,7 @@ def prepare_binds(args, scratch: Path | None, environ: Mapping[str, str]) -> tup
         Path(path).mkdir(mode=0o700, parents=True, exist_ok=True)
     if args.runtime != "charliecloud":
         return None, []
-    from allocstack.containers import check_mount_points, mount_tops, mount_tree_dirs
+    from allocstack.launch.containers import check_mount_points, mount_tops, mount_tree_dirs
 
     binds, cwd = component_binds(args, scratch), os.getcwd()
     check_mount_points(args.image, mount_tops([*binds, cwd]))
@@ -269,11 +287,12 @@ def killed_by(code: int, in_step: bool) -> int | None:
 
 
 def supervise(command: list[str], env: dict[str, str], component: str, kill_record: Path | None,
-              off_node: bool = False, forked: bool = False) -> int:
-    """Run ``command``, forward signals to it, and return the job's exit code.
+              off_node: bool = False, forked: bool = False) -> tuple[int, bool]:
+    """Run ``command``, forward signals to it; return the job's exit code, and whether this launcher got a stop
+    signal (the component was stopped, it did not end by itself).
 
     :param forked: the runtime runs the component as its child and must not get the signal itself
-        (ch-run with a SquashFS image, :func:`allocstack.containers.forks_component`): the signal
+        (ch-run with a SquashFS image, :func:`allocstack.launch.containers.forks_component`): the signal
         goes to ch-run's child, found among the job step's processes (``scontrol listpids``) or
         below our own child. Until ch-run has started it, the signal goes the usual way.
     :raises AllocstackError: ``prerequisite`` when ``command`` cannot be started.
@@ -284,7 +303,7 @@ def supervise(command: list[str], env: dict[str, str], component: str, kill_reco
         if forked and signal_forked(child.pid, env.get("SLURM_JOB_ID", "") if in_step else "", component, signum):
             return
         if in_step:
-            from allocstack import slurm
+            from allocstack.common import slurm
 
             if slurm.signal_step(env["SLURM_JOB_ID"], component, signum):
                 return
@@ -298,8 +317,9 @@ def supervise(command: list[str], env: dict[str, str], component: str, kill_reco
         collect_step_output()
     signum = killed_by(outcome.code, in_step)
     lost = in_step and outcome.code == 0 and kill_record is not None and not kill_record.exists()
+    stopped = bool(outcome.received)
     if signum is None and not lost:
-        return outcome.code
+        return outcome.code, stopped
     killer = signal.Signals(signum).name if signum else "the loss of its node"
     if kill_record is not None and not outcome.received:  # launch.py got no stop signal of its own
         # srun exits 0 when the step's node failed (after Slurm's SlurmdTimeout): the worker wrote no record.
@@ -308,11 +328,11 @@ def supervise(command: list[str], env: dict[str, str], component: str, kill_reco
         atomic_write_json(kill_record, {"schemaVersion": 1, "workerId": component, "status": "killed",
                                         "signal": signal.Signals(signum).name if signum else None,
                                         "reason": killer, "tasksCompleted": None, "endedAt": time.time()}, 0o644)
-        return 0
+        return 0, stopped
     if signum is None:
-        return outcome.code
+        return outcome.code, stopped
     print(f"launch: {component} ended by {killer}", file=sys.stderr, flush=True)
-    return 128 + signum
+    return 128 + signum, stopped
 
 
 def signal_forked(child: int, job_id: str, component: str, signum: int) -> bool:
@@ -320,8 +340,8 @@ def signal_forked(child: int, job_id: str, component: str, signum: int) -> bool:
 
     :param job_id: the allocation when the component is a job step (its processes are not ours).
     """
-    from allocstack import slurm
-    from allocstack.containers import forked_components
+    from allocstack.common import slurm
+    from allocstack.launch.containers import forked_components
 
     pids = slurm.step_pids(job_id, component) if job_id else [child]
     targets = forked_components(pids)
@@ -353,14 +373,23 @@ def run_here(command: list[str], env: dict[str, str]) -> int:
     os.environ.pop(LIFELINE_ENV, None)
     sys.argv = command[1:]
     sys.path[0] = str(Path(script).parent)
-    runpy.run_path(script, run_name="__main__")
+    try:
+        runpy.run_path(script, run_name="__main__")
+    except SystemExit as exited:  # as the interpreter reads it: None is 0, a number itself, anything else printed, 1
+        if exited.code is None or isinstance(exited.code, int):
+            return exited.code or 0
+        print(exited.code, file=sys.stderr, flush=True)
+        return 1
+    except Exception:  # noqa: BLE001 - what the interpreter does with it (its traceback, exit 1), then the note
+        traceback.print_exc()
+        return 1
     return 0
 
 
 def parse_args(argv: list[str] | None):
     parser = ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--component", required=True, help="name of the component (the job step's name)")
-    parser.add_argument("--run", required=True, help="run name: scratch is ROOT/allocstack-UID/RUN")
+    parser.add_argument("--run", required=True, help="run name: scratch is ROOT/allocstack-UID/RUN.CHECKOUT[.JOB]")
     parser.add_argument("--scratch-root", default="", help="configured scratch root ('' = $SLURM_TMPDIR, $TMPDIR, ...)")
     parser.add_argument("--no-scratch", action="store_true", help="the component needs no scratch (e.g. verification)")
     parser.add_argument("--image", default="", help="image to run the component in ('' = none)")
@@ -370,6 +399,9 @@ def parse_args(argv: list[str] | None):
                         help="argument for apptainer exec or ch-run (repeatable)")
     parser.add_argument("--runtime-hint", default="", help="how to get the runtime's program, named when it is missing")
     parser.add_argument("--bind", action="append", default=[], help="host path to bind at the same place (repeatable)")
+    parser.add_argument("--pass-env", action="append", default=[], metavar="NAME",
+                        help="a variable of this environment the component reads in the image: a ${env:NAME} of its "
+                             "program's command or environment (repeatable; its value never on a command line)")
     parser.add_argument("--job-steps", action="store_true", help="run as an srun job step inside a Slurm allocation")
     parser.add_argument("--step-arg", action="append", default=[], help="argument for srun (repeatable)")
     parser.add_argument("--cpus", type=positive_int, default=1, help="CPUs of the job step")
@@ -382,6 +414,9 @@ def parse_args(argv: list[str] | None):
                         help="export $SLURM_JOB_END_TIME (from squeue if Slurm does not set it) to the component")
     parser.add_argument("--tolerate-kill", type=Path, metavar="RECORD",
                         help="a component killed from outside is recorded here and the job succeeds (workers)")
+    parser.add_argument("--run-state", type=Path,
+                        help="the run's state directory: refuse a second start of a live run; record a failure "
+                             "another attempt cannot change, and end at once on an earlier attempt's")
     parser.add_argument("command", nargs="+", help="-- SCRIPT [ARGS...]")
     return parser.parse_args(argv)
 
@@ -390,14 +425,21 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     env = {**os.environ, LIFELINE_ENV: str(os.getpid())}
     if args.image and args.runtime == "charliecloud":
-        from allocstack.containers import runtime_environ
+        from allocstack.launch.containers import runtime_environ
 
         env = runtime_environ(env)
-    mount_tree = step_dirs = None
+    mount_tree = step_dirs = scratch = None
     try:
-        scratch = None if args.no_scratch else run_scratch(resolve_root(args.scratch_root, env), args.run)
+        earlier = attempt_checks(args, env)
+        if earlier is not None:
+            return earlier
+        root = None if args.no_scratch else resolve_root(args.scratch_root, env)
+        scratch = None if root is None else scratch_of(root, args.run, env)
         if scratch is not None:
-            ensure_private_dir(scratch)  # this node's; a step on another node makes its own there
+            # This node's, checked here on the host; a step on another node makes its own there.
+            prepare(scratch, root_source(args.scratch_root, env))
+            make_private(scratch / ENDED_DIR)
+            endrecord.clear_ended(scratch, args.component)  # an earlier command's, in a reused scratch
             env[SCRATCH_ENV] = str(scratch)
             env.update(volume_environment(scratch, args.volume))
         if off_node(args, env):
@@ -406,7 +448,7 @@ def main(argv: list[str] | None = None) -> int:
                 (scratch / FIRST_NODE).touch(mode=0o600)
         end_time = None
         if args.job_end_time and (env.get("SLURM_JOB_ID") or env.get("SLURM_JOB_END_TIME")):  # else none to find
-            from allocstack import slurm
+            from allocstack.common import slurm
 
             end_time = slurm.allocation_end(env)
         if end_time:
@@ -416,22 +458,111 @@ def main(argv: list[str] | None = None) -> int:
         check_programs(command, args.runtime, args.runtime_hint)
     except AllocstackError as error:
         remove_mount_tree(mount_tree, step_dirs)
+        record_lasting(args, env, error.line(), error.exit_code)
         return report(error)
     if runs_here(args, command):
         print(f"launch: {args.component}: in this process: {shlex.join(command[1:])}", file=sys.stderr, flush=True)
-        return run_here(command, env)
+        return ended(args, scratch, env, run_here(command, env), stopped=False)
     print(f"launch: {args.component}: {shlex.join(command)}", file=sys.stderr, flush=True)
     try:
         forked = False
         if args.image:
-            from allocstack.containers import forks_component
+            from allocstack.launch.containers import forks_component
 
             forked = forks_component(args.runtime, args.image)
-        return supervise(command, env, args.component, args.tolerate_kill, off_node=args.node_index > 0, forked=forked)
-    except AllocstackError as error:
-        return report(error)
+        code, stopped = supervise(command, env, args.component, args.tolerate_kill, off_node=args.node_index > 0,
+                                  forked=forked)
+    except AllocstackError as error:  # it could not be started: as good as dead at start, for its gate too
+        code, stopped = report(error), False
     finally:
         remove_mount_tree(mount_tree, step_dirs)
+    return ended(args, scratch, env, code, stopped)
+
+
+def attempt_checks(args, env: dict[str, str]) -> int | None:
+    """Before anything starts (with ``--run-state``): end at once when an earlier attempt of this command failed
+    in a way this one cannot change (its line, its exit code); refuse when another command runs the run.
+
+    :returns: the exit code to end with, or None to go on.
+    :raises AllocstackError: ``already-running`` naming the other command.
+    """
+    ours = attempts.command_of(env)
+    if args.run_state is None or ours is None:
+        return None
+    earlier = attempts.earlier_lasting(args.run_state, ours)
+    if earlier is not None:
+        print(f"launch: {args.component}: not started: an earlier attempt of this command "
+              f"({attempts.attempt_name(earlier)}) failed in a way another attempt cannot change:",
+              file=sys.stderr, flush=True)
+        print(earlier["line"], file=sys.stderr, flush=True)
+        return earlier["exitCode"]
+
+    def job_active(job: str) -> bool | None:
+        from allocstack.common import slurm
+
+        return slurm.job_active(job)
+
+    who = attempts.live_elsewhere(args.run_state, ours, job_active)
+    if who is not None:
+        raise AllocstackError("already-running", attempts.refusal(args.run, who))
+    job = env.get("SLURM_JOB_ID") or None
+    try:
+        attempts.claim(args.run_state, args.run, ours, job, this_node(env) if job else None)
+    except OSError as exc:
+        raise AllocstackError("io", f"cannot record the live run in {args.run_state}: {exc.strerror}") from exc
+    return None
+
+
+def ended(args, scratch: Path | None, env: Mapping[str, str], code: int, stopped: bool) -> int:
+    """After the component ended with ``code``: note it for its gate when it ended by itself (not ``stopped``), say
+    that it failed in its log, record a failure another attempt cannot change; return ``code``."""
+    line = None
+    if code != 0 or not stopped:
+        from allocstack.status.summary import last_line
+
+        log = log_file()
+        line = last_line(read_tail(log)) if log is not None else None
+    if scratch is not None and not stopped and (scratch / ENDED_DIR).is_dir():  # collection may have removed it
+        try:
+            endrecord.write_ended(scratch, args.component, code, line, env)
+        except AllocstackError as error:
+            print(f"launch: {args.component}: its end was not noted for its gate ({error.message})", file=sys.stderr,
+                  flush=True)
+    if code != 0:
+        from allocstack.status.summary import EXITED
+
+        print(EXITED.format(component=args.component, code=code), file=sys.stderr, flush=True)
+        if line is not None:
+            record_lasting(args, env, line, code)
+    return code
+
+
+#: Bytes at the end of a component's log that hold its last lines.
+TAIL_BYTES = 64 << 10
+
+
+def read_tail(path: Path) -> str:
+    """The last :data:`TAIL_BYTES` of ``path`` (its first, partial line dropped); '' when it cannot be read."""
+    try:
+        with open(path, "rb") as handle:
+            handle.seek(max(0, handle.seek(0, os.SEEK_END) - TAIL_BYTES))
+            data = handle.read()
+    except OSError:
+        return ""
+    text = data.decode("utf-8", errors="replace")
+    return text if len(data) < TAIL_BYTES else text.split("\n", 1)[-1]
+
+
+def record_lasting(args, env: Mapping[str, str], line: str, code: int) -> None:
+    """Record ``line`` for the later attempts of this command when it is a failure they cannot change."""
+    ours = attempts.command_of(env)
+    if args.run_state is None or ours is None or diag_of(line) not in LASTING:
+        return
+    try:
+        attempts.record_lasting(args.run_state, ours, env.get("SLURM_JOB_ID") or None, args.component, line, code)
+    except OSError as exc:
+        print(f"launch: {args.component}: could not record the lasting failure in {args.run_state}: {exc.strerror}",
+              file=sys.stderr, flush=True)
 
 
 def remove_mount_tree(tree: Path | None, step_dirs: list[Path] | None) -> None:

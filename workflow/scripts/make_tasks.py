@@ -26,11 +26,11 @@ from pathlib import Path
 from typing import Any
 
 from allocstack import SCHEMA_VERSION
-from allocstack.cli import ArgumentParser, positive_int
-from allocstack.errors import EXIT_OK, AllocstackError, report
-from allocstack.handlers import MAX_REPEAT, baseline, check_baseline_payload
-from allocstack.jsonio import atomic_write_json, sha256_text
-from allocstack.taskset import MAX_TASKS
+from allocstack.common.cli import ArgumentParser, positive_int
+from allocstack.common.errors import EXIT_OK, AllocstackError, report
+from allocstack.common.jsonio import atomic_write_json, sha256_text
+from allocstack.common.taskset import MAX_TASKS
+from allocstack.worker.handlers import MAX_REPEAT, baseline, check_baseline_payload
 
 
 def make_tasks(count: int, message: str = "m", repeat: int = 2) -> dict[str, Any]:

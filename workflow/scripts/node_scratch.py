@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Make the run's scratch on this node, then exec the step's command; as the task epilog, release it.
 
-launch.py runs this on the node of a job step off the first node (see allocstack/nodescratch.py)::
+launch.py runs this on the node of a job step off the first node (see allocstack/launch/nodescratch.py)::
 
     srun --task-epilog=node_scratch.py ... python3 node_scratch.py [--dir DIR]... -- COMMAND...
 
@@ -20,9 +20,9 @@ import os
 import sys
 from pathlib import Path
 
-from allocstack.cli import ArgumentParser, run
-from allocstack.errors import EXIT_OK, AllocstackError, report
-from allocstack.nodescratch import STEP_ENV, enter, leave, step_facts
+from allocstack.common.cli import ArgumentParser, run
+from allocstack.common.errors import EXIT_OK, AllocstackError, report
+from allocstack.launch.nodescratch import STEP_ENV, enter, leave, step_facts
 
 
 def main(argv: list[str] | None = None) -> int:

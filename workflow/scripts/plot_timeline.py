@@ -13,10 +13,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from allocstack.cli import ArgumentParser, run
-from allocstack.errors import EXIT_OK
-from allocstack.events import read_events
-from allocstack.jsonio import atomic_write_text
+from allocstack.common.cli import ArgumentParser, run
+from allocstack.common.errors import EXIT_OK
+from allocstack.common.events import read_events
+from allocstack.common.jsonio import atomic_write_text
 
 WIDTH, LANE, LEFT, TOP, FONT = 900, 26, 110, 40, 12
 #: A generous width of one character at FONT px in a sans-serif font: labels are laid out with it

@@ -9,6 +9,11 @@ ONE total deadline on the monotonic clock. With ``--endpoint-file`` (or
 ``--scratch``) it first waits, within the same deadline, for the coordinator to
 publish its endpoint.
 
+It stops waiting as soon as what it gates has ended: the coordinator's end record (or your
+service's) says so, or the launcher of that program noted its process's end in scratch
+(``ended/<name>.json``: it died at start, its container runtime failed, it crashed), and
+it fails then with that program's last line (``coordinator-exit``, ``service-exit``).
+
 With ``--off-node`` (config ``nodes`` above 1) it is the gate of another node than the
 coordinator's: it reads the endpoint published for the other nodes (https, the run's
 certificate pinned by fingerprint) and proves the coordinator is reachable from here. Not
@@ -31,9 +36,10 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from allocstack import SCHEMA_VERSION, endrecord, names
-from allocstack.cli import ArgumentParser, argv_list, positive_float, run, runtime_facts
-from allocstack.endpoint import (
+from allocstack import SCHEMA_VERSION
+from allocstack.common import names
+from allocstack.common.cli import ArgumentParser, add_placement_arguments, argv_list, positive_float, run, runtime_facts
+from allocstack.common.endpoint import (
     Endpoint,
     read_endpoint,
     require_loopback,
@@ -41,22 +47,23 @@ from allocstack.endpoint import (
     service_endpoint_path,
     services_environment,
 )
-from allocstack.errors import EXIT_OK, AllocstackError, report
-from allocstack.events import append_event, ensure_log_dir
-from allocstack.httpclient import HttpConnection, TransportError
-from allocstack.jsonio import atomic_write_json, read_json
-from allocstack.program import ProgramError, describe, expand_argv, program_environment, run_program
+from allocstack.common.errors import EXIT_OK, AllocstackError, report
+from allocstack.common.events import append_event, ensure_log_dir
+from allocstack.common.jsonio import atomic_write_json, read_json
+from allocstack.coordinator import endrecord
+from allocstack.launch.program import Placement, ProgramError, describe, prepare, program_environment, run_program
+from allocstack.worker.httpclient import HttpConnection, TransportError
 
 
 def expected_health(task_count: int) -> dict[str, Any]:
     return {"status": "ready", "schemaVersion": SCHEMA_VERSION, "taskCount": task_count}
 
 
-def while_alive(check: Check, record: Path | None, service: str | None) -> Check:
-    """``check``, failing at once when the service it probes has ended (a crash after it published its endpoint)."""
+def while_alive(check: Check, record: Path | None, service: str | None, scratch: Path | None = None) -> Check:
+    """``check``, failing at once when what it probes has ended (a crash after it published its endpoint)."""
 
     def alive(timeout: float) -> tuple[bool, str]:
-        endrecord.ended_before_ready(record, service)
+        endrecord.ended_before_ready(record, service, scratch)
         return check(timeout)
 
     return alive
@@ -90,10 +97,11 @@ def following(path: Path, endpoint: Endpoint,
 
 
 def wait_for_endpoint(path: Path, deadline: float, interval: float, record: Path | None = None,
-                      service: str | None = None) -> Endpoint | None:
-    """Wait for the endpoint file; return its endpoint, or None at the deadline."""
+                      service: str | None = None, scratch: Path | None = None) -> Endpoint | None:
+    """Wait for the endpoint file; return its endpoint, or None at the deadline (or raise when what publishes it
+    has ended: :func:`endrecord.ended_before_ready`)."""
     while True:
-        endrecord.ended_before_ready(record, service)
+        endrecord.ended_before_ready(record, service, scratch)
         if path.exists():
             try:
                 return read_endpoint(path)
@@ -111,7 +119,7 @@ Get = Callable[[str, float], tuple[int, Any]]
 
 
 def session_get(session: Any) -> Get:
-    """:data:`Get` through a ``requests`` session (:mod:`allocstack.sessions`): any HTTP service, redirects
+    """:data:`Get` through a ``requests`` session (:mod:`allocstack.worker.sessions`): any HTTP service, redirects
     followed, https pinned."""
 
     def get(url: str, timeout: float) -> tuple[int, Any]:
@@ -122,7 +130,7 @@ def session_get(session: Any) -> Get:
 
 
 def plain_get(url: str, timeout: float) -> tuple[int, Any]:
-    """:data:`Get` over plain HTTP through :mod:`allocstack.httpclient`, a connection a probe: the built-in
+    """:data:`Get` over plain HTTP through :mod:`allocstack.worker.httpclient`, a connection a probe: the built-in
     coordinator's ``/health`` on this node, without importing ``requests`` (~100 ms of CPU in the stack's
     first second, beside the coordinator's start)."""
     parts = urlsplit(url)
@@ -168,12 +176,12 @@ def tcp_check(url: str) -> Check:
     return check
 
 
-def command_check(argv: list[str], env: dict[str, str], probe_timeout: float) -> Check:
-    """``argv`` exits 0 within ``probe_timeout`` (with ``env``: the service's variables, see allocstack/program.py)."""
+def command_check(argv: list[str], env: dict[str, str], probe_timeout: float, cwd: str | None = None) -> Check:
+    """``argv`` exits 0 within ``probe_timeout`` (with ``env``: the service's variables, see allocstack/launch/program.py)."""
 
     def check(timeout: float) -> tuple[bool, str]:
         try:
-            done = run_program(argv, env, timeout=max(timeout, probe_timeout))
+            done = run_program(argv, env, timeout=max(timeout, probe_timeout), cwd=cwd)
         except ProgramError as exc:
             return False, str(exc)
         return done.returncode == 0, f"exit {done.returncode} {done.tail(120)}"
@@ -226,8 +234,13 @@ def make_check(args, get: Get, url: str) -> tuple[Check, str]:
         return tcp_check(url), f"a TCP connection to {url}"
     if args.mode == "command":
         env = command_environment(args, url)
-        argv = expand_argv(args.ready_command_json, env, f"services.{args.service or 'app'}.readiness")
-        return command_check(argv, env, args.probe_timeout), f"{describe(argv)} exiting 0"
+        # in the service's image, as Compose runs a healthcheck in the service's container
+        how = prepare(Placement.from_args(args), args.ready_command_json, env, set(),
+                      (args.scratch or Path(".")) / names.PROGRAMS / f"{args.service or 'app'}-readiness",
+                      f"services.{args.service or 'app'}.readiness", probe=True)
+        return command_check(how.argv, how.env, args.probe_timeout, how.cwd), f"{describe(how.shown)} exiting 0"
+    if args.mode == "started":
+        return (lambda timeout: (True, "started")), "its start"
     return health_check(get, url, args.task_count), f"{url}/health reporting taskCount {args.task_count}"
 
 
@@ -241,12 +254,14 @@ def parse_args(argv: list[str] | None):
     parser.add_argument("--service", help="with --scratch: gate your own service NAME (its endpoint and event file)")
     parser.add_argument("--uses", action="append", default=[],
                         help="command mode: a service whose variables the command also gets (repeatable)")
-    parser.add_argument("--mode", choices=["health", "http", "tcp", "command"], default="health",
+    parser.add_argument("--mode", choices=["health", "http", "tcp", "command", "started"], default="health",
                         help="what ready means: the seed's /health contract (default), an HTTP path with expected "
-                             "JSON fields, a TCP connection, or a command exiting 0")
+                             "JSON fields, a TCP connection, a command exiting 0 (in the service's image, see "
+                             "--image), or the service's start (Compose's service_started)")
     parser.add_argument("--path", default="/health", help="http mode: the path to GET")
     parser.add_argument("--expect-json", type=json.loads, default={}, help="http mode: JSON fields the answer must have")
     parser.add_argument("--ready-command-json", type=argv_list, default=None, help="command mode: a JSON argv list")
+    add_placement_arguments(parser)
     count = parser.add_mutually_exclusive_group()
     count.add_argument("--task-count", type=int, help="taskCount the coordinator must report")
     count.add_argument("--inputs-summary", type=Path, help="read taskCount from validate_inputs' summary")
@@ -309,10 +324,12 @@ def main(argv: list[str] | None = None) -> int:
     started, started_wall = time.monotonic(), time.time()
     deadline = started + args.timeout
     named = {"service": args.service} if args.service else {}
+    # Where the launcher of what this gates notes its end: this node's scratch (not another node's gate's).
+    noted = None if args.off_node else args.scratch
     try:
         endpoint = (Endpoint(args.endpoint, "") if args.endpoint else
                     wait_for_endpoint(args.endpoint_file, started + (args.start_timeout or args.timeout),
-                                      min(args.interval, 0.02), args.coordinator_record, args.service))
+                                      min(args.interval, 0.02), args.coordinator_record, args.service, noted))
         if endpoint is None:
             raise AllocstackError("readiness-timeout", f"no endpoint file at {args.endpoint_file} within "
                                                        f"{args.start_timeout or args.timeout:g} s")
@@ -327,7 +344,7 @@ def main(argv: list[str] | None = None) -> int:
         if not plain:
             import requests
 
-            from allocstack.sessions import NoHttps, PinnedAdapter, loopback_session
+            from allocstack.worker.sessions import NoHttps, PinnedAdapter, loopback_session
             fatal = (requests.exceptions.SSLError,)
         with nullcontext() if plain else loopback_session(endpoint.fingerprint) as session:
             get = plain_get if plain else session_get(session)
@@ -342,8 +359,8 @@ def main(argv: list[str] | None = None) -> int:
             in_use = lambda: (url, wanted)  # noqa: E731
             if args.endpoint_file:
                 check, in_use = following(args.endpoint_file, endpoint, pinned_check)
-            if args.service:  # (the coordinator may complete, and write its end record, before its gate passes)
-                check = while_alive(check, args.coordinator_record, args.service)
+            # (a coordinator may complete, and write its end record, before its gate passes: that is no end)
+            check = while_alive(check, args.coordinator_record, args.service, noted)
             try:
                 ready, attempts, last = probe(check, deadline, args.interval, args.probe_timeout, fatal)
             except fatal as exc:
@@ -361,8 +378,9 @@ def main(argv: list[str] | None = None) -> int:
         append_event(args.events, "gate-failed", reason=error.message, **named)
         return report(error)
     seconds = time.monotonic() - started
+    probed_in = {"container": args.image} if args.mode == "command" and args.image else {}  # its command's image
     event = append_event(args.events, "gate-passed", endpoint=url, secondsToReady=round(seconds, 4),
-                         attempts=attempts, **named, **runtime_facts())
+                         attempts=attempts, **named, **{**runtime_facts(), **probed_in})
     if args.record:
         atomic_write_json(args.record, {
             "schemaVersion": SCHEMA_VERSION, "status": "ready", "endpoint": url, "taskCount": args.task_count,

@@ -13,9 +13,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from allocstack.cli import ArgumentParser, run
-from allocstack.errors import EXIT_OK
-from allocstack.jsonio import atomic_write_text
+from allocstack.common.cli import ArgumentParser, run
+from allocstack.common.errors import EXIT_OK
+from allocstack.common.jsonio import atomic_write_text
 
 THINGS = {
     "allocation": ("Allocation", ("profiles/slurm/config.yaml `default-resources`; config `workers`, `nodes`, "

@@ -6,10 +6,10 @@ readiness gate, then runs ``worker.command`` once (no per-task protocol: your
 program talks to your own services itself) with ``ALLOCSTACK_WORKER_ID``
 (``worker-01``...), ``ALLOCSTACK_REPLICA_INDEX`` (0..N-1), ``ALLOCSTACK_WORKERS`` (N),
 every service's ``ALLOCSTACK_<NAME>_*`` variables, the named volumes'
-``ALLOCSTACK_VOLUME_*`` and ``worker.environment`` (see allocstack/program.py).
+``ALLOCSTACK_VOLUME_*`` and ``worker.environment`` (see allocstack/launch/program.py).
 Signals are passed on to it; it is stopped when its launcher is gone. Off the
 first node (config ``nodes`` above 1) the services' variables name the local ends
-of their TLS tunnels (``allocstack/tunnel.py``): your program does not change.
+of their TLS tunnels (``allocstack/launch/tunnel.py``): your program does not change.
 
 Exit codes: 0 your program exited 0 (the worker's record is written); 75 it
 exited otherwise or was stopped, with one line naming the replica, how it
@@ -23,16 +23,25 @@ import sys
 import time
 from pathlib import Path
 
-from allocstack import SCHEMA_VERSION, names
-from allocstack.cli import ArgumentParser, add_gate_arguments, add_program_arguments, positive_int, run, runtime_facts
-from allocstack.endpoint import services_environment
-from allocstack.errors import EXIT_OK, AllocstackError, report
-from allocstack.events import append_event
-from allocstack.jsonio import atomic_write_json
-from allocstack.program import await_gates, describe, expand_argv, program_environment
-from allocstack.scratch import ensure_private_dir
-from allocstack.supervise import Supervised
-from allocstack.tunnel import remote_services_environment
+from allocstack import SCHEMA_VERSION
+from allocstack.common import names
+from allocstack.common.cli import (
+    ArgumentParser,
+    add_gate_arguments,
+    add_placement_arguments,
+    add_program_arguments,
+    positive_int,
+    run,
+    runtime_facts,
+)
+from allocstack.common.endpoint import services_environment
+from allocstack.common.errors import EXIT_OK, AllocstackError, report
+from allocstack.common.events import append_event
+from allocstack.common.jsonio import atomic_write_json
+from allocstack.common.scratch import make_private
+from allocstack.launch.program import Placement, await_gates, describe, prepare, program_environment
+from allocstack.launch.supervise import Supervised
+from allocstack.launch.tunnel import remote_services_environment
 
 
 def replica_variables(worker: str, index: int, workers: int) -> dict[str, str]:
@@ -44,7 +53,8 @@ def parse_args(argv: list[str] | None):
     parser.add_argument("--worker-id", required=True, help="e.g. worker-01")
     parser.add_argument("--index", type=int, required=True, help="replica index, 0..workers-1")
     parser.add_argument("--workers", type=positive_int, required=True, help="how many replicas run")
-    add_program_arguments(parser, "your worker program")
+    add_program_arguments(parser, "your worker program", required=False)
+    add_placement_arguments(parser)
     parser.add_argument("--uses-coordinator", action="store_true",
                         help="also the built-in coordinator's variables (ALLOCSTACK_COORDINATOR_*)")
     add_gate_arguments(parser)
@@ -69,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
     events = args.events or args.scratch / names.component_events(worker)
     program = Supervised(worker)
     try:
-        ensure_private_dir(events.parent)
+        make_private(events.parent)
         events.unlink(missing_ok=True)
         await_gates(args.gate_record, args.gate_timeout, log)
         if args.remote_services:  # off the first node: through the TLS tunnels
@@ -79,10 +89,14 @@ def main(argv: list[str] | None = None) -> int:
             services = services_environment(args.scratch, args.uses, args.uses_coordinator)
         stack = {**services, **replica_variables(worker, args.index, args.workers)}
         env = program_environment(os.environ, stack, args.environment_json, "worker")
-        argv = expand_argv(args.command_json, env, "worker")
+        how = prepare(Placement.from_args(args), args.command_json, env, set(args.environment_json),
+                      args.scratch / names.PROGRAMS / worker, "worker")
+        if how.container:
+            log(f"in its image: {how.line()}")
         started = time.time()
-        append_event(events, "worker-start", worker=worker, **runtime_facts())
-        program.start(argv, env)
+        append_event(events, "worker-start", worker=worker,
+                     **{**runtime_facts(), **({"container": how.container} if how.container else {})})
+        program.start(how.argv, how.env, cwd=how.cwd, deliver=how.deliver)
     except AllocstackError as error:
         append_event(events, "worker-end", worker=worker, status=error.diag)
         return report(error)
@@ -92,12 +106,12 @@ def main(argv: list[str] | None = None) -> int:
     append_event(events, "worker-end", worker=worker, status=status, exitCode=outcome.code)
     if outcome.code != 0:
         why = " (stopped by allocstack)" if outcome.stop_signal is not None else ""
-        return report(AllocstackError("worker-exit", f"{worker} ({describe(args.command_json)}) {outcome.how()}{why}"))
+        return report(AllocstackError("worker-exit", f"{worker} ({describe(how.shown)}) {outcome.how()}{why}"))
     if args.record:
         atomic_write_json(args.record, {"schemaVersion": SCHEMA_VERSION, "workerId": worker, "status": status,
                                         "mode": "long-running", "exitCode": 0, "startedAt": started,
                                         "endedAt": ended}, 0o644)
-    log(f"{describe(args.command_json)} exited 0 after {ended - started:.3f} s")
+    log(f"{describe(how.shown)} exited 0 after {ended - started:.3f} s")
     return EXIT_OK
 
 

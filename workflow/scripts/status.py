@@ -25,10 +25,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from allocstack import names
-from allocstack.cli import ArgumentParser, run
-from allocstack.errors import EXIT_OK, AllocstackError, report
-from allocstack.summary import error_lines, known_runs, live_runs, read_run, render_finished
+from allocstack.common import names
+from allocstack.common.cli import ArgumentParser, run
+from allocstack.common.errors import EXIT_OK, AllocstackError, report
+from allocstack.status.summary import error_lines, failed_components, known_runs, live_runs, read_run, render_finished
 
 
 def render(status: dict[str, Any], url: str) -> str:
@@ -82,12 +82,24 @@ def parse_args(argv: list[str] | None):
 
 def user_scratch(scratch_root: str) -> Path | None:
     """``<root>/allocstack-<uid>``, where live runs publish their endpoints (None if it cannot be resolved)."""
-    from allocstack.scratch import resolve_root, run_scratch
+    from allocstack.common import scratch
 
     try:
-        return run_scratch(resolve_root(scratch_root, os.environ), "x").parent
+        return scratch.user_scratch(scratch.resolve_root(scratch_root, os.environ))
     except AllocstackError:
         return None
+
+
+def live_endpoint(scratch: Path, run: str) -> Path | None:
+    """The endpoint file of ``run`` of this checkout in ``scratch`` (``<root>/allocstack-<uid>``): the one of this
+    Slurm job (``srun --jobid JOB``), else the run's only one that is there."""
+    from allocstack.common.scratch import runs_in, scratch_of
+
+    own = scratch_of(scratch.parent, run, os.environ) / names.ENDPOINT
+    if own.exists():
+        return own
+    published = [d / names.ENDPOINT for d in runs_in(scratch).get(run, []) if (d / names.ENDPOINT).exists()]
+    return published[0] if len(published) == 1 else own
 
 
 def choose_run(args) -> str:
@@ -112,9 +124,9 @@ def live_status(path: Path) -> tuple[str, dict[str, Any]]:
 
     :raises AllocstackError: ``prerequisite`` when it does not answer.
     """
-    from allocstack.client import CoordinatorClient  # only a live stack needs the HTTP client
-    from allocstack.endpoint import read_endpoint
-    from allocstack.httpclient import TransportError
+    from allocstack.common.endpoint import read_endpoint
+    from allocstack.worker.client import CoordinatorClient  # only a live stack needs the HTTP client
+    from allocstack.worker.httpclient import TransportError
 
     endpoint = read_endpoint(path)
     client = CoordinatorClient(endpoint.url, endpoint.token, timeout=10, fingerprint=endpoint.fingerprint)
@@ -132,8 +144,9 @@ def show_finished(args, run: str) -> int:
         # after an error, what an earlier run left is not this run's: only fresh records count
         records = read_run(args.results_dir, run, args.since if failed else 0.0)
         errors = error_lines(args.logs_dir, run, args.since) if failed else None
+        failures = failed_components(args.logs_dir, run, args.since) if failed and not errors else None
         wall = time.time() - args.since if args.since else None
-        print(render_finished(records, failed=failed, wall_seconds=wall, errors=errors), flush=True)
+        print(render_finished(records, failed=failed, wall_seconds=wall, errors=errors, failures=failures), flush=True)
         return EXIT_OK
     records = read_run(args.results_dir, run)
     if not records.exists:
@@ -158,7 +171,7 @@ def main(argv: list[str] | None = None) -> int:
         else:
             run = choose_run(args)
             scratch = user_scratch(args.scratch_root)
-            path = scratch / run / names.ENDPOINT if scratch else None
+            path = live_endpoint(scratch, run) if scratch else None
             shared = args.state_dir / run / names.ENDPOINT
             if (path is None or not path.exists()) and shared.exists():
                 path = shared  # another node of a multi-node stack
@@ -167,7 +180,7 @@ def main(argv: list[str] | None = None) -> int:
                 raise AllocstackError("prerequisite", f"no endpoint file at {path}: is the stack running on this node?")
             return show_finished(args, run)
         if args.url:
-            from allocstack.endpoint import TUNNEL_PORT, read_endpoint, read_view_token, tunnel_command
+            from allocstack.common.endpoint import TUNNEL_PORT, read_endpoint, read_view_token, tunnel_command
 
             endpoint = read_endpoint(path)
             port, view = endpoint.url.rsplit(":", 1)[1], read_view_token(path)

@@ -34,8 +34,9 @@ from operator import itemgetter
 from pathlib import Path
 from typing import Any
 
-from allocstack import SCHEMA_VERSION, names
-from allocstack.cli import (
+from allocstack import SCHEMA_VERSION
+from allocstack.common import names
+from allocstack.common.cli import (
     EXIT_INTERRUPTED,
     ArgumentParser,
     add_gate_arguments,
@@ -48,15 +49,15 @@ from allocstack.cli import (
     runtime_facts,
     scratch_defaults,
 )
-from allocstack.client import CoordinatorClient
-from allocstack.endpoint import Endpoint, read_endpoint, require_loopback, services_environment
-from allocstack.errors import EXIT_OK, EXIT_TEMPFAIL, AllocstackError, report
-from allocstack.events import append_event, ensure_log_dir
-from allocstack.handlers import TaskFailure, baseline, command_handler
-from allocstack.httpclient import ConnectFailed, TimedOut, TransportError
-from allocstack.jsonio import atomic_write_json, sha256_texts
-from allocstack.lifeline import watch_launcher
-from allocstack.program import await_gates, expand_argv, program_environment
+from allocstack.common.endpoint import Endpoint, read_endpoint, require_loopback, services_environment
+from allocstack.common.errors import EXIT_OK, EXIT_TEMPFAIL, AllocstackError, report
+from allocstack.common.events import append_event, ensure_log_dir
+from allocstack.common.jsonio import atomic_write_json, sha256_texts
+from allocstack.launch.lifeline import watch_launcher
+from allocstack.launch.program import await_gates, expand_argv, program_environment
+from allocstack.worker.client import CoordinatorClient
+from allocstack.worker.handlers import TaskFailure, baseline, command_handler
+from allocstack.worker.httpclient import ConnectFailed, TimedOut, TransportError
 
 Handler = Callable[[str, dict[str, Any]], str]
 
@@ -320,7 +321,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         await_gates(args.gate_record, args.gate_timeout, log)
         if args.remote_services:  # off the first node: your services through their TLS tunnels
-            from allocstack.tunnel import remote_services_environment  # asyncio: only here (~20 ms to import)
+            from allocstack.launch.tunnel import remote_services_environment  # asyncio: only here (~20 ms to import)
 
             os.environ.update(remote_services_environment(args.remote_services, args.uses))
         elif args.scratch:  # your own services' variables (config services), for your program

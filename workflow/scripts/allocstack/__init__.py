@@ -1,20 +1,15 @@
-"""Shared building blocks of allocstack's components.
+"""Shared building blocks of allocstack's components, grouped by the process they run in.
 
-Every script in ``workflow/scripts`` imports from here instead of copying code:
-diagnostics and exit codes (:mod:`errors`), atomic JSON files (:mod:`jsonio`),
-disk space and storage faults (:mod:`storage`), the run's file names and the
-variables derived from yours (:mod:`names`), the task/expected documents
-(:mod:`taskset`), the baseline handler (:mod:`handlers`), the event log
-(:mod:`events`), job-scoped scratch (:mod:`scratch`), the endpoint file and the
-services' variables (:mod:`endpoint`), every Slurm command (:mod:`slurm`), child
-supervision (:mod:`supervise`, :mod:`lifeline`), the HTTP client of the
-coordinator's protocol (:mod:`client`), and what runs your own programs
-(:mod:`program`). :mod:`compose` is the Compose mapping behind
-``import_compose.py``, which runs where snakemake runs (never inside the image).
+Every script in ``workflow/scripts`` imports from here instead of copying code. A module's
+folder says where it runs (the map, module by module, is in docs/architecture.md):
 
-The coordinator is built from :mod:`settings`, :mod:`httpserver` (h11),
-:mod:`auth`, :mod:`routing`, :mod:`api`, :mod:`taskboard`, :mod:`journal`,
-:mod:`progress` and :mod:`endrecord` (which the gate and verification read too).
+* :mod:`.plan` - Snakemake's own process: every decision the rules ask (``workflow/rules/common.smk``)
+* :mod:`.common` - every process: diagnostics, names, JSON files, the event log, Slurm, scratch, ...
+* :mod:`.coordinator` - the built-in coordinator
+* :mod:`.worker` - workers and readiness gates, the coordinator's clients
+* :mod:`.launch` - launch.py and the supervisors of your programs
+* :mod:`.status` - what the person watching a run sees (the terminal, the end-of-run summary)
+* :mod:`.compose` - ``import_compose.py``, which runs where snakemake runs (never inside the image)
 """
 
 SCHEMA_VERSION = 1

@@ -1,0 +1,205 @@
+"""Every command line the plan builds is one its script accepts: each is fed to that script's own parse_args.
+
+An option renamed in a script (or in the plan) fails here, not at run time on the path that uses it. Every
+entry point the rules start is covered: launch.py, validate_inputs.py, coordinator.py, readiness.py (the
+coordinator's gate, each other node's, each service's), app_service.py, worker.py, replica.py, check.py,
+collect.py, verify.py, and status.py at the end of a run.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from allocstack import plan
+from allocstack.common.cli import ArgumentParser
+from allocstack.coordinator.settings import parse_settings
+
+from .plans import SCRIPTS, plan_of
+
+IN_STEP = {"SLURM_JOB_ID": "7", "SLURMD_NODENAME": "vm"}
+INSTALLED = {"which": lambda program: f"/usr/bin/{program}"}
+SERVICES = ("services:\n"
+            "  db: {command: [python3, db.py], port: 5000, readiness: {mode: command, command: [python3, -c, pass],"
+            " interval: 0.2, probe_timeout: 3}, stop_grace_period: 20, environment: {K: v}}\n"
+            "  web: {command: [python3, web.py], depends_on: [db], readiness: {mode: http, path: /ok,"
+            " expect: {status: ok}}, cpus: 2}\n"
+            "  cache: {command: [python3, cache.py], depends_on: [db, web], readiness: {mode: tcp, timeout: 12}}\n")
+OWN_STACK = ("tasks: null\nexpected: null\nworker: {mode: long-running, command: [python3, w.py], environment: {A: b}}\n"
+             "verify: {command: [python3, c.py], environment: {X: y}}\nvolumes: [data]\n")
+
+#: Your own stack, each program in its own image (as import_compose.py writes it): no command (the image's own),
+#: an entrypoint, mounts, a working directory, a port from the image's EXPOSE, a command gate in the image.
+IMAGES = ("tasks: null\nexpected: null\nvolumes: [work]\n"
+          "worker: {mode: long-running, image: images/app.sif, mounts: [{target: /work, volume: work}],"
+          " working_dir: /code}\n"
+          "verify: {image: images/app.sif, command: [check.py], mounts: [{target: /work, volume: work,"
+          " read_only: true}, {target: /code, source: config, read_only: true}]}\n"
+          "services:\n"
+          "  redis: {image: images/redis-7.sif, command: [redis-server, --save, ''], port: image,"
+          " readiness: {mode: command, command: [redis-cli, ping]}}\n"
+          "  api: {image: images/api.sif, entrypoint: [python3, -m, api], port: 8080, depends_on: [redis],"
+          " readiness: {mode: started}}\n")
+
+#: name -> (config, facts): between them every option the plan can give.
+STACKS = {
+    "the baseline": ("", {}),
+    "more nodes": ("nodes: 3\nworkers: 7\nnetwork: {interface: ib0, tls: false}\nservices: {kv: {command: [kv]}}",
+                   {"environ": IN_STEP}),
+    "more nodes, long-running workers": ("nodes: 2\nworkers: 2\nworker: {mode: long-running, command: [w]}",
+                                         {"environ": IN_STEP}),
+    "your own stack": (OWN_STACK + SERVICES, {}),
+    "your own stack without services": (OWN_STACK, {}),
+    "Apptainer with GPUs, in a job step": (("image: allocstack.sif\nworker: {gpus: 2, command: [python3, x.py]}\n"
+                                           "verify: {command: [python3, c.py]}\nslurm: {step_args: [--overlap]}"),
+                                           {"environ": IN_STEP, "deployment": frozenset({"apptainer"}), **INSTALLED}),
+    "Charliecloud, volumes kept for your check": (
+        ("image: img\nruntime: charliecloud\nvolumes: [cache]\nverify: {command: [python3, c.py]}\nscratch: /scratch\n"
+        "state_dir: st\ncoordinator: {stop_claims_before_end: false}\ncharliecloud: {args: [--set-env=A=1], binds: [x]}"),
+        INSTALLED),
+    "your own stack, each program in its own image (Apptainer)": (IMAGES, {"deployment": frozenset({"apptainer"}),
+                                                                           **INSTALLED}),
+    "your own stack, each program in its own image (Charliecloud)": (IMAGES + "runtime: charliecloud\n", INSTALLED),
+    "per-task workers in worker.image": ("worker: {image: w.sif}\n", {"deployment": frozenset({"apptainer"}),
+                                                                      **INSTALLED}),
+    "no job steps, the older service block": ("slurm: {job_steps: false}\nservice: {command: [python3, app.py]}",
+                                              {"environ": IN_STEP}),
+}
+
+
+def jobs(planned: plan.Plan) -> Iterator[tuple[str, dict[str, str]]]:
+    """Every job of the run, as (component, wildcards)."""
+    run = {"run": planned.run}
+    yield "validate_inputs", run
+    if planned.builtin_coordinator:
+        yield "coordinator", run
+        yield "readiness", run
+    for node in range(2, planned.nodes + 1):
+        yield "node_gate", {**run, "node": str(node)}
+    for service in planned.services:
+        yield "service", {**run, "service": service}
+        yield "service_gate", {**run, "service": service}
+    for worker in planned.workers:
+        yield "worker", {**run, "worker": worker}
+    if planned.runs_check:
+        yield "check", run
+    yield "collect", run
+    yield "verify", run
+
+
+def parse(script: str, argv: list[str]) -> object:
+    """``argv`` as ``script`` (in workflow/scripts) parses it."""
+    if script == "coordinator.py":
+        return parse_settings(argv)
+    return importlib.import_module(script.removesuffix(".py")).parse_args(argv)
+
+
+@pytest.fixture(autouse=True)
+def whole_options(monkeypatch):
+    """An abbreviation argparse accepts (``--stop-grac``) is a misspelling here: the plan spells each option whole."""
+    init = ArgumentParser.__init__
+    monkeypatch.setattr(ArgumentParser, "__init__", lambda self, *args, **kwargs: init(self, *args, **kwargs,
+                                                                                       allow_abbrev=False))
+
+
+@pytest.fixture
+def workdir(tmp_path, monkeypatch) -> Path:
+    """A run's working directory: launch.py sets $ALLOCSTACK_SCRATCH; the gate reads the task count from the summary."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("ALLOCSTACK_SCRATCH", str(tmp_path / "scratch"))
+    return tmp_path
+
+
+@pytest.mark.parametrize("stack", sorted(STACKS))
+def test_every_command_line_parses_with_its_scripts_own_parser(stack, workdir):
+    text, facts = STACKS[stack]
+    planned = plan_of(text, **facts)
+    summary = workdir / planned.layout.inputs_summary
+    summary.parent.mkdir(parents=True)
+    summary.write_text(json.dumps({"taskCount": 4}))
+    started = set()
+    for component, wildcards in jobs(planned):
+        script = planned.script_of(component)
+        args = planned.args(component, **wildcards)
+        parsed = parse(script, args)
+        assert parsed is not None
+        started.add(script)
+        if component in ("validate_inputs", "collect"):
+            continue  # run by the rule's interpreter directly, not through launch.py
+        launch = planned.launch(component, gpus=planned.config["worker"]["gpus"] if component == "worker" else 0,
+                                **wildcards)
+        if launch == [planned.python]:
+            assert component == "verify"  # one-shot: a plain process where launch.py would add nothing
+            continue
+        assert Path(launch[1]) == SCRIPTS / "launch.py" and launch[-1] == "--"
+        launched = parse("launch.py", [*launch[2:], planned.script(script), *args])
+        assert launched.command == [planned.script(script), *args]
+    assert {"validate_inputs.py", "collect.py", "verify.py"} <= started
+
+
+def test_every_entry_point_is_covered():
+    started = {planned.script_of(component) for text, facts in STACKS.values()
+               for planned in [plan_of(text, **facts)] for component, _ in jobs(planned)}
+    assert started == {"validate_inputs.py", "coordinator.py", "readiness.py", "app_service.py", "worker.py",
+                       "replica.py", "check.py", "collect.py", "verify.py"}
+
+
+def test_the_end_of_run_summary_parses_with_status_pys_parser():
+    planned = plan_of()
+    argv = planned.end_of_run("error", 1700000000.5)
+    assert argv[:2] == [planned.facts.python, planned.script("status.py")]
+    parsed = parse("status.py", argv[2:])
+    assert (parsed.run, parsed.end_of_run, parsed.since) == ("baseline", "error", 1700000000.5)
+
+
+def test_values_reach_the_scripts_as_the_config_says(workdir):
+    """A few values end to end: through argv and the script's own types."""
+    planned = plan_of(OWN_STACK + SERVICES)
+    gate = parse("readiness.py", planned.args("service_gate", run="baseline", service="web"))
+    assert (gate.mode, gate.path, gate.expect_json, gate.timeout) == ("http", "/ok", {"status": "ok"}, 30.0)
+    assert gate.start_timeout == 30 + 30 + 30  # db's start and gate, then web's start
+    service = parse("app_service.py", planned.args("service", run="baseline", service="cache"))
+    assert service.uses == ["db", "web"] and service.command_json == ["python3", "cache.py"]
+    assert service.gate_record == [Path("results/baseline/services/db-readiness.json"),
+                                   Path("results/baseline/services/web-readiness.json")]
+    replica = parse("replica.py", planned.args("worker", run="baseline", worker="worker-02"))
+    assert (replica.index, replica.workers, replica.environment_json) == (1, 2, {"A": "b"})
+    assert replica.gate_timeout == max(30 + 30, 90 + 30, 150 + 12) + 30
+    launched = parse("launch.py", [*planned.launch("worker", run="baseline", worker="worker-02")[2:], "replica.py"])
+    assert launched.volume == ["data"] and launched.tolerate_kill is None  # a long-running worker's kill fails the run
+    collect = parse("collect.py", planned.args("collect", run="baseline"))
+    assert collect.component == ["db", "web", "cache", "worker-01", "worker-02", "check"]
+    assert collect.stop_timeout == 20 + 15
+
+
+def test_programs_of_yours_run_in_their_images_and_their_supervisors_beside_them(workdir):
+    """Each program's image, mounts, working directory and entrypoint reach its supervisor; the supervisor itself
+    (and a service's gate) runs beside the image, not in ``image``; validate_inputs gets every image to check."""
+    planned = plan_of(IMAGES, deployment=frozenset({"apptainer"}), **INSTALLED)
+    service = parse("app_service.py", planned.args("service", run="r", service="redis"))
+    assert service.image.endswith("images/redis-7.sif") and service.port_from_image and service.command_json == [
+        "redis-server", "--save", ""]
+    api = parse("app_service.py", planned.args("service", run="r", service="api"))
+    assert api.entrypoint_json == ["python3", "-m", "api"] and api.command_json is None and api.port == 8080
+    gate = parse("readiness.py", planned.args("service_gate", run="r", service="redis"))
+    assert gate.image.endswith("images/redis-7.sif") and gate.ready_command_json == ["redis-cli", "ping"]
+    replica = parse("replica.py", planned.args("worker", run="r", worker="worker-01"))
+    assert replica.command_json is None and replica.working_dir == "/code"
+    assert replica.mounts_json == [{"target": "/work", "volume": "work", "read_only": False}]  # the default filled in
+    check = parse("check.py", planned.args("check", run="r"))
+    assert check.image.endswith("images/app.sif") and check.mounts_json[1]["read_only"] is True
+    for component, wildcards in (("service", {"service": "redis"}), ("service_gate", {"service": "redis"}),
+                                 ("worker", {"worker": "worker-01"}), ("check", {})):
+        assert not any(part.startswith("--image") for part in planned.launch(component, run="r", **wildcards)), component
+    inputs = parse("validate_inputs.py", planned.args("validate_inputs", run="r"))
+    assert {entry["what"]: (entry["image"], entry["command"], entry["port"]) for entry in inputs.program_images_json} == {
+        "services.redis": ("images/redis-7.sif", False, True), "services.api": ("images/api.sif", False, False),
+        "worker": ("images/app.sif", True, False), "verify": ("images/app.sif", False, False)}
+    # per-task workers run allocstack's worker.py IN worker.image
+    per_task = plan_of("worker: {image: w.sif}\n", deployment=frozenset({"apptainer"}), **INSTALLED)
+    launch = parse("launch.py", [*per_task.launch("worker", run="r", worker="worker-01")[2:], "worker.py"])
+    assert launch.image.endswith("w.sif")

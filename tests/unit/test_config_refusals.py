@@ -1,0 +1,156 @@
+"""Every config refusal, in-process: ONE line naming the key, before anything is planned.
+
+Three of them also run through Snakemake (tests/test_config_errors.py): that the adapter turns a
+refusal into that one line and its exit code.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from allocstack import plan
+from allocstack.plan.config import defaults
+
+from .plans import configured, plan_of, refusal, world
+
+BAD = {
+    "worker.command empty": ("worker: {command: []}", "worker.command"),
+    "worker.command a shell string": ("worker: {command: 'python3 x.py'}", "worker.command"),
+    "worker.task_timeout negative": ("worker: {task_timeout: -1}", "worker.task_timeout"),
+    "worker.gpus negative": ("worker: {gpus: -1}", "worker.gpus"),
+    "workers zero": ("workers: 0", "workers: 0 is less than the minimum of 1"),
+    "a misspelled key": ("wrokers: 3", "'wrokers' was unexpected"),
+    "verify.command not a list": ("verify: {command: check.sh}", "verify.command"),
+    "service.readiness.mode unknown": ("service: {command: [x], readiness: {mode: ping}}", "service.readiness.mode"),
+    "service.readiness.path relative": ("service: {command: [x], readiness: {path: health}}", "service.readiness.path"),
+    "service command mode without a command": ("service: {command: [x], readiness: {mode: command}}",
+                                               "service.readiness.mode is command but service.readiness.command is null"),
+    "services command mode without a command": ("services: {db: {command: [x], readiness: {mode: command}}}",
+                                                ("services.db.readiness.mode is command but services.db.readiness."
+                                                "command is null")),
+    "service and services.app": ("service: {command: [x]}\nservices: {app: {command: [y]}}",
+                                 "service.command and services.app are both set"),
+    "decisions owner unknown": ("decisions: {accelerators: {owner: vendor, how: x}}", "decisions.accelerators.owner"),
+    "decisions missing how": ("decisions: {allocation: {owner: launch script}}", "decisions.allocation"),
+    "decisions owner not one of four": ("decisions: {allocation: {owner: me, how: x}}",
+                                        "decisions.allocation.owner: 'me' is not one of"),
+    "coordinator.max_attempts zero": ("coordinator: {max_attempts: 0}", "coordinator.max_attempts"),
+    "apptainer.binds not a list": ("apptainer: {binds: /data}", "apptainer.binds"),
+    "expected and verify.command both null": ("expected: null", ("expected is null and verify.command is not set: "
+                                                                "nothing would say whether")),
+    "unknown nested key": ("worker: {comand: [x]}", "comand"),
+    "network.interface not an interface name": ("network: {interface: 'eth0; rm -rf /'}", "network.interface"),
+    "services.depends_on unknown": ("services: {api: {command: [x], depends_on: [db]}}",
+                                    "services.api.depends_on: 'db' is not one of services (api)"),
+    "services.depends_on a cycle": ("services: {a: {command: [x], depends_on: [b]}, b: {command: [x], depends_on: [a]}}",
+                                    "services: depends_on has a cycle: a -> b -> a"),
+    "a service named like a worker": ("services: {worker-01: {command: [x]}}",
+                                      "services.worker-01: the name is allocstack's own"),
+    "a service named like a gate": ("services: {db-readiness: {command: [x]}}",
+                                    "services.db-readiness: the name is allocstack's own"),
+    "a service named coordinator beside the built-in one": ("services: {coordinator: {command: [x]}}",
+                                                            ("services.coordinator: the name is the built-in "
+                                                            "coordinator's (tasks is set)")),
+    "two services with one variable prefix": ("services: {my-db: {command: [x]}, my_db: {command: [y]}}",
+                                              "services.my-db and services.my_db would both be ALLOCSTACK_MY_DB_*"),
+    "a service without a command": ("services: {db: {port: 5000}}", "services.db.command is not set"),
+    "long-running workers without a command": ("worker: {mode: long-running}",
+                                               "worker.mode is long-running but worker.command is not set"),
+    "tasks null with per-task workers": ("tasks: null\nexpected: null\nverify: {command: [x]}",
+                                         "tasks is null (no built-in coordinator) but worker.mode is per-task"),
+    "a port from the image without an image": ("services: {db: {command: [x], port: image}}",
+                                               ("services.db.port is image (the port its image EXPOSEs) but it runs "
+                                               "without an image")),
+    "a mount's volume not one of volumes": ("services: {db: {command: [x], mounts: [{target: /d, volume: nope}]}}",
+                                            "services.db.mounts: /d: volume nope is not one of `volumes`"),
+    "per-task workers with mounts": ("worker: {mounts: [{target: /d, source: config}]}",
+                                     "worker.mounts is for long-running workers (your own stack)"),
+    "${env:NAME} unset": ("services: {db: {command: [x, '${env:ALLOCSTACK_TEST_UNSET}']}}",
+                          "services.db: ${env:ALLOCSTACK_TEST_UNSET} is not set in the environment snakemake runs in"),
+    "a mount a schema refuses (relative target)": ("services: {db: {command: [x], mounts: [{target: d, source: c}]}}",
+                                                   "services.db.mounts.0.target"),
+    "tasks null with expected": ("tasks: null\nworker: {mode: long-running, command: [x]}",
+                                 "expected is set but tasks is null: there are no task results to compare"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD))
+def test_a_bad_config_is_one_line_naming_the_key(case):
+    text, words = BAD[case]
+    refused = refusal(text)
+    assert refused.diag == "config" and refused.exit_code == 78
+    assert words in refused.message, refused.message
+    assert "\n" not in refused.line() and refused.line().startswith("allocstack: error [config]: ")
+
+
+@pytest.mark.parametrize("key", ["tasks", "expected"])
+def test_a_missing_input_file_is_one_line_naming_its_key(key):
+    refused = refusal(f"{key}: inputs/nope.json")
+    assert (refused.diag, refused.exit_code) == ("input", 65)
+    assert refused.message == f"{key} file inputs/nope.json does not exist (config key '{key}')"
+
+
+def test_the_config_as_snakemake_read_it_is_not_changed():
+    config = configured("workers: 3")
+    before = repr(config)
+    planned = plan.load(config, world())
+    assert repr(config) == before  # the plan's config is its own, complete copy
+    assert planned.config["workers"] == 3 and planned.config["worker"]["batch"] == 64
+
+
+def test_null_on_the_command_line_means_null_where_the_schema_allows_it():
+    """``--config expected=null`` arrives as the string "null"."""
+    config = configured("verify: {command: [python3, -c, pass]}")
+    config["expected"] = "null"
+    assert plan.load(config, world()).config["expected"] is None
+    config = configured()
+    config["run"] = "null"  # run may not be null: the text stays text
+    assert plan.load(config, world()).run == "null"
+    config["expected"] = "null"
+    with pytest.raises(plan.PlanError, match=r"expected is null and verify\.command is not set"):
+        plan.load(config, world())
+
+
+def test_the_older_service_block_is_the_service_app_with_the_services_defaults():
+    planned = plan_of("service: {command: [python3, app.py], readiness: {mode: tcp}}")
+    assert "service" not in planned.config  # migrated once: nothing after reads it
+    assert planned.services == {"app": {
+        "command": ["python3", "app.py"], "image": None, "entrypoint": None, "working_dir": None, "mounts": [],
+        "port": None, "depends_on": [], "cpus": 1, "environment": {},
+        "stop_grace_period": 10,
+        "readiness": {"mode": "tcp", "path": "/health", "expect": {}, "command": None, "timeout": None,
+                      "interval": None, "probe_timeout": 1}}}
+    assert plan_of("service: {command: null}").services == {}
+
+
+def test_a_modules_skip_validation_skips_the_schema_and_its_defaults():
+    """As snakemake.utils.validate: the module's user gives the whole config."""
+    config = {**defaults(), "workers": 0}  # the schema would refuse 0
+    assert plan.load(config, world(skip_validation=True)).config["workers"] == 0
+    with pytest.raises(KeyError):
+        plan.load({"run": "x", "tasks": None, "workers": 1}, world(skip_validation=True))
+
+
+#: Your own stack whose programs have no command: in their images they run the image's own.
+OWN_COMMANDS = ("tasks: null\nexpected: null\nworker: {mode: long-running, image: app.sif}\n"
+                "verify: {image: app.sif}\nservices: {db: {image: db.sif, port: image}}\n")
+
+
+def test_programs_without_a_command_run_their_images_own_and_without_images_are_refused():
+    """With images on (--sdm apptainer, or runtime charliecloud) a program of yours without a command runs its
+    image's own, and a port may come from the image; without images the same config is one line."""
+    installed = {"which": lambda program: f"/usr/bin/{program}"}
+    planned = plan_of(OWN_COMMANDS, deployment=frozenset({"apptainer"}), **installed)
+    assert planned.images_on and not planned.use_image  # no top-level image: allocstack's own run on the host
+    assert plan_of(OWN_COMMANDS + "runtime: charliecloud\n", **installed).images_on
+    refused = refusal(OWN_COMMANDS)
+    assert "services.db.command is not set" in refused.message and "run it in its image" in refused.message
+    missing = refusal(OWN_COMMANDS, deployment=frozenset({"apptainer"}))
+    assert missing.diag == "prerequisite" and "apptainer is not on PATH" in missing.message
+
+
+def test_a_mount_source_that_does_not_exist_and_a_set_env_reference():
+    refused = refusal("services: {db: {command: [x], mounts: [{target: /d, source: no/such/dir}]}}")
+    assert refused.diag == "input" and "services.db.mounts: /d: its source no/such/dir does not exist" in refused.message
+    planned = plan_of("services: {db: {command: [x, '${env:DB_PASSWORD}']}}", environ={"DB_PASSWORD": "s3cret"})
+    assert planned.services["db"]["command"] == ["x", "${env:DB_PASSWORD}"]  # read when it starts, not here

@@ -1,0 +1,3 @@
+"""What every process shares: diagnostics, names, JSON files, the command line, the event log, disk space,
+Slurm, endpoints, job-scoped scratch, the task documents, TLS, the network address, forked work.
+"""

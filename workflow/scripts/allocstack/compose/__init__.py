@@ -1,0 +1,2 @@
+"""A Compose file as allocstack config (import_compose.py).
+"""

@@ -1,0 +1,273 @@
+"""The coordinator's protocol: one handler per endpoint, over a :class:`TaskBoard` and a :class:`Journal`.
+
+Request bodies are checked here (a bad one is a :class:`ClientError`, 400);
+what a result means is the board's business; durability is the journal's: a
+result is acknowledged only once the journal has it on disk, and the board
+counts it done only then. A journal that cannot write (a full disk, an
+exhausted quota) answers 507 and, through ``on_fault``, stops the run granting
+claims. See ``workflow/scripts/coordinator.py`` for the protocol itself.
+
+Speed: a /claim or /results body as a worker sends it is read by msgspec into a
+typed record (:func:`typed_post`), and a batch of good results for consecutive
+tasks is accepted whole (:meth:`CoordinatorApi.submit_batch`): one digest check
+over the batch, one journal string, slices of the board's arrays. Anything else
+(a bad result, a body of another shape) takes the general path, which judges
+result by result and names each problem; both give the same answers (tested).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from typing import Any
+from urllib.parse import parse_qs
+
+from .. import SCHEMA_VERSION
+from ..common.errors import AllocstackError
+from ..common.jsonio import dumps_compact, msgspec
+from .httpserver import ClientError, HttpError, Request, Response
+from .journal import Journal, result_line, result_lines
+from .progress import Clock, Progress
+from .routing import Router
+from .statuspage import PAGE
+from .taskboard import WORKER_ID_PATTERN, TaskBoard
+
+WAIT_HINT_SECONDS = 0.1
+MAX_CLAIM_BATCH = 10_000
+#: A failure reason is kept up to this many characters (its tail).
+MAX_REASON_CHARS = 2000
+#: What a worker may call its node (a host name as Slurm and DNS spell them).
+NODE_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+_PAGE = Response(200, PAGE.encode("utf-8"), content_type="text/html; charset=utf-8")
+
+Event = Callable[..., None]
+
+if msgspec is not None:
+    class _Result(msgspec.Struct, forbid_unknown_fields=True, gc=False):
+        taskId: str
+        output: str
+        sha256: str
+        workerId: str | msgspec.UnsetType = msgspec.UNSET
+
+    class _Post(msgspec.Struct, forbid_unknown_fields=True, gc=False):
+        """A /claim or /results body as a worker sends it, every value of the type the protocol asks."""
+
+        workerId: str
+        max: int | msgspec.UnsetType = msgspec.UNSET
+        results: list[_Result] | msgspec.UnsetType = msgspec.UNSET
+        node: str | None = None
+
+    _POST = msgspec.json.Decoder(_Post)
+else:
+    _POST = None
+
+
+def typed_post(request: Request) -> Any:
+    """The body as a typed record when msgspec reads it as one (a claim or a batch of results as a worker
+    sends them, with a well-formed workerId); else None, and the body takes the general path.
+
+    Only what the general path reads the same way gets here: no unknown key (nothing is skipped
+    unread), each value of its type; msgspec refuses what the standard library reads otherwise.
+    """
+    if _POST is None or not request.body:
+        return None
+    try:
+        post = _POST.decode(request.body)
+    except (msgspec.MsgspecError, RecursionError):
+        return None
+    return post if WORKER_ID_PATTERN.match(post.workerId) else None
+
+
+def worker_body(request: Request) -> dict[str, Any]:
+    """The request's JSON object with a well-formed ``workerId``.
+
+    :raises ClientError: 400 otherwise.
+    """
+    body = request.json()
+    if not isinstance(body, dict):
+        raise ClientError("body must be a JSON object")
+    worker = body.get("workerId")
+    if not isinstance(worker, str) or not WORKER_ID_PATTERN.match(worker):
+        raise ClientError("workerId is missing or malformed")
+    return body
+
+
+class CoordinatorApi:
+    """The endpoints. ``event(name, **fields)`` logs a run event; ``on_fault(error)`` is told of a
+    journal that cannot write; ``on_change()`` runs after results or failures changed the board."""
+
+    def __init__(self, board: TaskBoard, journal: Journal, progress: Progress, *, event: Event,
+                 on_fault: Callable[[AllocstackError], None], on_change: Callable[[], None],
+                 log: Callable[[str], None]) -> None:
+        self.board = board
+        self.journal = journal
+        self.progress = progress
+        self.clock: Clock = progress.clock
+        self.event = event
+        self.on_fault = on_fault
+        self.on_change = on_change
+        self.log = log
+        self.health_body = Response.json(200, {"status": "ready", "schemaVersion": SCHEMA_VERSION,
+                                               "taskCount": len(board)}).body
+
+    def router(self) -> Router:
+        return Router({
+            ("GET", "/health"): self.health,
+            ("GET", "/ui"): self.page,
+            ("GET", "/status"): self.status,
+            ("POST", "/claim"): self.claim,
+            ("POST", "/result"): self.result,
+            ("POST", "/results"): self.results,
+            ("POST", "/heartbeat"): self.heartbeat,
+            ("POST", "/fail"): self.fail,
+        })
+
+    async def health(self, request: Request) -> Response:
+        return Response(200, self.health_body)
+
+    async def page(self, request: Request) -> Response:
+        return _PAGE
+
+    async def status(self, request: Request) -> Response:
+        summary = self.progress.summary(self.board)
+        if parse_qs(request.query).get("history") == ["1"]:
+            summary["history"] = list(self.progress.history)
+        return Response.json(200, summary)
+
+    async def submit_batch(self, worker: str, results: list[Any]) -> list[str] | None:
+        """:meth:`submit` of a typed batch whose results are all accepted (see :meth:`TaskBoard.stage_run`), in
+        a few operations over the whole batch; None (nothing done) when :meth:`submit` must judge it.
+
+        :raises HttpError: 507 when the journal cannot store them (none of them is accepted).
+        """
+        task_ids = [result.taskId for result in results]
+        outputs = [result.output for result in results]
+        digests = [result.sha256 for result in results]
+        run = self.board.stage_run(worker, task_ids, outputs, digests, self.clock())
+        if run is None:
+            return None
+        await self.store([result_lines(task_ids, worker, run.escaped, digests)], len(task_ids),
+                         lambda: self.board.abort_run(run), lambda: self.board.commit_run(run, self.clock()))
+        return task_ids
+
+    async def store(self, lines: list[bytes], records: int, abort: Callable[[], None],
+                    commit: Callable[[], None]) -> None:
+        """Journal ``lines`` (``records`` results) durably, then ``commit()`` them to the board; ``abort()``
+        when the journal cannot store them.
+
+        :raises HttpError: 507 then (none of them is accepted).
+        """
+        try:
+            await self.journal.append_lines(lines, records)
+        except AllocstackError as error:
+            abort()
+            self.on_fault(error)
+            raise HttpError(507, f"not stored, nothing accepted: {error.message}") from error
+        commit()
+        self.on_change()
+
+    async def submit(self, worker: str, results: Any) -> tuple[list[str], list[dict[str, Any]]]:
+        """Check ``results``, journal the good ones durably, then count them done.
+
+        :returns: (accepted task ids, rejections).
+        :raises HttpError: 507 when the journal cannot store them (none of them is accepted).
+        """
+        if not isinstance(results, list):
+            raise ClientError("results must be a list")
+        staged, rejected = self.board.stage(worker, results, self.clock())
+        if staged:
+            await self.store([result_line(s.task_id, s.worker, s.output, s.sha256) for s in staged], len(staged),
+                             lambda: self.board.abort(staged), lambda: self.board.commit(staged, self.clock()))
+        return [record.task_id for record in staged], rejected
+
+    async def result(self, request: Request) -> Response:
+        body = worker_body(request)
+        ids, rejected = await self.submit(body["workerId"], [body])
+        if ids:
+            return Response.json(201, {"status": "accepted", "taskId": ids[0]})
+        return Response.json(rejected[0]["code"], {"error": rejected[0]["reason"], "taskId": rejected[0]["taskId"]})
+
+    async def results(self, request: Request) -> Response:
+        post = typed_post(request)
+        if post is not None and post.results:
+            ids = await self.submit_batch(post.workerId, post.results)
+            if ids is not None:
+                return Response(200, dumps_compact({"accepted": ids, "rejected": []}))
+        body = worker_body(request)
+        ids, rejected = await self.submit(body["workerId"], body.get("results"))
+        return Response.json(200, {"accepted": ids, "rejected": rejected})
+
+    async def claim(self, request: Request) -> Response:
+        post = typed_post(request)
+        if post is not None and self.plain_claim(post):
+            reply: dict[str, Any] = {}
+            if post.results is not msgspec.UNSET:
+                ids = await self.submit_batch(post.workerId, post.results) if post.results else []
+                if ids is not None:
+                    reply.update(accepted=ids, rejected=[])
+            if reply or post.results is msgspec.UNSET:
+                return self.grant(post.workerId, post.max, post.node, reply)
+        body = worker_body(request)
+        worker = body["workerId"]
+        max_tasks = body.get("max", 1)
+        if type(max_tasks) is not int or not 1 <= max_tasks <= MAX_CLAIM_BATCH:
+            raise ClientError(f"max must be an integer in 1..{MAX_CLAIM_BATCH}")
+        node = body.get("node")
+        if node is not None and not (isinstance(node, str) and NODE_PATTERN.match(node)):
+            raise ClientError("node must be a host name")
+        reply = {}
+        if "results" in body:
+            ids, rejected = await self.submit(worker, body["results"])
+            reply.update(accepted=ids, rejected=rejected)
+        return self.grant(worker, max_tasks if "max" in body else None, node, reply)
+
+    @staticmethod
+    def plain_claim(post: Any) -> bool:
+        """A typed claim whose max and node are good (else the general path names the problem)."""
+        return ((post.max is msgspec.UNSET or 1 <= post.max <= MAX_CLAIM_BATCH)
+                and (post.node is None or NODE_PATTERN.match(post.node) is not None))
+
+    def grant(self, worker: str, max_tasks: Any, node: str | None, reply: dict[str, Any]) -> Response:
+        """Claim for ``worker`` and answer with ``reply`` (a submission's outcome) and the claim's.
+
+        :param max_tasks: the claim's ``max``; None or UNSET when it has none (one task, as ``"task"``).
+        """
+        batch = type(max_tasks) is int
+        claim = self.board.claim(worker, max_tasks if batch else 1, self.clock(), node)
+        reply["status"] = claim.status
+        if claim.status == "task":
+            if claim.first:
+                self.event("first-claim", worker=worker)
+            reply["leaseSeconds"] = self.board.lease_seconds
+            # The tasks as the document holds them (raw payload bytes), spliced into the reply.
+            tasks = self.board.tasks
+            head = dumps_compact(reply)[:-1]
+            if batch:
+                return Response(200, head + b',"tasks":' + tasks.tasks_json(claim.positions) + b"}")
+            return Response(200, head + b',"task":' + tasks.task_json(claim.positions[0]) + b"}")
+        elif claim.status == "wait":
+            reply["retryAfter"] = WAIT_HINT_SECONDS
+        elif claim.status == "stop":
+            reply["reason"] = claim.reason
+        return Response(200, dumps_compact(reply))
+
+    async def fail(self, request: Request) -> Response:
+        body = worker_body(request)
+        worker, task_id, reason = body["workerId"], body.get("taskId"), body.get("reason", "")
+        if not isinstance(task_id, str) or not isinstance(reason, str):
+            raise ClientError("taskId and reason must be strings")
+        outcome = self.board.fail(worker, task_id, reason[-MAX_REASON_CHARS:], self.clock())
+        if outcome == "ignored":
+            return Response.error(409, f"{worker} does not hold a lease on {task_id[:80]!r}")
+        self.log(f"coordinator: task {task_id} failed on {worker} ({outcome}): {reason[-300:]}")
+        self.event("task-failed", taskId=task_id, worker=worker, outcome=outcome)
+        self.on_change()
+        return Response.json(200, {"status": outcome})
+
+    async def heartbeat(self, request: Request) -> Response:
+        body = worker_body(request)
+        task_ids = body.get("taskIds")
+        if not isinstance(task_ids, list) or not all(isinstance(t, str) for t in task_ids):
+            raise ClientError("taskIds must be a list of strings")
+        held = self.board.heartbeat(body["workerId"], task_ids, self.clock())
+        return Response.json(200, {"held": held, "leaseSeconds": self.board.lease_seconds})

@@ -1,0 +1,153 @@
+"""Your own service across nodes, encrypted without touching your programs: a pinned TLS tunnel.
+
+Your service (config ``service.command``) listens on the first node's loopback, as with one
+node. With more than one node, workers on the other nodes must reach it over the network,
+and that traffic must be encrypted like the coordinator's. allocstack cannot give your
+protocol TLS, so it carries it:
+
+* on the first node, :func:`serve_tls` listens on the node's network address (the same
+  policy as the coordinator's, config ``network.interface``) with the run's own certificate
+  (``tls.tls_context``) and relays each connection to your service's loopback port;
+* in each worker off the first node, :class:`LocalForward` listens on that node's loopback
+  and relays each connection over TLS to the first node, accepting only the certificate
+  whose SHA-256 fingerprint was published with the endpoint (no CA), so your worker program
+  talks to ``$ALLOCSTACK_APP_ENDPOINT`` = ``http://127.0.0.1:PORT`` exactly as on one node.
+
+Your service's own token (``$ALLOCSTACK_APP_TOKEN``) still says who may use it: the tunnel
+only moves bytes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ssl
+import threading
+from pathlib import Path
+
+from ..common.endpoint import read_endpoint, service_variables
+from ..common.tls import certificate_matches, client_context
+
+CHUNK = 64 * 1024
+
+
+async def _pump(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    """Copy ``reader`` to ``writer`` until EOF, then half-close (so the other direction can finish)."""
+    try:
+        while data := await reader.read(CHUNK):
+            writer.write(data)
+            await writer.drain()
+        if writer.can_write_eof():
+            writer.write_eof()
+    except (ConnectionError, OSError):
+        writer.close()
+
+
+async def _relay(reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                 connect: asyncio.Future | asyncio.Task) -> None:
+    """Relay one accepted connection to the connection ``connect`` opens; close both at the end."""
+    try:
+        upstream_reader, upstream_writer = await connect
+    except (ConnectionError, OSError, ssl.SSLError):
+        writer.close()
+        return
+    try:
+        await asyncio.gather(_pump(reader, upstream_writer), _pump(upstream_reader, writer))
+    finally:  # no await here: a connection still open when the process ends must not hang it
+        writer.close()
+        upstream_writer.close()
+
+
+def in_thread(listen) -> tuple[asyncio.AbstractEventLoop, int]:
+    """Run the server that ``listen()`` (a coroutine function) starts in its own event loop, in a
+    daemon thread, for as long as this process runs; return the loop and the port it got.
+
+    :raises OSError: when it could not listen.
+    """
+    loop = asyncio.new_event_loop()
+    started, port = threading.Event(), []
+
+    def run() -> None:
+        asyncio.set_event_loop(loop)
+        try:
+            server = loop.run_until_complete(listen())
+            port.append(server.sockets[0].getsockname()[1])
+        finally:
+            started.set()
+        loop.run_forever()
+
+    threading.Thread(target=run, name="allocstack-tunnel", daemon=True).start()
+    started.wait(30)
+    if not port:
+        raise OSError("the tunnel could not listen")
+    return loop, port[0]
+
+
+def relay_to_loopback(address: str, context: ssl.SSLContext | None, target_port: int) -> int:
+    """On the first node: listen on ``address`` (TLS with ``context``; plain without) and relay
+    every connection to ``127.0.0.1:target_port``. Returns the port it listens on."""
+
+    async def accept(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await _relay(reader, writer, asyncio.ensure_future(asyncio.open_connection("127.0.0.1", target_port)))
+
+    async def listen() -> asyncio.Server:
+        return await asyncio.start_server(accept, address, 0, ssl=context,
+                                          ssl_handshake_timeout=30 if context else None)
+
+    return in_thread(listen)[1]
+
+
+async def pinned_connection(host: str, port: int, fingerprint: str,
+                            context: ssl.SSLContext) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    """A TLS connection to ``host:port`` whose certificate has SHA-256 ``fingerprint``.
+
+    :raises ssl.SSLError: when it presents another certificate (nothing has been sent yet).
+    """
+    reader, writer = await asyncio.open_connection(host, port, ssl=context)
+    if not certificate_matches(writer.get_extra_info("ssl_object").getpeercert(binary_form=True), fingerprint):
+        writer.close()
+        raise ssl.SSLError(f"{host}:{port} presented a certificate that is not this run's")
+    return reader, writer
+
+
+class LocalForward:
+    """Off the first node: ``127.0.0.1:port`` here, relayed over pinned TLS to ``host:remote_port`` there."""
+
+    def __init__(self, host: str, remote_port: int, fingerprint: str) -> None:
+        context = client_context()
+
+        async def accept(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            connect = pinned_connection(host, remote_port, fingerprint, context)
+            await _relay(reader, writer, asyncio.ensure_future(connect))
+
+        async def listen() -> asyncio.Server:
+            return await asyncio.start_server(accept, "127.0.0.1", 0)
+
+        self.loop, self.port = in_thread(listen)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+
+def remote_services_environment(published: Path, services: list[str], coordinator: Path | None = None) -> dict[str, str]:
+    """Off the first node: the variables of every service in ``services`` (and of the built-in
+    coordinator, from ``coordinator``), each endpoint a local end of its pinned TLS tunnel.
+
+    ``published`` holds what each service published for the other nodes (``NAME.json``).
+    Where the center turned TLS off (``network.tls: false``) the variables name the first
+    node's address directly.
+
+    :raises AllocstackError: ``prerequisite`` when one has not published its endpoint.
+    """
+    documents = [(name, published / f"{name}.json") for name in services]
+    if coordinator is not None:
+        documents.append(("coordinator", coordinator))
+    env: dict[str, str] = {}
+    for name, path in documents:
+        endpoint = read_endpoint(path)
+        url = endpoint.url
+        if endpoint.fingerprint:
+            host, port = url.removeprefix("https://").rsplit(":", 1)
+            url = LocalForward(host, int(port), endpoint.fingerprint).url
+        env.update(service_variables(name, url, endpoint.token))
+    return env

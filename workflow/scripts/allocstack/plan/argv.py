@@ -1,0 +1,360 @@
+"""Every component's command line, as an argv list: what the rules run, and what the argv contract test parses.
+
+A rule's shell is ``{launch} SCRIPT {args}``: :func:`launch` is ``launch.py``'s part (how and where
+the component starts: job step, node, image, scratch) and :func:`args` the script's own options,
+including the paths the rule declares (the same :class:`~allocstack.plan.layout.Layout`). Both
+are keyed by the component (:func:`launched`, :data:`ARGS`) and the rule's wildcards. Options are
+spelled ``--option=value``, so a value that starts with ``-`` stays a value; each list is fed to
+its script's ``parse_args`` in ``tests/unit/test_argv_contract.py``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from . import decisions, placement, programs, timeouts
+
+if TYPE_CHECKING:
+    from .stack import Plan
+
+
+def options(*pairs: tuple[str, Any], flags: tuple[str, ...] = ()) -> list[str]:
+    """``--option=value`` for each pair (JSON for a list or a mapping), then the bare ``flags``."""
+    return [f"{option}={json.dumps(value) if isinstance(value, (list, dict)) else value}"
+            for option, value in pairs] + list(flags)
+
+
+def each(option: str, values: Any) -> list[tuple[str, Any]]:
+    """``(option, value)`` for each of ``values`` (a repeatable option)."""
+    return [(option, value) for value in values]
+
+
+# -- launch.py -------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Launched:
+    """How launch.py starts a component.
+
+    :param name: the component's (and its job step's) name.
+    :param node: the allocation's node it runs on (0 = the first: where the group job, the
+        coordinator, the gates and your services run).
+    :param tolerate_kill: the record a component killed from outside writes, and the job succeeds.
+    :param one_shot: a component that runs once and needs no supervision (verification) is started as
+        a plain process where launch.py would add nothing: no job step, no image, no scratch.
+    """
+
+    name: str
+    cpus: int = 1
+    scratch: bool = True
+    tolerate_kill: str | None = None
+    job_end_time: bool = False
+    node: int = 0
+    one_shot: bool = False
+
+
+def launched(plan: Plan, component: str, run: str, worker: str = "", service: str = "", node: str = "") -> Launched:
+    """How ``component`` (a key of :data:`ARGS`) with these wildcards is launched."""
+    config, files = plan.config, plan.files(run)
+    match component:
+        case "coordinator":
+            return Launched("coordinator", config["coordinator"]["cpus"],
+                            job_end_time=config["coordinator"]["stop_claims_before_end"])
+        case "readiness" | "check":
+            return Launched(component)
+        case "node_gate":
+            # A node lost before its gate passed: recorded (not "ready"), its workers never start.
+            return Launched(f"gate-node-{node}", node=int(node) - 1, tolerate_kill=files.node_gate(node))
+        case "service":
+            return Launched(service, config["services"][service]["cpus"])
+        case "service_gate":
+            return Launched(f"{service}-readiness")
+        case "worker":
+            # A per-task worker killed from outside is tolerated (its tasks go back to the queue); a
+            # long-running one is not: the run fails.
+            return Launched(worker, config["worker"]["cpus"], node=plan.worker_node(worker),
+                            tolerate_kill=None if plan.long_running else files.worker_record(worker))
+        case "verify":
+            return Launched("verify", scratch=plan.volumes_after_collect, one_shot=True)
+    raise KeyError(component)
+
+
+def launch(plan: Plan, component: str, run: str, gpus: int = 0, **wildcards: str) -> list[str]:
+    """The command that starts ``component`` (see workflow/scripts/launch.py), ending in ``--``;
+    a one-shot component outside what launch.py adds: the interpreter alone.
+
+    :param gpus: the job's ``gpu`` resource (workers only, config worker.gpus).
+    """
+    config = plan.config
+    how = launched(plan, component, run, **wildcards)
+    in_step = config["slurm"]["job_steps"] and plan.facts.job_id
+    # A supervisor of a program of yours in an image runs beside it on the node, not in ``image``;
+    # per-task workers run in worker.image when it is set.
+    own = programs.own_image(plan, component)
+    in_image = ((plan.use_image or bool(own)) and plan.images_on
+                and not programs.beside(plan, component, wildcards.get("service", "")))
+    if how.one_shot and not (how.scratch or in_image or in_step):
+        return [plan.python]
+    # Absolute, like the component's own path when launch.py starts it as a child: a component that runs
+    # in launch.py's process (outside an allocation, no image) is still found by its path.
+    argv = [plan.python, plan.facts.absolute(plan.script("launch.py")),
+            *options(("--component", how.name), ("--run", run), ("--scratch-root", config["scratch"] or ""),
+                     ("--cpus", how.cpus), ("--run-state", plan.files(run).state))]
+    argv += ["--no-scratch"] if not how.scratch else options(*each("--volume", config["volumes"]))
+    if how.job_end_time:
+        argv.append("--job-end-time")
+    if how.tolerate_kill:
+        argv += options(("--tolerate-kill", how.tolerate_kill))
+    if how.node > 0:
+        argv += options(("--node-index", how.node))
+    if config["slurm"]["job_steps"]:
+        argv.append("--job-steps")
+        argv += options(*each("--step-arg", config["slurm"]["step_args"]))
+        if gpus:
+            argv += options(("--step-arg", f"--gpus={gpus}"))
+    if in_image:
+        runtime = config["runtime"]
+        runtime_args = config[runtime]["args"]
+        argv += options(("--image", plan.facts.absolute(own or config["image"])), ("--runtime", runtime),
+                        *each("--runtime-arg", runtime_args))
+        if gpus > 0 and runtime == "apptainer" and "--nv" not in runtime_args:
+            # GPUs requested: expose the driver (Charliecloud: ch-fromhost --nvidia put it into the
+            # image once, see container/README.md)
+            argv += options(("--runtime-arg", "--nv"))
+        argv += options(("--runtime-hint", config[runtime]["hint"]), *each("--bind", bind_paths(plan, run)),
+                        *each("--pass-env", programs.env_references(config["worker"])))
+    return [*argv, "--"]
+
+
+def bind_paths(plan: Plan, run: str) -> list[str]:
+    """Host paths a containerised component needs (bound at the same place)."""
+    config, files = plan.config, plan.files(run)
+    inputs = [os.path.dirname(plan.facts.absolute(path)) for path in (config["tasks"], config["expected"]) if path]
+    return [*config[config["runtime"]]["binds"], files.results, files.state, *inputs]
+
+
+# -- the scripts' own options -----------------------------------------------------------------------
+
+def validate_inputs(plan: Plan, run: str) -> list[str]:
+    """validate_inputs.py: the inputs (and the image's digest), then the decision record."""
+    config, files = plan.config, plan.files(run)
+    handler = "long-running" if plan.long_running else ("command" if config["worker"]["command"] else "baseline")
+    pairs = []
+    if plan.builtin_coordinator:
+        pairs += [("--tasks", config["tasks"]), ("--compact-tasks", files.compact_tasks)]
+    if config["expected"]:
+        pairs.append(("--expected", config["expected"]))
+    pairs += [("--workers", config["workers"]), ("--handler", handler)]
+    if plan.use_image:
+        pairs.append(("--image", config["image"]))
+    # the runtime also reads the images of your programs (programImages: their sidecars, own commands, EXPOSE)
+    pairs.append(("--runtime", config["runtime"]))
+    runtime = config["runtime"] if plan.use_image else None
+    pairs += [("--output", files.inputs_summary), ("--run", run), ("--decisions-json", config["decisions"]),
+              ("--facts-json", decisions.facts(config, files, plan.order, runtime)),
+              ("--program-images-json", programs.image_checks(plan)),
+              ("--decision-record", files.decision_record)]
+    return options(*pairs)
+
+
+def network(plan: Plan, published: str) -> list[str]:
+    """coordinator.py / app_service.py: with more than one node, also listen on the network address
+    (config network.*) and publish that endpoint for the other nodes at ``published``."""
+    if plan.nodes == 1:
+        return []
+    interface = plan.config["network"]["interface"]
+    return options(("--network-endpoint-file", published), *([("--interface", interface)] if interface else []),
+                   flags=() if plan.config["network"]["tls"] else ("--no-tls",))
+
+
+def coordinator(plan: Plan, run: str) -> list[str]:
+    """coordinator.py: the built-in coordinator, a service of the stack's group."""
+    config, files = plan.config, plan.files(run)
+    coordinator = config["coordinator"]
+    stop_claims = () if coordinator["stop_claims_before_end"] else (("--stop-claims-at", 0),)
+    return [*options(("--input", config["tasks"]), ("--results", files.coordinator_results),
+                     ("--end-record", files.coordinator_end), ("--inputs-summary", files.inputs_summary),
+                     ("--compact-tasks", files.compact_tasks), ("--service-file", files.coordinator_service),
+                     ("--journal", files.journal), ("--workers", config["workers"]),
+                     ("--max-attempts", coordinator["max_attempts"]), ("--lease-seconds", coordinator["lease_seconds"]),
+                     ("--idle-timeout", coordinator["idle_timeout"]), ("--lifetime", coordinator["lifetime"]),
+                     *stop_claims),
+            *network(plan, files.shared_endpoint)]
+
+
+def readiness(plan: Plan, run: str) -> list[str]:
+    """readiness.py: the coordinator's gate (its /health reports the task count)."""
+    config, files = plan.config, plan.files(run)
+    return options(("--inputs-summary", files.inputs_summary), ("--timeout", config["readiness"]["timeout"]),
+                   ("--interval", config["readiness"]["interval"]), ("--record", files.coordinator_gate),
+                   ("--coordinator-record", files.coordinator_end))
+
+
+def node_gate(plan: Plan, run: str, node: str) -> list[str]:
+    """readiness.py: node ``node``'s gate (1-based, above 1): the coordinator is reachable from there."""
+    config, files = plan.config, plan.files(run)
+    return options(("--inputs-summary", files.inputs_summary), ("--endpoint-file", files.shared_endpoint),
+                   ("--events", files.shared_events(f"gate-node-{node}")),
+                   ("--timeout", config["readiness"]["timeout"]), ("--interval", config["readiness"]["interval"]),
+                   ("--record", files.node_gate(node)), ("--coordinator-record", files.coordinator_end),
+                   flags=("--off-node",))
+
+
+def service(plan: Plan, run: str, service: str) -> list[str]:
+    """app_service.py: services.<service>, started once its dependencies' gates passed."""
+    spec, files = plan.services[service], plan.files(run)
+    from_image = spec["port"] == "image"  # the port its image EXPOSEs, read when it starts
+    port = [] if from_image else [("--port", spec["port"] or 0)]
+    return [*options(("--service-file", files.service_file(service)), ("--name", service),
+                     *programs.options(plan, spec), ("--environment-json", spec["environment"]),
+                     *port, ("--gate-timeout", timeouts.start_bound(plan.config, service)),
+                     ("--stop-grace", spec["stop_grace_period"]), *each("--uses", spec["depends_on"]),
+                     *each("--gate-record", map(files.service_gate, spec["depends_on"])),
+                     flags=("--port-from-image",) if from_image else ()),
+            *network(plan, files.shared_service_endpoint(service))]
+
+
+def service_gate(plan: Plan, run: str, service: str) -> list[str]:
+    """readiness.py: the gate of services.<service> (its readiness)."""
+    spec, files = plan.services[service], plan.files(run)
+    ready = spec["readiness"]
+    pairs = [("--service", service), ("--mode", ready["mode"]),
+             ("--timeout", timeouts.gate_timeout(plan.config, service)),
+             ("--interval", timeouts.gate_interval(plan.config, service)), ("--probe-timeout", ready["probe_timeout"]),
+             ("--start-timeout", timeouts.start_bound(plan.config, service)), *each("--uses", spec["depends_on"])]
+    if ready["mode"] == "http":
+        pairs += [("--path", ready["path"]), ("--expect-json", ready["expect"])]
+    if ready["mode"] == "command":
+        pairs.append(("--ready-command-json", ready["command"]))
+        # in the service's image, as Compose runs a healthcheck in the service's container
+        pairs += [pair for pair in programs.options(plan, spec, with_command=False) if pair[0] != "--entrypoint-json"]
+    return options(*pairs, ("--record", files.service_gate(service)))
+
+
+def worker(plan: Plan, run: str, worker: str) -> list[str]:
+    """worker.py (per-task) or replica.py (long-running): a worker, once every gate passed."""
+    config, files = plan.config, plan.files(run)
+    spec = config["worker"]
+    pairs = [("--worker-id", worker), *each("--gate-record", gate_records(plan, run, worker)),
+             ("--gate-timeout", timeouts.gates_timeout(config)), ("--record", files.worker_record(worker))]
+    program = [("--environment-json", spec["environment"]), *each("--uses", plan.services)]
+    if plan.long_running:
+        program += programs.options(plan, spec)
+    elif spec["command"]:
+        program.append(("--command-json", spec["command"]))
+    flags: tuple[str, ...] = ()
+    if plan.long_running:
+        pairs += [("--index", placement.worker_index(worker)), ("--workers", config["workers"]), *program]
+        flags = ("--uses-coordinator",) if plan.builtin_coordinator else ()
+    else:
+        pairs += [("--batch", spec["batch"]), ("--wait-timeout", spec["wait_timeout"]),
+                  ("--connect-timeout", spec["connect_timeout"]),
+                  ("--lease-seconds", config["coordinator"]["lease_seconds"]),
+                  ("--simulate-seconds", config["simulate"]["task_seconds"]),
+                  ("--task-timeout", spec["task_timeout"]), *program]
+    return [*options(*pairs, flags=flags), *worker_network(plan, run, worker)]
+
+
+def gate_records(plan: Plan, run: str, worker: str) -> list[str]:
+    """The gate records a worker waits for: the coordinator's, every service's, and off the first node
+    its node's (the coordinator is reachable from there)."""
+    files = plan.files(run)
+    records = [files.coordinator_gate] if plan.builtin_coordinator else []
+    records += [files.service_gate(name) for name in plan.services]
+    node = plan.worker_node(worker)
+    if node > 0:
+        records.append(files.node_gate(node + 1))
+    return records
+
+
+def worker_network(plan: Plan, run: str, worker: str) -> list[str]:
+    """With more than one node: the worker's event log in the shared directory, and off the first node
+    the endpoints published for the other nodes (the coordinator's, your services')."""
+    if plan.nodes == 1:
+        return []
+    files = plan.files(run)
+    pairs = [("--events", files.shared_events(worker))]
+    if plan.worker_node(worker) > 0:
+        pairs.append(("--endpoint-file", files.shared_endpoint))
+        # A long-running worker may use the coordinator through a tunnel too.
+        if plan.services or plan.long_running:
+            pairs.append(("--remote-services", files.shared_services))
+    return options(*pairs)
+
+
+def check(plan: Plan, run: str) -> list[str]:
+    """check.py: your check (verify.command) of your own stack, once every worker ended."""
+    spec, files = plan.config["verify"], plan.files(run)
+    return options(*programs.options(plan, spec), ("--environment-json", spec["environment"]),
+                   *each("--uses", plan.services), *each("--wait-for", map(files.worker_record, plan.workers)),
+                   ("--record", files.check_record))
+
+
+def collect(plan: Plan, run: str) -> list[str]:
+    """collect.py: the event logs merged, the timeline drawn, how every component ran and ended."""
+    config, files = plan.config, plan.files(run)
+    components = [*plan.services, *(plan.workers if plan.long_running else []), *(["check"] if plan.runs_check else [])]
+    return options(("--scratch-root", config["scratch"] or ""), ("--run", run),
+                   ("--inputs-summary", files.inputs_summary), ("--shared-dir", files.state),
+                   ("--events-out", files.events), ("--provenance-out", files.provenance),
+                   ("--services-out", files.services_record), ("--timeline-out", files.timeline),
+                   *each("--service", plan.services), *each("--component", components),
+                   ("--stop-timeout", timeouts.stop_timeout(config)),
+                   flags=("--keep-scratch",) if plan.volumes_after_collect else ())
+
+
+def verify(plan: Plan, run: str) -> list[str]:
+    """verify.py: the coordinator's results (with a task document), or your check's record; the gate
+    order in the event log when there is a gate (a stack of workers and a check alone has none)."""
+    config, files = plan.config, plan.files(run)
+    pairs: list[tuple[str, Any]] = [("--services-record", files.services_record)]
+    if plan.builtin_coordinator or plan.services:
+        pairs.append(("--events", files.events))
+    if plan.builtin_coordinator:
+        pairs += [("--input", config["tasks"]), ("--results", files.coordinator_results),
+                  ("--end-record", files.coordinator_end), ("--inputs-summary", files.inputs_summary),
+                  ("--environment-json", config["verify"]["environment"])]
+        if config["expected"]:
+            pairs.append(("--expected", config["expected"]))
+        if config["verify"]["command"]:
+            pairs += programs.options(plan, config["verify"])
+    else:
+        pairs.append(("--check-record", files.check_record))
+    pairs += [("--output", files.marker), ("--retire-journal", files.journal)]
+    return options(*pairs, flags=("--remove-scratch",) if plan.volumes_after_collect else ())
+
+
+#: Each component's script, and the function of its options (its wildcards besides ``run`` as keywords).
+ARGS: dict[str, tuple[str, Callable[..., list[str]]]] = {
+    "validate_inputs": ("validate_inputs.py", validate_inputs),
+    "coordinator": ("coordinator.py", coordinator),
+    "readiness": ("readiness.py", readiness),
+    "node_gate": ("readiness.py", node_gate),
+    "service": ("app_service.py", service),
+    "service_gate": ("readiness.py", service_gate),
+    "worker": ("worker.py", worker),  # replica.py for long-running workers: see :func:`script_of`
+    "check": ("check.py", check),
+    "collect": ("collect.py", collect),
+    "verify": ("verify.py", verify),
+}
+
+
+def script_of(plan: Plan, component: str) -> str:
+    """The script (in workflow/scripts) that runs ``component``."""
+    if component == "worker" and plan.long_running:
+        return "replica.py"
+    return ARGS[component][0]
+
+
+def args(plan: Plan, component: str, run: str, **wildcards: str) -> list[str]:
+    """The options of ``component``'s script for the run ``run`` and the rule's other wildcards."""
+    return ARGS[component][1](plan, run, **wildcards)
+
+
+def end_of_run(plan: Plan, outcome: str, since: float) -> list[str]:
+    """status.py --end-of-run: the run's verdict, counts and wall time, the last thing on the terminal."""
+    return [plan.facts.python, plan.script("status.py"),
+            *options(("--run", plan.run), ("--end-of-run", outcome), ("--since", since))]

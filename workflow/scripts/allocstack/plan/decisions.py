@@ -1,0 +1,62 @@
+"""What the decision record says about the run beside its five decisions, and the one line of a dry run."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from ..common import names
+from .layout import Layout
+
+#: The five decisions (config ``decisions``), as a dry run names them.
+DECISIONS = {
+    "allocation": "allocation",
+    "startup_order": "startup order",
+    "runtime_state": "runtime state",
+    "service_access": "access",
+    "accelerators": "accelerators",
+}
+
+
+def summary(config: Mapping[str, Any]) -> str:
+    """One line for --dry-run: who owns each of the five things."""
+    return "decisions: " + "; ".join(f"{label}: {config['decisions'][key]['owner']}"
+                                     for key, label in DECISIONS.items())
+
+
+def facts(config: Mapping[str, Any], layout: Layout, order: Sequence[str], runtime: str | None) -> dict[str, Any]:
+    """The run's settings that the decision record lists under its table.
+
+    :param order: the services in their start order.
+    :param runtime: the container runtime components run in (None: no image).
+    """
+    builtin = bool(config["tasks"])
+    listed: dict[str, Any] = {
+        "image": config["image"],
+        "container runtime": runtime,
+        "scratch": config["scratch"] or "$SLURM_TMPDIR, else $TMPDIR",
+        "state_dir": config["state_dir"],
+        "job steps": config["slurm"]["job_steps"],
+        "built-in coordinator": builtin,
+        "workers": f"{config['workers']} ({config['worker']['mode']})",
+        "nodes": config["nodes"],
+        "services": ", ".join(order) or "none",
+        "volumes": ", ".join(config["volumes"]) or "none",
+    }
+    if config["nodes"] > 1:
+        interface = config["network"]["interface"]
+        listed["bind address (network.interface)"] = (
+            f"the IPv4 address of interface {interface} on the first node" if interface
+            else "the address the first node's hostname resolves to")
+        listed["off-node encryption (network.tls)"] = (
+            "TLS, certificate made at start for this run, clients pin its SHA-256 fingerprint" if config["network"]["tls"]
+            else "NONE: plain text with the bearer token only (network.tls: false)")
+        if config["services"]:
+            listed["your services across nodes"] = (
+                "on the first node's loopback, relayed to the other nodes over TLS with their own per-run "
+                "certificates, pinned (allocstack/launch/tunnel.py)")
+        listed["how other nodes get the endpoint and token"] = (
+            f"{layout.shared_endpoint} (and {names.SERVICES}/NAME.json), mode 0600 in a 0700 directory on the "
+            "filesystem the nodes share; never in the environment, a command line or a Slurm RPC (not encrypted by "
+            "Slurm)")
+    return listed

@@ -1,0 +1,130 @@
+"""Where a run's files are: every path of ``results/<run>/`` and ``<state_dir>/<run>/``, spelled once.
+
+``results/<run>/`` holds what the run leaves (its records, the success marker, the timeline,
+the decision record) and the service files of Snakemake's service jobs; ``<state_dir>/<run>/``
+what must outlive the job (the results journal) and, with more than one node, what the nodes
+share (the endpoints published for them and their event logs; :mod:`allocstack.common.names` names
+the files in it, as in job-scoped scratch). The rules declare these paths, the plan's command
+lines pass them, the end-of-run summary (:mod:`allocstack.status.summary`) reads them back.
+
+A rule's pattern is the :class:`Layout` of the run ``"{run}"`` (and of ``"{worker}"``,
+``"{service}"``, ``"{node}"``); an input function's, that of ``wildcards.run``. Standard
+library only: components that run without the plan's packages read it too.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..common import names
+
+#: Every run's records, below the directory Snakemake runs in.
+RESULTS = "results"
+#: The success marker: written by verification only after every check passed.
+MARKER = "result.json"
+#: validate_inputs' summary (digests, task count), the first file of a run.
+INPUTS_SUMMARY = "inputs.json"
+#: The decision record (config ``decisions``), written with the summary.
+DECISION_RECORD = "decision-record.md"
+#: validate_inputs' compact copy of the task set, which the coordinator loads.
+COMPACT_TASKS = "tasks.compact"
+#: The coordinator's Snakemake service output.
+COORDINATOR_SERVICE = "coordinator.service"
+#: The coordinator's results document.
+COORDINATOR_RESULTS = "results.json"
+#: The coordinator's end record (how it ended).
+COORDINATOR_END = "coordinator.json"
+#: The coordinator's readiness gate record.
+COORDINATOR_GATE = "readiness.json"
+#: Your check's record (your own stack, tasks: null).
+CHECK_RECORD = "check.json"
+#: How each of your services ended (collect_results).
+SERVICES_RECORD = "services.json"
+#: Where each component ran (collect_results).
+PROVENANCE = "provenance.json"
+#: The run's timeline (collect_results).
+TIMELINE = "timeline.svg"
+#: A worker's record is WORKERS/<worker>.json.
+WORKERS = "workers"
+#: A service of yours has SERVICES/<name>.service and SERVICES/<name>-readiness.json.
+SERVICES = "services"
+#: With more than one node, node N's gate record is GATES/node-N.json.
+GATES = "gates"
+SERVICE_SUFFIX = ".service"
+
+
+class File:
+    """A file of a run as an attribute of its :class:`Layout`: its path, a string, below ``results/<run>``
+    (or with ``state=True`` below ``<state_dir>/<run>``)."""
+
+    def __init__(self, name: str, state: bool = False) -> None:
+        self.name, self.state = name, state
+
+    def __get__(self, layout: Layout, owner: type | None = None) -> str:
+        return f"{layout.state if self.state else layout.results}/{self.name}"
+
+
+@dataclass(frozen=True)
+class Layout:
+    """The files of one run (``run`` may be the wildcard ``"{run}"``)."""
+
+    run: str
+    state_dir: str = "state"
+
+    # validate_inputs', then the coordinator's (its service output, results, end record, gate record)
+    inputs_summary = File(INPUTS_SUMMARY)
+    decision_record = File(DECISION_RECORD)
+    compact_tasks = File(COMPACT_TASKS)
+    coordinator_service = File(COORDINATOR_SERVICE)
+    coordinator_results = File(COORDINATOR_RESULTS)
+    coordinator_end = File(COORDINATOR_END)
+    coordinator_gate = File(COORDINATOR_GATE)
+    # collect_results' (the merged event log first), your check's, verification's
+    events = File(names.EVENTS)
+    provenance = File(PROVENANCE)
+    services_record = File(SERVICES_RECORD)
+    timeline = File(TIMELINE)
+    check_record = File(CHECK_RECORD)
+    marker = File(MARKER)
+    #: The durable results journal a rerun resumes from.
+    journal = File(names.JOURNAL, state=True)
+    #: With more than one node: the coordinator's endpoint document for the other nodes.
+    shared_endpoint = File(names.ENDPOINT, state=True)
+    #: With more than one node: the directory of your services as published for the other nodes.
+    shared_services = File(names.SERVICES, state=True)
+
+    @property
+    def results(self) -> str:
+        """``results/<run>``: the run's records."""
+        return f"{RESULTS}/{self.run}"
+
+    @property
+    def state(self) -> str:
+        """``<state_dir>/<run>`` (0700, on the filesystem every node shares)."""
+        return f"{self.state_dir}/{self.run}"
+
+    def worker_record(self, worker: str) -> str:
+        return f"{self.results}/{WORKERS}/{worker}.json"
+
+    def service_file(self, service: str) -> str:
+        return f"{self.results}/{SERVICES}/{service}{SERVICE_SUFFIX}"
+
+    def service_gate(self, service: str) -> str:
+        return f"{self.results}/{SERVICES}/{service}-readiness.json"
+
+    def node_gate(self, node: int | str) -> str:
+        """The gate record of node ``node`` (1-based, above 1): it reached the coordinator."""
+        return f"{self.results}/{GATES}/node-{node}.json"
+
+    def shared_service_endpoint(self, service: str) -> str:
+        """With more than one node: where service ``service`` is published for the other nodes."""
+        return f"{self.state}/{names.service_endpoint(service)}"
+
+    def shared_events(self, component: str) -> str:
+        """With more than one node: ``component``'s event log in the shared state directory."""
+        return f"{self.state}/{names.component_events(component)}"
+
+
+def is_service_file(path: str) -> bool:
+    """A service output of a run (``results/<run>/coordinator.service``, ``.../services/NAME.service``)."""
+    return path.startswith(f"{RESULTS}/") and path.endswith(SERVICE_SUFFIX)

@@ -1,0 +1,223 @@
+"""The plan of a stack: ``load(config, facts)`` decides everything the rules then only ask.
+
+Loading validates the config against its schema (filling in defaults), migrates the older
+``service:`` block, orders your services, and applies every refusal in the order a reader
+meets them: the inputs, the stack, the nodes, the CPUs, what Slurm would refuse, the host,
+verification, the image's runtime. A refusal is a :class:`~allocstack.plan.refusals.PlanError`;
+nothing is asked of the world but through :class:`~allocstack.plan.facts.Facts`.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from . import argv, decisions, placement, refusals
+from .config import migrate_service_block, nulls_from_command_line, schema, validate
+from .facts import Facts
+from .layout import Layout
+from .order import DependencyCycle, UnknownDependency, start_order
+from .programs import images_on
+from .refusals import PlanError
+from .shape import Shape, allocation
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Every decision about one run of the stack (the config complete, the world as ``facts`` says).
+
+    :param config: validated, defaults filled, ``service:`` migrated into ``services``.
+    :param facts: the world it was made for.
+    :param order: your services in their start order.
+    :param shape: the allocation's shape.
+    :param use_image: components run in config ``image`` (Charliecloud: whenever it is set;
+        Apptainer: with ``--sdm apptainer``; allocstack uses no container directive, so
+        ``--sdm apptainer`` itself never needs apptainer).
+    :param images_on: images are switched on (as for ``use_image``, whether ``image`` is set or not):
+        programs of yours run in their own images (allocstack/plan/programs.py).
+    """
+
+    config: Mapping[str, Any]
+    facts: Facts
+    order: tuple[str, ...]
+    shape: Shape
+    use_image: bool
+    images_on: bool = False
+
+    @property
+    def run(self) -> str:
+        return self.config["run"]
+
+    @property
+    def builtin_coordinator(self) -> bool:
+        """A task document is set: the built-in coordinator hands it out (else: your own stack)."""
+        return bool(self.config["tasks"])
+
+    @property
+    def runs_check(self) -> bool:
+        """Your own stack (no task document): your check (verify.command) runs while the services are up,
+        as Compose runs a check that waits for the workers to complete."""
+        return not self.builtin_coordinator
+
+    @property
+    def long_running(self) -> bool:
+        return self.config["worker"]["mode"] == "long-running"
+
+    @property
+    def services(self) -> Mapping[str, Any]:
+        return self.config["services"]
+
+    @property
+    def nodes(self) -> int:
+        return self.config["nodes"]
+
+    @property
+    def workers(self) -> list[str]:
+        return placement.worker_ids(self.config["workers"])
+
+    @property
+    def python(self) -> str:
+        """The interpreter of the rules: under ``--sdm conda`` the rule's environment provides
+        ``python``; otherwise the one running Snakemake (the venv from requirements.txt)."""
+        return "python" if "conda" in self.facts.deployment else self.facts.python
+
+    @property
+    def volumes_after_collect(self) -> bool:
+        """verify.command runs after collect_results with the built-in coordinator: then the named
+        volumes must outlive collection, and verification removes the scratch."""
+        return self.builtin_coordinator and bool(self.config["volumes"]) and bool(self.config["verify"]["command"])
+
+    @property
+    def environment(self) -> dict[str, str]:
+        """Variables the adapter sets in Snakemake's own environment.
+
+        With more than one node, ``sbatch --no-kill`` for the stack's job (read by sbatch from the
+        environment, so a profile's or the command line's default-resources cannot drop it): a node
+        that fails mid-run costs only its workers, whose leased tasks go back to the queue; without
+        it Slurm would end (and requeue) the whole stack.
+        """
+        return {"SBATCH_NO_KILL": "set"} if self.nodes > 1 else {}
+
+    @property
+    def layout(self) -> Layout:
+        """The configured run's files."""
+        return self.files(self.run)
+
+    def files(self, run: str) -> Layout:
+        """The files of run ``run`` (``"{run}"``: the rules' patterns)."""
+        return Layout(run, self.config["state_dir"])
+
+    def script(self, name: str) -> str:
+        """A component script in workflow/scripts (relative, as every path of a rule)."""
+        return os.path.join(self.facts.scripts, name)
+
+    def script_of(self, component: str) -> str:
+        """The script that runs ``component`` (``worker``: worker.py, or replica.py for long-running workers)."""
+        return argv.script_of(self, component)
+
+    def worker_node(self, worker: str) -> int:
+        """The node (0 = the first) that runs ``worker``."""
+        return placement.node_of(placement.worker_index(worker), self.config["workers"], self.nodes)
+
+    def launch(self, component: str, gpus: int | None = 0, **wildcards: str) -> list[str]:
+        """launch.py's part of ``component``'s command (``gpus``: its job's ``gpu`` resource)."""
+        return argv.launch(self, component, gpus=int(gpus or 0), **wildcards)
+
+    def args(self, component: str, **wildcards: str) -> list[str]:
+        """The options of ``component``'s script, for the rule's ``wildcards`` (``run`` and its own)."""
+        return argv.args(self, component, **wildcards)
+
+    def end_of_run(self, outcome: str, since: float) -> list[str]:
+        return argv.end_of_run(self, outcome, since)
+
+    @property
+    def decision_summary(self) -> str:
+        return decisions.summary(self.config)
+
+    # -- what the rules consume and produce, beyond their fixed files --------------------------
+
+    def tasks_input(self) -> list[str]:
+        """The task document, when the built-in coordinator runs."""
+        return [self.config["tasks"]] if self.builtin_coordinator else []
+
+    def expected_input(self) -> list[str]:
+        """The expected document, when verification compares against one."""
+        return [self.config["expected"]] if self.config["expected"] else []
+
+    def validated_outputs(self, run: str) -> dict[str, str]:
+        """validate_inputs' compact task set: only with a task document."""
+        return {"compact": self.files(run).compact_tasks} if self.builtin_coordinator else {}
+
+    def coordinator_outputs(self, run: str) -> dict[str, str]:
+        """The built-in coordinator's results, end record and gate record (with a task document)."""
+        if not self.builtin_coordinator:
+            return {}
+        files = self.files(run)
+        return {"results": files.coordinator_results, "end_record": files.coordinator_end,
+                "gate": files.coordinator_gate}
+
+    def service_files(self, run: str) -> list[str]:
+        """Every service of yours' service file."""
+        return [self.files(run).service_file(name) for name in self.services]
+
+    def service_dependencies(self, run: str, service: str) -> list[str]:
+        """The service files of what ``service`` depends on: kept alive together, and visible in the DAG."""
+        return [self.files(run).service_file(name) for name in self.services[service]["depends_on"]]
+
+    def service_gates(self, run: str) -> list[str]:
+        return [self.files(run).service_gate(name) for name in self.services]
+
+    def worker_records(self, run: str) -> list[str]:
+        return [self.files(run).worker_record(worker) for worker in self.workers]
+
+    def worker_inputs(self, run: str) -> list[str]:
+        """What keeps the services alive while a worker runs: the coordinator's and your services' files."""
+        coordinator = [self.files(run).coordinator_service] if self.builtin_coordinator else []
+        return coordinator + self.service_files(run)
+
+    def check_inputs(self, run: str) -> list[str]:
+        """run_check consumes your services' files (they stay up while it runs) and waits for the workers
+        itself; with no services, the workers' records are its plain inputs."""
+        return self.service_files(run) or self.worker_records(run)
+
+    def check_records(self, run: str) -> list[str]:
+        return [self.files(run).check_record] if self.runs_check else []
+
+    def node_gates(self, run: str) -> list[str]:
+        """Every other node's gate record (none with one node)."""
+        return [self.files(run).node_gate(node) for node in range(2, self.nodes + 1)]
+
+
+def load(config: Mapping[str, Any], facts: Facts) -> Plan:
+    """The plan of ``config`` (as Snakemake read it: not changed) in the world ``facts`` describes.
+
+    :raises PlanError: the first refusal, ONE line naming the key.
+    """
+    complete = copy.deepcopy(dict(config))
+    nulls_from_command_line(complete, schema())
+    if not facts.skip_validation:
+        validate(complete)
+    spelled = migrate_service_block(complete)
+    try:
+        order = start_order({name: spec["depends_on"] for name, spec in complete["services"].items()})
+    except UnknownDependency as error:
+        raise PlanError("config", str(error)) from error
+    except DependencyCycle as error:
+        raise PlanError("config", f"services: {error}") from error
+    shape = allocation(complete)
+    on = images_on(complete, facts.deployment)
+    use_image = bool(complete["image"]) and on
+    refusals.refuse_missing_inputs(complete, facts)
+    refusals.refuse_bad_stack(complete, spelled, on)
+    refusals.refuse_bad_programs(complete, facts)
+    refusals.refuse_bad_nodes(complete, facts)
+    refusals.refuse_too_many_cpus(complete, shape, facts)
+    refusals.refuse_cluster_settings(shape, facts)
+    refusals.refuse_foreign_host(complete, facts)
+    refusals.refuse_unverified(complete, on)
+    refusals.refuse_missing_runtime(complete, use_image, facts, on)
+    refusals.refuse_unusable_tmpdir(complete, facts)
+    return Plan(complete, facts, tuple(order), shape, use_image, on)
