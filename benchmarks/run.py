@@ -14,11 +14,15 @@
    fsync in a loop, same run) and batch 1's rate as a fraction of workers x that
    rate, with group commit's window and without it (and the mean latency per task).
 2. Coordinator peak memory (VmHWM) and wall time from 1,000 to 100,000 tasks
-   (``--full``: 1,000,000).
+   (``--full``: 1,000,000, of both shapes: the no-op tasks, and the realistic set below).
 3. ``snakemake --cores 4`` on the baseline against Snakemake's own floor (a
    one-rule workflow), and the gate latency from the run's events.jsonl; the whole
    workflow end to end (collection and verification included) on 10,000 and
-   100,000 tasks (``--full``: 1,000,000) against Dask's compute phase alone.
+   100,000 tasks (``--full``: 1,000,000) against Dask's compute phase alone. The
+   million runs twice: make_tasks.py's plain set (ids in order, "m<N>" twice) and
+   its realistic one (``--shape realistic``, seed 31: shuffled ids of several forms,
+   ASCII and non-ASCII messages with characters outside the BMP, quotes, backslashes
+   and JSON escapes, repeats 1-9), in the same run, each with where its seconds went.
 4. ``cluster``, when the Slurm test cluster and the test image are there
    (tests/cluster/prepare.sh): the baseline through ``--profile profiles/slurm``
    against a one-rule workflow through the same profile, and where the seconds go:
@@ -68,13 +72,42 @@ def task_document(count: int) -> dict:
             "tasks": [{"id": f"t{i:07d}", "payload": {"message": "x", "repeat": 1}} for i in range(count)]}
 
 
-class Coordinator:
-    """A real coordinator process in its own temporary directory (``prefix``: e.g. run it on a test-cluster node)."""
+#: The realistic task set's seed (make_tasks.py --shape realistic --seed): the same set in every run.
+REALISTIC_SEED = 31
+_GENERATED: dict[tuple[str, int], tuple[Path, Path]] = {}
 
-    def __init__(self, count: int, workers: int, *extra: str, prefix: tuple[str, ...] = ()) -> None:
+
+def generated_set(shape: str, count: int) -> tuple[Path, Path]:
+    """make_tasks.py's task document and expected results of ``shape`` ("plain" or "realistic"), made once
+    per benchmark run (a realistic million takes about half a minute) in a temporary directory."""
+    if (shape, count) not in _GENERATED:
+        directory = Path(tempfile.mkdtemp(prefix=f"allocstack-bench-{shape}-"))
+        tasks, expected = directory / "tasks.json", directory / "expected.json"
+        subprocess.run([PYTHON, str(SCRIPTS / "make_tasks.py"), str(count), "--shape", shape, "--seed",
+                        str(REALISTIC_SEED), "--tasks", str(tasks), "--expected", str(expected)],
+                       check=True, capture_output=True)
+        _GENERATED[shape, count] = tasks, expected
+    return _GENERATED[shape, count]
+
+
+def remove_generated() -> None:
+    for tasks, _ in _GENERATED.values():
+        shutil.rmtree(tasks.parent, ignore_errors=True)
+    _GENERATED.clear()
+
+
+class Coordinator:
+    """A real coordinator process in its own temporary directory (``prefix``: e.g. run it on a test-cluster node),
+    on ``count`` no-op tasks, or on the task document ``tasks`` (linked, not copied)."""
+
+    def __init__(self, count: int, workers: int, *extra: str, prefix: tuple[str, ...] = (),
+                 tasks: Path | None = None) -> None:
         self.dir = Path(tempfile.mkdtemp(prefix="allocstack-bench-"))
         self.tasks = self.dir / "tasks.json"
-        self.tasks.write_text(json.dumps(task_document(count)))
+        if tasks is None:
+            self.tasks.write_text(json.dumps(task_document(count)))
+        else:
+            os.link(tasks, self.tasks)
         self.scratch = self.dir / "scratch"
         self.started = time.monotonic()
         self.proc = subprocess.Popen(
@@ -166,9 +199,10 @@ def run_warm(coordinator: Coordinator, argvs: list[list[str]], cpu: dict | None 
     return elapsed, startup
 
 
-def allocstack_rate(count: int, workers: int, batch: int, *extra: str) -> tuple[float, dict]:
-    """Tasks/s from opening the gate (workers started and waiting) to the last worker exit."""
-    coordinator = Coordinator(count, workers, *extra)
+def allocstack_rate(count: int, workers: int, batch: int, *extra: str, tasks: Path | None = None) -> tuple[float, dict]:
+    """Tasks/s from opening the gate (workers started and waiting) to the last worker exit (``tasks``: a task
+    document of ``count`` tasks to run instead of no-op tasks)."""
+    coordinator = Coordinator(count, workers, *extra, tasks=tasks)
     argvs = [[PYTHON, str(SCRIPTS / "worker.py"), "--worker-id", f"worker-{i:02d}", "--scratch",
               str(coordinator.scratch), "--gate-record", str(coordinator.gate), "--batch", str(batch)]
              for i in range(1, workers + 1)]
@@ -287,29 +321,54 @@ def workflow_copy(prefix: str) -> Path:
     return work
 
 
-def snakemake_end_to_end(count: int, workers: int = 2, batch: int = 256) -> dict[str, float]:
-    """``snakemake --cores 4`` on ``count`` generated tasks (make_tasks.py), collection and verification
-    included: the command's wall time and the coordinator's peak RSS (from its end record)."""
+def snakemake_end_to_end(count: int, workers: int = 2, batch: int = 256, shape: str = "plain") -> dict:
+    """``snakemake --cores 4`` on ``count`` generated tasks of ``shape`` (make_tasks.py), collection and
+    verification included: the command's wall time, the coordinator's peak RSS (from its end record), and
+    where the seconds went (:func:`phases`)."""
     import yaml
 
     work = workflow_copy("allocstack-bench-e2e-")
     try:
         tasks, expected = f"inputs/tasks-{count}.json", f"expected/results-{count}.json"
-        subprocess.run([PYTHON, str(SCRIPTS / "make_tasks.py"), str(count), "--tasks", tasks, "--expected", expected],
-                       cwd=work, check=True, capture_output=True)
+        for made, there in zip(generated_set(shape, count), (tasks, expected), strict=True):
+            os.link(made, work / there)
         config = yaml.safe_load((work / "config/config.yaml").read_text())
         config.update(tasks=tasks, expected=expected, run=f"n{count}", workers=workers)
         config["worker"]["batch"] = batch
         (work / "config/bench.yaml").write_text(yaml.safe_dump(config))
         env = {**os.environ, "TMPDIR": str(work)}
-        started = time.monotonic()
+        started, wall = time.monotonic(), time.time()
         subprocess.run([SNAKEMAKE, "--cores", "4", "--configfile", "config/bench.yaml"], cwd=work, env=env,
                        check=True, capture_output=True)
         seconds = time.monotonic() - started
         end = json.loads((work / f"results/n{count}/coordinator.json").read_text())
-        return {"seconds": seconds, "peak": end.get("peakRssMb", float("nan"))}
+        return {"seconds": seconds, "peak": end.get("peakRssMb", float("nan")),
+                "phases": phases(work, f"n{count}", wall, wall + seconds)}
     finally:
         shutil.rmtree(work, ignore_errors=True)
+
+
+#: The phases of a run end to end (:func:`phases`), in order.
+PHASES = ("Snakemake's start, validate_inputs", "-> coordinator listening (its start, the task set loaded)",
+          "-> gate passed", "-> last worker ended (dispatch)", "-> results.json written (on completion)",
+          "-> coordinator exited (Snakemake ends the group)", "-> collect_results done",
+          "-> verify_results done", "-> Snakemake exits (the summary)")
+
+
+def phases(work: Path, run: str, started: float, ended: float) -> dict[str, float]:
+    """Seconds between the moments a run's events and logs record, from the command's start (``started``,
+    epoch seconds) to its exit (``ended``); see :data:`PHASES`. (Logs, not outputs: Snakemake touches a
+    group's outputs when the group ends.)"""
+    events = [json.loads(line) for line in (work / f"results/{run}/events.jsonl").read_text().splitlines()]
+    first = {e["event"]: e["t"] for e in reversed(events)}
+
+    def logged(rule: str) -> float:
+        return (work / f"logs/{rule}/{run}.log").stat().st_mtime
+
+    moments = [started, logged("validate_inputs"), first["coordinator-listening"], first["gate-passed"],
+               max(e["t"] for e in events if e["event"] == "worker-end"), first["coordinator-end"],
+               logged("serve_coordinator"), logged("collect_results"), logged("verify_results"), ended]
+    return {name: after - before for name, before, after in zip(PHASES, moments[:-1], moments[1:], strict=True)}
 
 
 def verdict(met: bool) -> str:
@@ -737,14 +796,18 @@ def print_scale(args: argparse.Namespace, scale: tuple[int, ...]) -> list[tuple[
           "target |\n|---|---|---|---|---|---|", flush=True)
     memory = []
     for count in scale:
-        rate, info = allocstack_rate(count, 2, args.batch)
-        target = ""
-        if count == 1_000_000:
-            target = (f"peak <= 300 MB: {verdict(info['peak'] <= 300)}; start <= 2 s: {verdict(info['ready'] <= 2)}; "
-                      f"dispatch <= 10 s: {verdict(info['elapsed'] <= 10)}")
-        print(f"| {count:,} | {info['peak']:.0f} MB | {info['peak'] * 1024 / count:.2f} | {info['ready']:.2f} s | "
-              f"{info['elapsed']:.1f} s ({rate:,.0f} tasks/s) | {target} |", flush=True)
-        memory.append((count, info["peak"], info["elapsed"]))
+        for shape in ("no-op", "realistic") if count == 1_000_000 else ("no-op",):
+            tasks = generated_set(shape, count)[0] if shape == "realistic" else None
+            rate, info = allocstack_rate(count, 2, args.batch, tasks=tasks)
+            target = ""
+            if count == 1_000_000:
+                target = (f"peak <= 300 MB: {verdict(info['peak'] <= 300)}; start <= 2 s: "
+                          f"{verdict(info['ready'] <= 2)}; dispatch <= 10 s: {verdict(info['elapsed'] <= 10)}")
+            label = f"{count:,}" + (f", realistic (seed {REALISTIC_SEED})" if tasks else "")
+            print(f"| {label} | {info['peak']:.0f} MB | {info['peak'] * 1024 / count:.2f} | {info['ready']:.2f} s | "
+                  f"{info['elapsed']:.1f} s ({rate:,.0f} tasks/s) | {target} |", flush=True)
+            if not tasks:
+                memory.append((count, info["peak"], info["elapsed"]))
     return memory
 
 
@@ -761,8 +824,18 @@ def print_snakemake(args: argparse.Namespace, sizes: tuple[int, ...], dask_rates
     counts = [*sizes, *((1_000_000,) if args.full else ())]
     print("\n| end to end, `snakemake --cores 4`, 2 workers, batch k | seconds | coordinator peak | "
           "Dask compute alone (2 workers) | speed-up | target |\n|---|---|---|---|---|---|")
-    for count in counts:
-        run = snakemake_end_to_end(count, 2, args.batch)
+    millions = {}
+    for count, shape in [(count, "plain") for count in counts] + ([(1_000_000, "realistic")] if args.full else []):
+        run = snakemake_end_to_end(count, 2, args.batch, shape)
+        if count == 1_000_000:
+            millions[shape] = run
+        if shape == "realistic":
+            trivial = millions["plain"]["seconds"]
+            print(f"| {count:,} tasks, realistic (seed {REALISTIC_SEED}) | {run['seconds']:.1f} | {run['peak']:.0f} MB "
+                  f"| | | <= 25 s: {verdict(run['seconds'] <= 25)}; peak <= 300 MB: {verdict(run['peak'] <= 300)}; "
+                  f"<= 1.4x the plain set's {trivial:.1f} s ({run['seconds'] / trivial:.2f}x): "
+                  f"{verdict(run['seconds'] <= 1.4 * trivial)} |", flush=True)
+            continue
         dask = dask_rates.get((count, 2))
         measured = dask is not None
         dask = dask or dask_rates.get((sizes[0], 2))  # at the smaller size's rate (Dask's rate is flat in the count)
@@ -776,6 +849,12 @@ def print_snakemake(args: argparse.Namespace, sizes: tuple[int, ...], dask_rates
               f"{f'{dask_seconds:.1f} s' if dask_seconds else '-'}{'' if measured else f' (at its {sizes[0] // 1000}k rate)'} | "
               f"{f'{ratio:.1f}x' if ratio else '-'} | {target} |",
               flush=True)
+    if millions:
+        print("\n| where the million's seconds went (s, from the run's files and events) | plain | realistic "
+              "|\n|---|---|---|")
+        for name in PHASES:
+            print(f"| {name} | {millions['plain']['phases'][name]:.2f} | {millions['realistic']['phases'][name]:.2f} |")
+        print(f"| end to end | {millions['plain']['seconds']:.2f} | {millions['realistic']['seconds']:.2f} |", flush=True)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -810,8 +889,11 @@ def main(argv: list[str] | None = None) -> int:
     scale = (1_000, 10_000, 50_000) if args.quick else (1_000, 10_000, 100_000, *((1_000_000,) if args.full else ()))
     throughput, dask_rates = print_throughput(args, sizes)
     print_batch_one(sizes[0])
-    memory = print_scale(args, scale)
-    print_snakemake(args, sizes, dask_rates)
+    try:
+        memory = print_scale(args, scale)
+        print_snakemake(args, sizes, dask_rates)
+    finally:
+        remove_generated()
     if "cluster" in args.parts:
         print_cluster(1 if args.quick else CLUSTER_RUNS)
     print(f"\nload average {Path('/proc/loadavg').read_text().split()[0]} at the end (other work on this machine "

@@ -31,8 +31,10 @@ def raw(document) -> bytes:
 
 
 def same_tasks(a, b) -> None:
-    assert a.ids == b.ids and [a.position(task_id) for task_id in a.ids] == list(range(len(a)))
-    assert [b.position(task_id) for task_id in b.ids] == list(range(len(b)))
+    ids = a.id_list()
+    assert ids == b.id_list() and [a.position(task_id) for task_id in ids] == list(range(len(a)))
+    assert [b.position(task_id) for task_id in ids] == list(range(len(b)))
+    assert [a.task_id(i) for i in range(len(a))] == ids and a.ids_in_id_order() == sorted(ids)
     assert a.position("not-a-task") is None and 5 not in a and [1] not in a
     assert [a.payload(i) for i in range(len(a))] == [b.payload(i) for i in range(len(b))]
     assert [json.loads(a.task_json(i)) for i in range(len(a))] == [a.task(i) for i in range(len(a))]
@@ -70,20 +72,30 @@ def test_tasks_read_in_chunks_are_the_tasks_read_at_once(indent, monkeypatch):
         assert decode_tasks_fast(json.dumps(broken, indent=indent).encode()) is None
 
 
+@pytest.mark.parametrize("signpost", [1, 3, 32])
 @pytest.mark.parametrize("order", ["ascending", "shuffled"])
-def test_positions_by_bisection_or_by_table(order):
+def test_positions_by_bisection_over_the_sorted_order(order, signpost, tmp_path, monkeypatch):
+    """Every id is found at its position, and nothing else is, whatever the ids' order and however many ids
+    lie between two signposts (the first bisection's)."""
+    monkeypatch.setattr(taskset, "SIGNPOST", signpost)
     document = make_tasks(30)
     if order == "shuffled":
         document["tasks"].reverse()
         document["tasks"][0], document["tasks"][7] = document["tasks"][7], document["tasks"][0]
     fast = decode_tasks_fast(raw(document))
     same_tasks(fast, parse_tasks(document))
-    assert (fast._index is None) == (order == "ascending")  # a table only where bisection cannot work
+    assert (fast.order is None) == (order == "ascending")  # positions by rank only where ids do not ascend
+    for stranger in ("", "0", "task-", "task-0000005", "task-000005x", "task-000029-", "zzz", "task-0000\u00e9"):
+        assert fast.position(stranger) is None
     duplicate = copy.deepcopy(document)
     duplicate["tasks"][-1]["id"] = duplicate["tasks"][0]["id"]
     assert decode_tasks_fast(raw(duplicate)) is None  # the standard library names the duplicate
     with pytest.raises(AllocstackError, match="duplicate task id"):
         decode_tasks(raw(duplicate))
+    path = tmp_path / "tasks.json"
+    path.write_bytes(raw(duplicate))  # read, its bytes let go before the ids are sorted: read again to name it
+    with pytest.raises(AllocstackError, match=f"task 30: duplicate task id {duplicate['tasks'][0]['id']!r}"):
+        taskset.load_tasks_and_digest(str(path))
 
 
 def test_without_msgspec_the_standard_library_gives_the_same_tasks(monkeypatch):
@@ -149,7 +161,7 @@ def finished_board(outputs: list[str], shuffled: bool = False) -> TaskBoard:
         document["tasks"] = document["tasks"][1::2] + document["tasks"][::2]
     board = TaskBoard(parse_tasks(document), lease_seconds=60, expected_workers=1)
     claim = board.claim("worker-1", len(outputs), now=0)
-    results = [{"taskId": board.tasks.ids[p], "output": outputs[p],
+    results = [{"taskId": board.tasks.task_id(p), "output": outputs[p],
                 "sha256": hashlib.sha256(outputs[p].encode()).hexdigest()} for p in reversed(claim.positions)]
     staged, rejected = board.stage("worker-1", results, now=1)
     assert not rejected
@@ -159,7 +171,7 @@ def finished_board(outputs: list[str], shuffled: bool = False) -> TaskBoard:
 
 def test_results_json_is_the_standard_librarys_text():
     board = finished_board(TRICKY_OUTPUTS)
-    expected = {"schemaVersion": 1, "results": [board.result(task_id) for task_id in sorted(board.tasks.ids)]}
+    expected = {"schemaVersion": 1, "results": [board.result(task_id) for task_id in sorted(board.tasks.id_list())]}
     assert b"".join(board.results_json()).decode("ascii") == json.dumps(expected, indent=2, sort_keys=True) + "\n"
     assert board.result("t002")["output"] == TRICKY_OUTPUTS[2] and board.result("t002")["workerId"] == "worker-1"
     empty = TaskBoard(parse_tasks(make_tasks(1)), lease_seconds=60)
@@ -173,9 +185,9 @@ def test_results_json_in_several_chunks(monkeypatch, shuffled):
     board = finished_board([f"out-{i}" for i in range(10)], shuffled)
     assert board.tasks.ascending is not shuffled
     document = json.loads(b"".join(board.results_json()))
-    assert [r["taskId"] for r in document["results"]] == sorted(board.tasks.ids)
+    assert [r["taskId"] for r in document["results"]] == sorted(board.tasks.id_list())
     assert {r["taskId"]: r["output"] for r in document["results"]} == {
-        task_id: f"out-{position}" for position, task_id in enumerate(board.tasks.ids)}
+        task_id: f"out-{position}" for position, task_id in enumerate(board.tasks.id_list())}
     assert json.dumps(document, indent=2, sort_keys=True) + "\n" == b"".join(board.results_json()).decode()
 
 
@@ -364,7 +376,7 @@ def test_results_json_of_a_board_partly_done_in_chunks(monkeypatch):
 def test_a_claims_tasks_share_a_lease_and_a_heartbeat_renews_only_the_tasks_it_names():
     board = TaskBoard(parse_tasks(make_tasks(4)), lease_seconds=10)
     claim = board.claim("a", 3, now=0)
-    ids = [board.tasks.ids[p] for p in claim.positions]
+    ids = [board.tasks.task_id(p) for p in claim.positions]
     assert board.heartbeat("a", ids[:1], now=8) == ids[:1]
     assert sorted(board.expire(now=11)) == ids[1:]  # the others' lease was not moved
     assert board.expire(now=17) == [] and board.expire(now=18) == ids[:1]
@@ -607,7 +619,7 @@ def test_a_validated_document_skips_only_the_checks_its_digest_proves_passed(tmp
     with pytest.raises(AllocstackError, match="must match"):
         load_tasks_and_digest(str(path), validated_sha256=digest)
     new_digest = hashlib.sha256(path.read_bytes()).hexdigest()
-    assert load_tasks_and_digest(str(path), validated_sha256=new_digest)[0].ids[4] == "-starts-with-a-dash"  # skipped
+    assert load_tasks_and_digest(str(path), validated_sha256=new_digest)[0].task_id(4) == "-starts-with-a-dash"  # skipped
 
 
 @pytest.mark.parametrize("order", ["ascending", "shuffled"])
@@ -633,8 +645,8 @@ def test_the_compact_task_set_is_the_validated_one_and_taken_only_while_both_dig
     assert read_compact(tmp_path / "missing", compact_sha256, digest) is None
 
     decoded = []
-    real_decode = taskset.decode_tasks
-    monkeypatch.setattr(taskset, "decode_tasks", lambda *a, **k: decoded.append(1) or real_decode(*a, **k))
+    real_decode = taskset.task_parts_fast
+    monkeypatch.setattr(taskset, "task_parts_fast", lambda *a, **k: decoded.append(1) or real_decode(*a, **k))
     loaded, same_digest = load_tasks_and_digest(str(path), validated_sha256=digest, compact=compact,
                                                 compact_sha256=compact_sha256)
     assert (same_digest, decoded) == (digest, [])  # taken from the copy, not decoded
@@ -669,3 +681,19 @@ def test_validate_inputs_writes_the_compact_task_set_only_for_good_inputs(tmp_pa
     done = run_script("validate_inputs.py", *args)
     assert done.returncode == 0, done.stderr
     assert json.loads(summary.read_text())["compactTasksSha256"] == hashlib.sha256(compact.read_bytes()).hexdigest()
+
+
+@pytest.mark.parametrize("where", ["payload string", "payload key", "id"])
+def test_a_byte_that_is_not_utf8_anywhere_is_left_to_the_standard_library(where, monkeypatch):
+    """msgspec checks the UTF-8 of what it decodes (ids), not of the payloads it passes over as raw bytes:
+    those are checked apart, a chunk at a time (here 7 bytes: the bad byte in a later chunk)."""
+    monkeypatch.setattr(taskset, "_SCAN_CHUNK", 7)
+    document = make_tasks(3)
+    document["tasks"][2]["payload"] = {"message": "é ok 🎉", "repeat": 1}
+    good = json.dumps(document, ensure_ascii=False).encode()
+    assert decode_tasks_fast(good) is not None
+    text = {"payload string": "ok 🎉", "payload key": '"repeat"', "id": "task-000002"}[where]
+    bad = good.replace(text.encode(), text.encode()[:-2] + b"\xff" + text.encode()[-1:], 1)
+    assert bad != good and decode_tasks_fast(bad) is None
+    with pytest.raises(AllocstackError, match="not UTF-8"):
+        decode_tasks(bad)

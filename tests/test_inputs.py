@@ -149,33 +149,81 @@ def reversed_expected(document):
     return {**document, "results": document["results"][::-1]}
 
 
-@pytest.mark.parametrize("case", ["good", "good in another order", "child fails", *sorted(EXPECTED_CASES)])
-def test_an_expected_document_checked_in_a_child_gives_the_same_verdict(case, tmp_path, capsys, monkeypatch):
-    """A large expected document is checked in a forked child while the task document is read
-    (validate_inputs.FORK_BYTES, here 0): the same exit code, the same one line, the same summary
-    as when this process checks it; the good document is accepted on the child's word alone."""
+PAYLOAD_CASES = ("repeat zero", "message number", "unknown payload key")
+
+
+@pytest.mark.parametrize("case", ["good", "good in another order", "child fails", *sorted(EXPECTED_CASES),
+                                  *PAYLOAD_CASES, "payload and expected both bad"])
+def test_the_documents_checked_in_children_give_the_same_verdict(case, tmp_path, capsys, monkeypatch):
+    """A large expected document is checked in a forked child while the task document is read, a large
+    task document's baseline payloads in another once it is read (validate_inputs.FORK_BYTES, here 0):
+    the same exit code, the same one line (the payloads' problem before the expected results'), the same
+    summary as when this process checks them; good documents, the expected results in the task order or
+    another, are accepted on the children's word alone."""
     import validate_inputs
 
     from allocstack.common import taskset
 
-    expected = GOOD_EXPECTED if case.startswith("good") or case == "child fails" else EXPECTED_CASES[case][0]
+    tasks = GOOD_TASKS
+    expected = GOOD_EXPECTED if case.startswith(("good", "child", "payload")) or case in PAYLOAD_CASES \
+        else EXPECTED_CASES[case][0]
     if case == "good in another order":
         expected = reversed_expected(expected)
-    tasks_path = write_json(tmp_path / "tasks.json", GOOD_TASKS)
+    if case in PAYLOAD_CASES:
+        tasks = TASK_CASES[case][0]
+    if case == "payload and expected both bad":
+        tasks, expected = TASK_CASES["repeat zero"][0], EXPECTED_CASES["expected bad digest"][0]
+    tasks_path = write_json(tmp_path / "tasks.json", tasks)
     expected_path = write_json(tmp_path / "expected.json", expected)
     seen = {}
     for fork_bytes in (1 << 40, 0):
         monkeypatch.setattr(validate_inputs, "FORK_BYTES", fork_bytes)
-        calls = []
-        monkeypatch.setattr(validate_inputs, "load_expected_and_digest",
-                            lambda *a, calls=calls, **k: calls.append(1) or taskset.load_expected_and_digest(*a, **k))
+        calls = {"expected": [], "payloads": []}
+        monkeypatch.setattr(validate_inputs, "load_expected_and_digest", lambda *a, calls=calls, **k:
+                            calls["expected"].append(1) or taskset.load_expected_and_digest(*a, **k))
+        monkeypatch.setattr(validate_inputs, "check_baseline_tasks", lambda *a, calls=calls, real=
+                            validate_inputs.check_baseline_tasks, **k: calls["payloads"].append(1) or real(*a, **k))
         if case == "child fails":
             monkeypatch.setattr(validate_inputs, "expected_facts", lambda path: 1 / 0)
         summary = tmp_path / f"inputs-{fork_bytes}.json"
         code = validate_inputs.main(["--tasks", str(tasks_path), "--expected", str(expected_path), "--workers", "2",
                                      "--output", str(summary)])
         seen[fork_bytes] = (code, capsys.readouterr().err, summary.read_bytes() if summary.exists() else None)
-        if fork_bytes == 0:
-            assert calls == ([] if case == "good" else [1])  # only the child's "valid" is taken as it is
+        monkeypatch.undo()
+        if fork_bytes == 0:  # only a child's "valid" is taken as it is: anything else is checked here
+            payload_case = case in PAYLOAD_CASES or case.startswith("payload")
+            assert calls["expected"] == ([] if case.startswith("good") or payload_case else [1])
+            assert calls["payloads"] == ([1] if payload_case else [])
     assert seen[0] == seen[1 << 40]
     assert (seen[0][0] == 0) == (case.startswith("good") or case == "child fails")
+    if case.startswith("payload"):
+        assert "payload.repeat" in seen[0][1]
+
+
+@pytest.mark.parametrize("expected_order", ["task", "another"])
+def test_a_realistic_task_set_gets_the_same_summary_from_the_children(expected_order, tmp_path, monkeypatch):
+    """Shuffled ids, non-ASCII and escaped outputs (make_tasks.py's realistic shape): the children (the expected
+    results' told the tasks' sorted order when they list them in the task order, finding it themselves
+    otherwise) make the summary this process makes alone, byte for byte, and their word is taken."""
+    import validate_inputs
+    from make_tasks import realistic_tasks
+
+    tasks = realistic_tasks(300, seed=5)
+    expected = expected_for(tasks)
+    if expected_order == "another":
+        expected["results"].sort(key=lambda r: r["sha256"])
+    tasks_path = write_json(tmp_path / "tasks.json", tasks)
+    expected_path = write_json(tmp_path / "expected.json", expected)
+    summaries = []
+    for fork_bytes in (1 << 40, 0):
+        monkeypatch.setattr(validate_inputs, "FORK_BYTES", fork_bytes)
+        calls = []
+        monkeypatch.setattr(validate_inputs, "load_expected_and_digest", lambda *a, calls=calls, real=validate_inputs.
+                            load_expected_and_digest, **k: calls.append(1) or real(*a, **k))
+        summary = tmp_path / f"inputs-{fork_bytes}.json"
+        assert validate_inputs.main(["--tasks", str(tasks_path), "--expected", str(expected_path), "--workers", "2",
+                                     "--output", str(summary)]) == 0
+        summaries.append(summary.read_bytes())
+        monkeypatch.undo()
+        assert calls == ([1] if fork_bytes else [])
+    assert summaries[0] == summaries[1]

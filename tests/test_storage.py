@@ -220,12 +220,14 @@ def test_a_run_with_state_and_results_on_a_disk_that_fills_fails_cleanly_and_res
 
 
 def test_the_room_estimate_counts_each_id_and_output():
-    """The journal's need for the pending tasks, results.json's and the marker's for every task, whether the ids
-    come as lists (a fresh run: every task pending) or one at a time (a resumed run's pending ids)."""
+    """The journal's need for the pending tasks, results.json's and the marker's for every task, from the count of
+    ids and their characters, counted from a list (a fresh run: every task pending) or one at a time (a resumed
+    run's pending ids)."""
     from allocstack.common import storage
 
     ids = [f"task-{number:0{number % 7 + 1}d}" for number in range(1000)]
     pending = ids[::3]
     journal = sum(storage.JOURNAL_LINE_BYTES + len(task_id) for task_id in pending) + 5000 * len(pending) // 1000
     results = 2 * (sum(storage.RESULTS_ENTRY_BYTES + len(task_id) for task_id in ids) + 5000)
-    assert storage.estimate(ids, 5000, pending) == storage.estimate(iter(ids), 5000, iter(pending)) == (journal, results)
+    assert storage.id_totals(ids) == (1000, sum(map(len, ids))) == storage.id_totals(iter(ids))
+    assert storage.estimate(storage.id_totals(ids), 5000, storage.id_totals(iter(pending))) == (journal, results)

@@ -264,3 +264,51 @@ def test_the_coordinators_results_list_is_copied_into_the_marker(run_files):
         markers.append((tmp_path / "result.json").read_bytes())
     document = {"schemaVersion": 1, "status": "success", **facts, "results": results["results"]}
     assert markers[0] == markers[1] == (json.dumps(document, indent=2, sort_keys=True) + "\n").encode()
+
+
+@pytest.mark.parametrize("expected_order", ["task", "another"])
+@pytest.mark.parametrize("as_the_coordinator_writes", [False, True])
+def test_realistic_task_sets_take_the_validated_path(tmp_path, expected_order, as_the_coordinator_writes):
+    """Shuffled ids of several forms and outputs with non-ASCII text (outside the BMP too), quotes, backslashes and
+    control characters (make_tasks.py's realistic shape; the expected results in the task order or another):
+    the validated path accepts them as they are, without checking a document again, and the marker is the one
+    every path writes; a result changed in any field is still refused."""
+    import verify
+    from make_tasks import realistic_tasks
+
+    tasks = realistic_tasks(200, seed=7)
+    expected = expected_for(tasks)
+    assert [task["id"] for task in tasks["tasks"]] != sorted(task["id"] for task in tasks["tasks"])
+    assert any(not r["output"].isascii() for r in expected["results"])
+    if expected_order == "another":
+        expected["results"].sort(key=lambda r: r["sha256"])
+    results = {"schemaVersion": 1, "results": sorted(({**r, "workerId": "worker-01"} for r in expected["results"]),
+                                                     key=lambda r: r["taskId"])}
+    summary = validated_summary(tmp_path, tasks, expected)
+    for change in (None, "output", "sha256", "taskId"):
+        changed = copy.deepcopy(results)
+        if change:
+            changed["results"][7][change] = {"output": "wrong", "sha256": "0" * 64, "taskId": "zz-not-a-task"}[change]
+        path = tmp_path / "results.json"
+        if as_the_coordinator_writes:
+            path.write_text(json.dumps(changed, indent=2, sort_keys=True) + "\n")
+        else:
+            write_json(path, changed)
+        end = write_json(tmp_path / "end.json", {
+            "status": "completed", "resultCount": 200, "resultsSha256": hashlib.sha256(path.read_bytes()).hexdigest(),
+            "inputSha256": hashlib.sha256((tmp_path / "tasks.json").read_bytes()).hexdigest()})
+        common = ["--input", str(tmp_path / "tasks.json"), "--expected", str(tmp_path / "expected.json"),
+                  "--results", str(path), "--end-record", str(end), "--output", str(tmp_path / "result.json")]
+        checked = verify.verify_validated(verify.parse_args([*common, "--inputs-summary", str(summary)]))
+        if change:
+            assert checked is None  # left to the checks one by one, which refuse it
+            assert run_script("verify.py", *common, "--inputs-summary", summary).returncode == 65
+            continue
+        assert checked is not None and checked[0]["taskCount"] == 200
+        verify.discard(checked[1])
+        markers = []
+        for extra in (("--inputs-summary", summary), ()):
+            done = run_script("verify.py", *common, *extra)
+            assert done.returncode == 0, done.stderr
+            markers.append((tmp_path / "result.json").read_bytes())
+        assert markers[0] == markers[1]

@@ -351,8 +351,9 @@ def check_room(settings: CoordinatorSettings, board: TaskBoard) -> None:
     """
     summary = read_json(settings.inputs_summary, "inputs summary", diag="prerequisite") if settings.inputs_summary else {}
     output_bytes = (summary.get("outputBytes") if isinstance(summary, dict) else None) or 0
-    pending = board.tasks.ids if not board.restored else board.pending_ids()  # a fresh run: every task
-    journal, results = storage.estimate(board.tasks.ids, output_bytes, pending)
+    every = len(board.tasks), board.tasks.id_bytes()  # (valid ids are ASCII: a character a byte)
+    pending = every if not board.restored else storage.id_totals(board.pending_ids())  # a fresh run: every task
+    journal, results = storage.estimate(every, output_bytes, pending)
     storage.check_room([("the journal", settings.journal, journal),
                         ("results.json and the marker", settings.results, results)])
 

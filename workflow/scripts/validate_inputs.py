@@ -27,18 +27,21 @@ from allocstack.common.errors import EXIT_OK, AllocstackError, report
 from allocstack.common.forked import Forked
 from allocstack.common.jsonio import atomic_write_json, atomic_write_text, check_sidecar
 from allocstack.common.taskset import (
+    TaskSet,
     expected_digests_from_facts,
     expected_facts,
-    listing_sha256,
+    expected_listing_sha256,
     load_expected_and_digest,
     load_tasks_and_digest,
+    task_order_message,
     write_compact,
 )
 from allocstack.launch.containers import PROGRAMS, Bind, check_image_format, check_mount_targets
 from allocstack.worker.handlers import check_baseline_tasks
 
-#: An expected document this large is checked in a second process while this one reads the task document
-#: (both CPU-bound, and nothing else runs yet: 1M tasks ~1.2 s sooner); a smaller one here, after it.
+#: An expected document this large is checked in a second process while this one reads the task document,
+#: and a task document this large has its payloads checked in a third while this one completes the expected
+#: results' verdict (all CPU-bound, and nothing else runs yet: 1M tasks ~2 s sooner); smaller ones here.
 FORK_BYTES = 4 << 20
 
 
@@ -85,12 +88,25 @@ def large(path: Path | None) -> bool:
         return False
 
 
+def baseline_output_bytes(tasks: TaskSet) -> int | None:
+    """:func:`check_baseline_tasks`' answer when the payloads are valid; None when they are not (whoever
+    asked checks them again, which names the first problem)."""
+    try:
+        return check_baseline_tasks(tasks, "tasks")
+    except AllocstackError:
+        return None
+
+
 def check_tasks(args) -> dict[str, Any]:
     """The task document (and its expected results): the summary's task facts.
 
     A large expected document is checked on its own (decoded, each output's digest) in a forked
-    child while this process reads the task document; the task set then completes the verdict.
-    When the child does not prove it valid, it is validated here, which names the first problem.
+    child while this process reads the task document, which tells the child the tasks' sorted order
+    once it has it (:func:`task_order_message`); the task set then completes the verdict.
+    A large task document's baseline payloads are checked in a second child, forked once the task set
+    is read, while this process completes the expected results' verdict. When a child does not prove
+    its part valid, it is checked here, which names the first problem (the payloads' before the
+    expected results', as one process would).
     With ``--compact-tasks`` the task set is written there for the coordinator (a thread, while the
     payloads and the expected results are checked; removed by :func:`main` if a check fails).
     """
@@ -98,20 +114,27 @@ def check_tasks(args) -> dict[str, Any]:
         return {"taskCount": None, "inputSha256": None, "expectedSha256": None, "expectedListingSha256": None,
                 "compactTasksSha256": None, "outputBytes": None}
     # The child first: a process with a thread must not fork.
-    with (Forked(expected_facts, str(args.expected)) if large(args.expected) else nullcontext() as child,
+    with (Forked(expected_facts, str(args.expected), inbox=True) if large(args.expected) else nullcontext() as child,
           ThreadPoolExecutor(1) as writer):
         tasks, tasks_sha256 = load_tasks_and_digest(str(args.tasks))
-        compact = writer.submit(write_compact, args.compact_tasks, tasks, tasks_sha256) if args.compact_tasks else None
-        output_bytes = None  # unknown: the user's program decides
-        if args.handler == "baseline":
-            output_bytes = check_baseline_tasks(tasks, f"tasks {args.tasks}")
-        digests = None, None
-        if args.expected:  # the digest of exactly the bytes validated: verification trusts what it names (verify.py)
+        if child:  # (before the next fork: a message is whole once sent, whoever holds the pipe)
+            child.send(task_order_message(tasks))
+        baseline = args.handler == "baseline"
+        with Forked(baseline_output_bytes, tasks) if baseline and large(args.tasks) else nullcontext() as payloads:
+            compact = (writer.submit(write_compact, args.compact_tasks, tasks, tasks_sha256) if args.compact_tasks
+                       else None)
+            # The digest of exactly the bytes validated: verification trusts what it names (verify.py).
             digests = expected_digests_from_facts(child.result(), tasks) if child else None
-            if digests is None:
-                expected, expected_sha256 = load_expected_and_digest(
-                    str(args.expected), tasks, mismatch_hint=mismatch_hint(args.tasks, args.expected))
-                digests = expected_sha256, listing_sha256(tasks.ids, expected.outputs, expected.digests)
+            output_bytes = None  # unknown: the user's program decides
+            if baseline:
+                output_bytes = payloads.result() if payloads else None
+                if output_bytes is None:
+                    output_bytes = check_baseline_tasks(tasks, f"tasks {args.tasks}")
+        if args.expected and digests is None:
+            expected, expected_sha256 = load_expected_and_digest(
+                str(args.expected), tasks, mismatch_hint=mismatch_hint(args.tasks, args.expected))
+            digests = expected_sha256, expected_listing_sha256(tasks, expected)
+        digests = digests or (None, None)
         compact_sha256 = compact.result() if compact else None
     return {"taskCount": len(tasks), "inputSha256": tasks_sha256, "expectedSha256": digests[0],
             "expectedListingSha256": digests[1], "compactTasksSha256": compact_sha256, "outputBytes": output_bytes}

@@ -24,6 +24,7 @@ import sys
 import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
+from json.encoder import encode_basestring_ascii
 from pathlib import Path
 from typing import Any
 
@@ -51,9 +52,12 @@ from allocstack.common.jsonio import (
 from allocstack.common.scratch import remove_scratch
 from allocstack.common.taskset import (
     RESULTS_DOCUMENT,
+    RESULTS_TEXT,
     ExpectedResults,
     TaskSet,
     ascending,
+    by_id,
+    ids_sha256,
     listing_sha256,
     load_expected,
     load_tasks_and_digest,
@@ -76,13 +80,13 @@ def check_results_fast(raw: bytes, tasks: TaskSet, expected: ExpectedResults | N
     ``raw`` (results.json) and every check of :func:`check_results` passes; None to run those checks
     one by one, which name the first problem.
 
-    The usual case, checked list against list: one result per task in the task order (ids that
-    ascend: so sorted), each output (and digest) the expected one, whose digest load_expected
-    checked, or without expected results each digest that of its output.
+    The usual case, checked list against list: one result per task by ascending task id (results.json's
+    order, whatever the task document's), each output (and digest) the expected one, whose digest
+    load_expected checked, or without expected results each digest that of its output.
     """
-    if not tasks.ascending:
-        return None
-    return results_in_order(raw, tasks.ids, expected)
+    if expected is not None:
+        expected = ExpectedResults(by_id(expected.outputs, tasks.order), by_id(expected.digests, tasks.order))
+    return results_in_order(raw, tasks.ids_in_id_order(), expected)
 
 
 def results_in_order(raw: bytes, ids: list[str], expected: ExpectedResults | None) -> list[Any] | None:
@@ -109,8 +113,8 @@ def verify_validated(args) -> tuple[dict[str, Any], list[Any] | StagedMarker] | 
     """:func:`verify_tasks` when validate_inputs' summary proves the task and expected documents are the
     bytes it validated (their SHA-256 is the summary's): they are not read again, only hashed (each in a
     thread, while results.json is read and hashed here), and the results are compared with the expected
-    ones through the listing digest the summary holds (:func:`listing_sha256` of the expected results in
-    task order). The same verdict, the same marker, the same first error where one is certain (a document
+    ones through the listing digest the summary holds (:func:`listing_sha256` of the expected results by
+    ascending task id, results.json's order, whatever the task document's). The same verdict, the same marker, the same first error where one is certain (a document
     that cannot be read, the coordinator's end record); None for every other case (e.g. a swapped file,
     results out of order), which :func:`verify_tasks` then checks one by one.
     With the end record, results.json's list is copied into the marker, which is written ahead, in a
@@ -146,12 +150,16 @@ def verify_validated(args) -> tuple[dict[str, Any], list[Any] | StagedMarker] | 
     try:
         if args.end_record:  # validation passed on these bytes: this check comes next, with the same facts
             endrecord.check_completed(endrecord.read(args.end_record), count, input_sha256, results_sha256)
-        document = decode_results_fast(raw)
+        # The marker written ahead needs no result decoded: the outputs are compared as their JSON text.
+        document = decode_results_fast(raw, RESULTS_TEXT if staged is not None else RESULTS_DOCUMENT)
         results = document.results if document is not None else []
         ids = [result.taskId for result in results]
+        outputs = ([result.output for result in results] if staged is not None
+                   else list(map(encode_basestring_ascii, [result.output for result in results])))
         same = (document is not None and len(results) == count and ascending(ids)  # in order: so sorted by task id
-                and listing_sha256(ids, [result.output for result in results],
-                                   [result.sha256 for result in results]) == listing)
+                and listing_sha256(ids_sha256(ids), b"".join(outputs) if staged is not None
+                                   else "".join(outputs).encode("ascii"),
+                                   "\n".join([result.sha256 for result in results])) == listing)
     except BaseException:
         discard(staged)
         raise
@@ -200,13 +208,14 @@ def marker_fields(facts: dict[str, Any]) -> dict[str, Any]:
     return {"schemaVersion": SCHEMA_VERSION, "status": "success", **facts}
 
 
-def decode_results_fast(raw: bytes) -> Any:
+def decode_results_fast(raw: bytes, decoder: Any = RESULTS_DOCUMENT) -> Any:
     """results.json's bytes as records (output, sha256, taskId, workerId) when msgspec reads them as a
-    schemaVersion 1 document; else None (the checks one by one then name the problem)."""
+    schemaVersion 1 document (``decoder``: RESULTS_DOCUMENT, or RESULTS_TEXT for the outputs' JSON text);
+    else None (the checks one by one then name the problem)."""
     if msgspec is None:
         return None
     try:
-        document = RESULTS_DOCUMENT.decode(raw)
+        document = decoder.decode(raw)
     except msgspec.MsgspecError:
         return None
     return document if document.schemaVersion == SCHEMA_VERSION else None
@@ -237,7 +246,7 @@ def check_results(document: Any, tasks: TaskSet, expected: ExpectedResults | Non
             if result["output"] != expected.outputs[position] or result["sha256"] != expected.digests[position]:
                 raise fail(f"result for {task_id}: output differs from the expected output")
     if len(seen) != len(tasks):
-        missing = next(task_id for task_id in tasks.ids if task_id not in seen)
+        missing = next(task_id for task_id in tasks.id_list() if task_id not in seen)
         raise fail(f"results do not cover each task exactly once: no result for {missing!r} "
                    f"({len(seen)} of {len(task_ids)})")
     return sorted(results, key=lambda r: r["taskId"])

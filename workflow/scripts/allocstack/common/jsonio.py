@@ -124,14 +124,16 @@ class StagedWrite:
             self.tmp = None
 
 
-def atomic_write_json(path: str | os.PathLike, document: Any, mode: int = PRIVATE_FILE) -> str:
+def atomic_write_json(path: str | os.PathLike, document: Any, mode: int = PRIVATE_FILE, *,
+                      ensure_ascii: bool = True) -> str:
     """Atomically write ``document`` as stable, human-readable JSON (sorted keys, 2-space indent, final newline).
 
     Written as it is encoded (see :func:`atomic_write_chunks`); returns the file's SHA-256 (hex).
 
+    :param ensure_ascii: escape every non-ASCII character (the standard library's default); False: UTF-8 text.
     :raises TypeError: for a value JSON cannot hold (nothing is written then).
     """
-    encoder = json.JSONEncoder(indent=2, sort_keys=True)
+    encoder = json.JSONEncoder(indent=2, sort_keys=True, ensure_ascii=ensure_ascii)
     chunks = itertools.chain(encoder.iterencode(document), ("\n",))
     return atomic_write_chunks(path, (chunk.encode("utf-8") for chunk in chunks), mode)
 

@@ -58,18 +58,29 @@ def write_error(what: str, path: str | os.PathLike, exc: OSError) -> AllocstackE
     return AllocstackError("io", f"cannot write {what} {path}: {exc.strerror or exc}")
 
 
-def estimate(task_ids: Iterable[str], output_bytes: int, pending_ids: Iterable[str]) -> tuple[int, int]:
-    """Bytes the journal still needs (for ``pending_ids``), and the results directory needs.
+def id_totals(task_ids: Iterable[str]) -> tuple[int, int]:
+    """How many ``task_ids`` there are, and their characters together (:func:`estimate`'s measures of them)."""
+    count = total = 0
+    for task_id in task_ids:
+        count += 1
+        total += len(task_id)
+    return count, total
+
+
+def estimate(tasks: tuple[int, int], output_bytes: int, pending: tuple[int, int]) -> tuple[int, int]:
+    """Bytes the journal still needs (for the ``pending`` tasks), and the results directory needs.
 
     The results directory holds every result twice: in results.json and in the success
     marker. ``output_bytes`` is the size of all outputs when known (the baseline handler),
     else 0: the estimate is then a floor, the records without their outputs.
+
+    :param tasks: every task's count and their ids' characters together (:func:`id_totals`).
+    :param pending: the same of the tasks that have no result yet.
     """
-    ids = task_ids if isinstance(task_ids, list) else list(task_ids)
-    pending = pending_ids if isinstance(pending_ids, list) else list(pending_ids)
-    share = output_bytes * len(pending) // max(1, len(ids))
-    journal = JOURNAL_LINE_BYTES * len(pending) + sum(map(len, pending)) + share  # a million in 0.02 s
-    results = 2 * (RESULTS_ENTRY_BYTES * len(ids) + sum(map(len, ids)) + output_bytes)
+    (count, id_chars), (pending_count, pending_chars) = tasks, pending
+    share = output_bytes * pending_count // max(1, count)
+    journal = JOURNAL_LINE_BYTES * pending_count + pending_chars + share
+    results = 2 * (RESULTS_ENTRY_BYTES * count + id_chars + output_bytes)
     return journal, results
 
 

@@ -16,15 +16,18 @@ built before it was pinned) every document takes the standard library's path.
 
 from __future__ import annotations
 
+import codecs
 import hashlib
 import json
 import os
 import re
 import sys
 from array import array
-from bisect import bisect_left
+from bisect import bisect_left, bisect_right
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from itertools import accumulate, islice
+from json.encoder import encode_basestring_ascii
 from operator import sub
 from pathlib import Path
 from typing import Any
@@ -57,6 +60,8 @@ _HUGE_DIGITS = b"0" * 4300
 #: Every digit to "0", every other byte to " ": a run of digits becomes a run of "0" that bytes search finds fast.
 _DIGITS_TO_ZERO = bytes(0x30 if 0x30 <= byte <= 0x39 else 0x20 for byte in range(256))
 _SCAN_CHUNK = 1 << 20
+#: One id in this many (by ascending id) is kept as a string to bisect among (4 % of the ids' memory).
+SIGNPOST = 32
 #: Tasks read as records at a time (half a megabyte of a generated document: more raises the peak).
 TASK_CHUNK = 1 << 12
 #: A raw payload this short is within MAX_PAYLOAD_BYTES however the standard library writes it
@@ -65,45 +70,141 @@ _SURELY_SMALL = MAX_PAYLOAD_BYTES // 5
 
 
 class TaskSet:
-    """A validated task document: ids in input order, each payload as compact raw JSON bytes.
+    """A validated task document as a few buffers (no object per task, none per field).
 
-    ``payload_bytes(i)`` is the i-th payload as written in the document (a pretty-printed one's without
-    its whitespace),
+    In task order: the ids one a line in one ASCII text (id ``i`` runs from ``id_starts[i]`` to the
+    newline before ``id_starts[i + 1]``), and the payloads as compact raw JSON end to end (payload ``i``
+    from ``offsets[i]`` to ``offsets[i + 1]``: a pretty-printed document's without its whitespace). When
+    the ids do not ascend in the document, also ``order``, the positions by ascending id, and the ids
+    once more in that order, one a line (else None: the usual generated set, where the order is the
+    identity and the two texts are one). So a task costs its id's and its payload's own bytes and 13
+    more (twice its id's and 21 more when the ids do not ascend), whatever their order or their text.
+    A position is found by bisection over the sorted ids (a few microseconds, no table of a million
+    entries); a claim's tasks and a batch of results' ids are a slice of the task-order text,
+    results.json's ids (by ascending id) a slice of the sorted one.
+
+    ``task_id(i)`` is the id at position ``i``, ``payload_bytes(i)`` the i-th payload as written,
     ``payload(i)`` the same decoded, ``task_json(i)`` the task object a worker receives,
-    ``position(task_id)`` the task's position. Ids in ascending order (the usual case) are
-    found by bisection; others through a table (id -> position: about 60 MB a million).
+    ``position(task_id)`` the task's position.
     """
 
-    __slots__ = ("_index", "_offsets", "_payloads", "ids")
+    __slots__ = ("_id_starts", "_id_text", "_offsets", "_payloads", "_signposts", "_sorted_starts", "_sorted_text",
+                 "order")
 
-    def __init__(self, ids: list[str], payloads: bytes | bytearray, offsets: array,
-                 index: dict[str, int] | None = None) -> None:
-        """``index`` None: ``ids`` are strictly ascending (so each is there once)."""
-        self.ids = ids
-        self._index = index
+    def __init__(self, id_text: bytes, id_starts: array, payloads: bytes | bytearray, offsets: array,
+                 order: array | None = None, sorted_ids: tuple[bytes, array] | None = None) -> None:
+        """``order`` None: the ids ascend (so each is there once); else every position once, by ascending id,
+        and ``sorted_ids`` the ids in that order as :func:`id_lines` writes them (gathered here if not given)."""
+        self._id_text = id_text
+        self._id_starts = id_starts
         self._payloads = payloads
         self._offsets = offsets
+        self.order = order
+        if order is None:
+            sorted_ids = id_text, id_starts
+        elif sorted_ids is None:
+            sorted_ids = id_lines(self.ids_at(order))
+        self._sorted_text, self._sorted_starts = sorted_ids
+        #: Every SIGNPOST-th id by ascending id: a position is looked up among a few ids, not among all of them.
+        self._signposts = [self._ranked(rank) for rank in range(0, len(self), SIGNPOST)]
+
+    @classmethod
+    def from_ids(cls, ids: list[str], payloads: bytes | bytearray, offsets: array,
+                 id_text: bytes | None = None) -> TaskSet | None:
+        """The task set of ``ids`` (valid ones, in task order; ``id_text``: the same one a line, when at hand)
+        and their payloads, or None when an id repeats."""
+        sorted_ids = sort_ids(ids)
+        if sorted_ids is None:
+            return None
+        order, ids_by_id = sorted_ids
+        id_text, id_starts = id_lines(ids, id_text)
+        return cls(id_text, id_starts, payloads, offsets, order, id_lines(ids_by_id) if order is not None else None)
+
+    @classmethod
+    def from_text(cls, id_text: bytes, payloads: bytes | bytearray, offsets: array) -> TaskSet | None:
+        """:meth:`from_ids` of the ids one a line in ``id_text`` (each line ending in a newline)."""
+        return cls.from_ids(id_text[:-1].decode().split("\n") if id_text else [], payloads, offsets, id_text)
 
     def __len__(self) -> int:
-        return len(self.ids)
+        return len(self._id_starts) - 1
 
     @property
     def ascending(self) -> bool:
-        """The ids ascend (so positions are found by bisection, and position order is id order)."""
-        return self._index is None
+        """The ids ascend in task order (so position order is id order)."""
+        return self.order is None
+
+    def _id_bytes(self, position: int) -> bytes:
+        starts = self._id_starts
+        return self._id_text[starts[position]:starts[position + 1] - 1]
+
+    def _ranked(self, rank: int) -> bytes:
+        """The id ranked ``rank`` by ascending id, encoded."""
+        starts = self._sorted_starts
+        return self._sorted_text[starts[rank]:starts[rank + 1] - 1]
+
+    def task_id(self, position: int) -> str:
+        """The id of the task at ``position``."""
+        return self._id_bytes(position).decode()
+
+    def ids_at(self, positions: Iterable[int]) -> list[bytes]:
+        """The ids of the tasks at ``positions``, encoded."""
+        starts, text = self._id_starts, self._id_text
+        return [text[starts[position]:starts[position + 1] - 1] for position in positions]
+
+    def id_run(self, start: int, end: int) -> bytes:
+        """The ids of the tasks at positions ``start`` to ``end`` (excluded) joined by newlines, encoded."""
+        starts = self._id_starts
+        return self._id_text[starts[start]:starts[end] - 1] if start < end else b""
+
+    def ranked_ids(self, start: int, end: int) -> list[bytes]:
+        """The ids ranked ``start`` to ``end`` (excluded) by ascending id, encoded: one slice of the sorted text."""
+        starts = self._sorted_starts
+        return self._sorted_text[starts[start]:starts[end] - 1].split(b"\n") if start < end else []
+
+    def id_list(self) -> list[str]:
+        """Every id in task order, as a list of strings (made now: about 70 MB a million)."""
+        return self._id_text[:-1].decode().split("\n") if len(self) else []
+
+    def ids_in_id_order(self) -> list[str]:
+        """Every id by ascending id, as a list of strings (made now)."""
+        return self._sorted_text[:-1].decode().split("\n") if len(self) else []
+
+    def ids_sha256(self) -> str:
+        """:func:`ids_sha256` of the ids in task order."""
+        return hashlib.sha256(memoryview(self._id_text)[:-1] if len(self) else b"").hexdigest()
+
+    def sorted_ids_sha256(self) -> str:
+        """:func:`ids_sha256` of the ids by ascending id."""
+        return hashlib.sha256(memoryview(self._sorted_text)[:-1] if len(self) else b"").hexdigest()
+
+    def id_bytes(self) -> int:
+        """The bytes of all ids together."""
+        return len(self._id_text) - len(self)
 
     def position(self, task_id: str) -> int | None:
         """The position of ``task_id``, or None when it is not a task of the set (or not a string)."""
         if type(task_id) is not str:
             return None
-        if self._index is not None:
-            return self._index.get(task_id)
-        ids = self.ids
-        found = bisect_left(ids, task_id)
-        return found if found < len(ids) and ids[found] == task_id else None
+        try:
+            key = task_id.encode()
+        except UnicodeEncodeError:  # a lone surrogate: no id holds one
+            return None
+        block = bisect_right(self._signposts, key) - 1  # the ids from this signpost to the next hold it, if any
+        if block < 0:
+            return None
+        count = len(self)
+        rank = bisect_left(range(count), key, SIGNPOST * block, min(count, SIGNPOST * block + SIGNPOST),
+                           key=self._ranked)
+        if rank == count or self._ranked(rank) != key:
+            return None
+        return rank if self.order is None else self.order[rank]
 
     def __contains__(self, task_id: str) -> bool:
         return self.position(task_id) is not None
+
+    def in_id_order(self, start: int, end: int) -> range | array:
+        """The positions of the tasks ranked ``start`` to ``end`` (excluded) by ascending id."""
+        return range(start, end) if self.order is None else self.order[start:end]
 
     def payload_bytes(self, index: int) -> bytes:
         return bytes(self._payloads[self._offsets[index]:self._offsets[index + 1]])
@@ -114,8 +215,7 @@ class TaskSet:
     def task_json(self, index: int) -> bytes:
         """``{"id": ..., "payload": ...}`` as a worker receives it (ids need no escaping)."""
         offsets = self._offsets
-        return b'{"id":"%s","payload":%s}' % (self.ids[index].encode(),
-                                              self._payloads[offsets[index]:offsets[index + 1]])
+        return b'{"id":"%s","payload":%s}' % (self._id_bytes(index), self._payloads[offsets[index]:offsets[index + 1]])
 
     def tasks_json(self, positions: list[int] | range) -> bytes:
         """The JSON list of the tasks at ``positions``, each as :meth:`task_json` writes it; consecutive
@@ -126,18 +226,18 @@ class TaskSet:
         if start >= end:
             return b"[]"
         parts = [b'{"id":"', b"", b'","payload":', b"", b"},"] * (end - start)
-        parts[1::5] = map(str.encode, self.ids[start:end])
+        parts[1::5] = self.id_run(start, end).split(b"\n")
         parts[3::5] = map(self._payloads.__getitem__, map(slice, offsets[start:end], offsets[start + 1:end + 1]))
         parts[-1] = b"}]"
         return b"[" + b"".join(parts)
 
     def task(self, index: int) -> dict[str, Any]:
-        return {"id": self.ids[index], "payload": self.payload(index)}
+        return {"id": self.task_id(index), "payload": self.payload(index)}
 
     def payloads_array(self) -> bytes:
         """Every payload in task order as one JSON array (checked all at once, e.g. by input validation)."""
         payloads, ends = self._payloads, self._offsets
-        return b"[" + b",".join([payloads[ends[i]:ends[i + 1]] for i in range(len(self.ids))]) + b"]"
+        return b"[" + b",".join(map(payloads.__getitem__, map(slice, ends[:-1], ends[1:]))) + b"]"
 
 
 def ascending(ids: list[str]) -> bool:
@@ -145,12 +245,28 @@ def ascending(ids: list[str]) -> bool:
     return all(map(str.__lt__, ids, islice(ids, 1, None)))
 
 
-def _build(ids: list[str], payloads: bytes | bytearray, offsets: array) -> TaskSet | None:
-    """The task set, or None when an id repeats."""
+def sort_ids(ids: list[str]) -> tuple[array | None, list[str]] | None:
+    """The positions of ``ids`` by ascending id (``array("I")``; None when they ascend already: the identity)
+    and the ids in that order; None when an id repeats. A million shuffled ids in about a second."""
     if ascending(ids):
-        return TaskSet(ids, payloads, offsets)
-    index = dict(zip(ids, range(len(ids)), strict=True))
-    return TaskSet(ids, payloads, offsets, index) if len(index) == len(ids) else None
+        return None, ids
+    order = sorted(range(len(ids)), key=ids.__getitem__)
+    ids = list(map(ids.__getitem__, order))
+    return (array("I", order), ids) if ascending(ids) else None
+
+
+def by_id(values: list[Any], order: array | None) -> list[Any]:
+    """``values`` (by position) in the order ``order`` (:func:`sort_ids`'s; None: as they are)."""
+    return values if order is None else list(map(values.__getitem__, order))
+
+
+def id_lines(ids: list[str], text: bytes | None = None) -> tuple[bytes, array]:
+    """``ids`` one a line (each ending in a newline), encoded (``text``, when at hand); and where each starts
+    (and, last, the end)."""
+    if text is None:
+        text = ("\n".join(ids) + "\n").encode() if ids else b""
+    lengths = map(len, ids) if text.isascii() else map(len, map(str.encode, ids))  # valid ids: a character a byte
+    return text, array("I", accumulate(map((1).__add__, lengths), initial=0))
 
 
 def _need(condition: bool, what: str, message: str) -> None:
@@ -236,8 +352,8 @@ def parse_tasks(document: Any, what: str = "tasks") -> TaskSet:
     for payload in payloads:
         total += len(payload)
         offsets.append(total)
-    ids = list(table)
-    return TaskSet(ids, b"".join(payloads), offsets, None if ascending(ids) else table)
+    del table  # its ids, each once: their order is the task set's business
+    return TaskSet.from_ids([task["id"] for task in items], b"".join(payloads), offsets)
 
 
 if msgspec is not None:
@@ -270,21 +386,37 @@ if msgspec is not None:
         schemaVersion: int
         results: list[_Result]
 
+    class _ResultText(msgspec.Struct, forbid_unknown_fields=True, gc=False):
+        """A result of results.json with its output as the JSON text there (not decoded)."""
+
+        taskId: str
+        output: msgspec.Raw
+        sha256: str
+        workerId: str
+
+    class _ResultsText(msgspec.Struct, forbid_unknown_fields=True, gc=False):
+        schemaVersion: int
+        results: list[_ResultText]
+
     _TASK_DOCUMENT = msgspec.json.Decoder(_TaskDocument)
     _TASKS = msgspec.json.Decoder(list[_Task])
     _EXPECTED_DOCUMENT = msgspec.json.Decoder(_ExpectedDocument)
     #: results.json as records with output, sha256, taskId, workerId (verify.py)
     RESULTS_DOCUMENT = msgspec.json.Decoder(_ResultsDocument)
+    #: the same with each output as its JSON text (a :class:`msgspec.Raw`: no string decoded)
+    RESULTS_TEXT = msgspec.json.Decoder(_ResultsText)
 else:
-    _TASK_DOCUMENT = _TASKS = _EXPECTED_DOCUMENT = RESULTS_DOCUMENT = None
+    _TASK_DOCUMENT = _TASKS = _EXPECTED_DOCUMENT = RESULTS_DOCUMENT = RESULTS_TEXT = None
 
 
-def _fast_document(raw: bytes, decoder: Any, validated: bool = False) -> Any:
+def _fast_document(raw: bytes, decoder: Any) -> Any:
     """``raw`` read by msgspec's ``decoder`` when msgspec may read it, does, and finds schemaVersion 1; else None.
 
-    :param validated: ``raw`` passed validation (either parser): so it is UTF-8 without a huge number.
+    msgspec checks what the standard library's reading could refuse wherever the decoder's types reach:
+    each string's UTF-8 (a byte above 127 anywhere else is not JSON), and a number too big for an int.
+    Only the raw values it passes over unread (a task's payload) are checked apart (:func:`plain_json`).
     """
-    if msgspec is None or not (validated or plain_json(raw)):
+    if msgspec is None:
         return None
     try:
         document = decoder.decode(raw)
@@ -293,11 +425,19 @@ def _fast_document(raw: bytes, decoder: Any, validated: bool = False) -> Any:
     return document if document.schemaVersion == SCHEMA_VERSION else None
 
 
-def plain_json(raw: bytes) -> bool:
-    """The bytes are UTF-8 and hold no number the standard library would refuse: msgspec may read them."""
+def plain_json(raw: bytes | bytearray) -> bool:
+    """The bytes are UTF-8 and hold no number the standard library would refuse: msgspec may read them.
+
+    Checked a megabyte at a time: never the whole text as one string (four bytes a character, once a
+    character outside the BMP is in it).
+    """
     if not raw.isascii():
+        decoder = codecs.getincrementaldecoder("utf-8")()
+        view = memoryview(raw)
         try:
-            raw.decode("utf-8")
+            for start in range(0, len(raw), _SCAN_CHUNK):
+                decoder.decode(view[start:start + _SCAN_CHUNK])
+            decoder.decode(b"", final=True)
         except UnicodeDecodeError:
             return False
     return not has_huge_number(raw)
@@ -311,23 +451,34 @@ def has_huge_number(raw: bytes) -> bool:
 
 
 def decode_tasks_fast(raw: bytes, validated: bool = False) -> TaskSet | None:
-    """The task document in ``raw`` when msgspec accepts all of it as valid; None to ask the standard library.
+    """The task document in ``raw`` when msgspec accepts all of it as valid; None to ask the standard library
+    (see :func:`task_parts_fast`)."""
+    parts = task_parts_fast(raw, validated)
+    return TaskSet.from_text(*parts) if parts is not None else None  # None for a duplicate id: see above
+
+
+def task_parts_fast(raw: bytes, validated: bool = False) -> tuple[bytes, bytearray, array] | None:
+    """The task document in ``raw`` as its ids one a line, its payloads end to end and their offsets (what
+    :meth:`TaskSet.from_text` takes: the ids not yet checked for repeats) when msgspec accepts all of it as
+    valid; None to ask the standard library, which names the first problem.
 
     ``validated``: these bytes passed validation before (validate_inputs' summary holds their digest), so
-    the checks that only the standard library's reading could fail are skipped (0.4 s a million).
+    the checks that only the standard library's reading could fail are skipped. Those are the payloads'
+    (:func:`plain_json`, after the decoding, on the payloads alone): msgspec passes over them unread, and
+    checks everything else itself (:func:`_fast_document`).
 
     The list of tasks is read as raw elements first, then :data:`TASK_CHUNK` of them at a time
     as records (one call each, not one a task: three times faster), each chunk's elements freed
-    once read, so the document's million small objects never exist at once (a third less peak
-    memory than one pass).
+    once read, and each chunk's ids kept as text, so the document's million small objects never exist
+    at once (a third less peak memory than one pass, and no string object per id).
     """
-    document = _fast_document(raw, _TASK_DOCUMENT, validated)
+    document = _fast_document(raw, _TASK_DOCUMENT)
     if document is None or not 0 < len(document.tasks) <= MAX_TASKS:
         return None
     elements = document.tasks
     del document
     count = len(elements)
-    ids: list[str] = []
+    id_text = bytearray()
     payloads = bytearray()
     offsets = array("Q", [0])
     # A pretty-printed document (make_tasks.py writes one) keeps its payloads without their
@@ -342,7 +493,11 @@ def decode_tasks_fast(raw: bytes, validated: bool = False) -> TaskSet | None:
         except msgspec.MsgspecError:
             return None
         del chunk
-        ids += [task.id for task in tasks]
+        ids = [task.id for task in tasks]
+        if not (validated or valid_ids(ids)):
+            return None
+        id_text += "\n".join(ids).encode()
+        id_text += b"\n"
         values = [task.payload for task in tasks]
         del tasks
         start = len(payloads)
@@ -353,9 +508,9 @@ def decode_tasks_fast(raw: bytes, validated: bool = False) -> TaskSet | None:
         if firsts.count(b"{") != len(firsts) or max(map(sub, ends[1:], ends)) > _SURELY_SMALL:
             return None  # not an object, or maybe too big
         offsets.extend(ends[1:])
-    if not (validated or valid_ids(ids)):
+    if not (validated or plain_json(payloads)):
         return None
-    return _build(ids, payloads, offsets)  # None for a duplicate id: the standard library names the first one
+    return bytes(id_text), payloads, offsets
 
 
 def decode_tasks(raw: bytes, what: str = "tasks", path: str = "", validated: bool = False) -> TaskSet:
@@ -396,66 +551,90 @@ def load_tasks_and_digest(path: str, what: str = "tasks", validated_sha256: Any 
             return tasks, digest
     raw = read_bytes(path, what)
     digest = hashlib.sha256(raw).hexdigest()
-    return decode_tasks(raw, what, str(path), validated=digest == validated_sha256), digest
+    parts = task_parts_fast(raw, validated=digest == validated_sha256)
+    if parts is None:
+        return decode_tasks(raw, what, str(path)), digest  # the standard library's verdict
+    del raw  # its room serves the sort of the ids: the peak is the document's or the task set's, not both
+    tasks = TaskSet.from_text(*parts)
+    if tasks is None:  # an id twice: the standard library names the first, in the document as it is now
+        raw = read_bytes(path, what)
+        return decode_tasks(raw, what, str(path)), hashlib.sha256(raw).hexdigest()
+    return tasks, digest
 
 
 #: The first line of a compact task set (:func:`write_compact`); the second is its JSON header.
-COMPACT_MAGIC = b"allocstack compact task set 1\n"
+COMPACT_MAGIC = b"allocstack compact task set 2\n"
+#: The parts of a compact task set after its header, in the file's order, with their arrays' type codes
+#: (None: bytes).
+_COMPACT_PARTS = (("ids", None), ("idStarts", "I"), ("order", "I"), ("sortedIds", None), ("sortedStarts", "I"),
+                  ("payloads", None), ("offsets", "Q"))
 
 
 def write_compact(path: str | os.PathLike, tasks: TaskSet, input_sha256: str) -> str:
     """Write ``tasks`` (validated, from the document whose SHA-256 is ``input_sha256``) as a compact task set,
     atomically; its SHA-256 (hex).
 
-    :data:`COMPACT_MAGIC`, one JSON line (the count, whether the ids ascend, the byte length of each
-    part, the document's digest, the offsets' byte order), then the ids one a line, the payloads end
-    to end, and their offsets (``array("Q")``). :func:`read_compact` reads it back in a tenth of a
-    document's decoding.
+    :data:`COMPACT_MAGIC`, one JSON line (the count, the document's digest, the byte order and the byte
+    length of each part), then the task set's buffers as they are in memory (:class:`TaskSet`): the ids
+    one a line, where each starts (``array("I")``), the positions by ascending id and the ids in that
+    order, where each starts (none of these three when the ids ascend), the payloads end to end and their
+    offsets (``array("Q")``).
+    :func:`read_compact` reads them back as they are: no decoding, no sorting (a million tasks in a tenth
+    of a second).
 
     :raises AllocstackError: ``storage`` or ``io`` when it cannot be written.
     """
-    ids = "\n".join(tasks.ids).encode("ascii")  # valid ids are ASCII
-    offsets = tasks._offsets.tobytes()
-    header = {"count": len(tasks), "inputSha256": input_sha256, "ascending": tasks.ascending, "idsBytes": len(ids),
-              "payloadBytes": len(tasks._payloads), "offsetsBytes": len(offsets), "byteorder": sys.byteorder}
-    return atomic_write_chunks(path, (COMPACT_MAGIC, json.dumps(header).encode("ascii") + b"\n", ids,
-                                      memoryview(tasks._payloads), offsets), 0o644)
+    unsorted = tasks.order is not None
+    none = array("I")
+    parts = [memoryview(part).cast("B") for part in (
+        tasks._id_text, tasks._id_starts, tasks.order or none, tasks._sorted_text if unsorted else b"",
+        tasks._sorted_starts if unsorted else none, tasks._payloads, tasks._offsets)]
+    header = {"count": len(tasks), "inputSha256": input_sha256, "byteorder": sys.byteorder,
+              **{f"{name}Bytes": part.nbytes for (name, _), part in zip(_COMPACT_PARTS, parts, strict=True)},
+              "itemBytes": {code: array(code).itemsize for _, code in _COMPACT_PARTS if code}}
+    return atomic_write_chunks(path, (COMPACT_MAGIC, json.dumps(header).encode("ascii") + b"\n", *parts), 0o644)
 
 
 def read_compact(path: str | os.PathLike, sha256: str, input_sha256: str) -> TaskSet | None:
     """The task set :func:`write_compact` wrote to ``path``, when the file's SHA-256 is ``sha256`` and it is
-    the set of the document whose digest is ``input_sha256``; None otherwise (unreadable, another file)."""
+    the set of the document whose digest is ``input_sha256``; None otherwise (unreadable, another file).
+
+    Read a part at a time into its own buffer (never the whole file at once, then copied), hashed on the way.
+    """
     try:
-        raw = read_bytes(path, "compact task set")
-    except AllocstackError:
+        with open(path, "rb") as handle:
+            digest = hashlib.sha256(magic := handle.read(len(COMPACT_MAGIC)))
+            line = handle.readline(1 << 16)
+            digest.update(line)
+            header = json.loads(line) if magic == COMPACT_MAGIC else None
+            if not (isinstance(header, dict) and header.get("inputSha256") == input_sha256
+                    and header.get("byteorder") == sys.byteorder
+                    and header.get("itemBytes") == {code: array(code).itemsize for _, code in _COMPACT_PARTS if code}):
+                return None
+            parts = []
+            for name, code in _COMPACT_PARTS:
+                size = header[f"{name}Bytes"]
+                data = handle.read(size) if type(size) is int and size >= 0 else b""
+                if len(data) != size:
+                    return None
+                digest.update(data)
+                if code is not None:
+                    data, items = array(code), data
+                    data.frombytes(items)
+                    del items
+                parts.append(data)
+            if handle.read(1) or digest.hexdigest() != sha256:
+                return None
+    except (OSError, ValueError, KeyError):
         return None
-    if hashlib.sha256(raw).hexdigest() != sha256 or not raw.startswith(COMPACT_MAGIC):
+    id_text, id_starts, order, sorted_text, sorted_starts, payloads, offsets = parts
+    count = header["count"]
+    if (len(id_starts) != count + 1 or len(offsets) != count + 1 or len(order) not in (0, count)
+            or len(sorted_starts) != (len(order) and count + 1) or id_starts[-1] != len(id_text)
+            or offsets[-1] != len(payloads) or (order and sorted_starts[-1] != len(sorted_text))):
         return None
-    start = len(COMPACT_MAGIC)
-    end = raw.find(b"\n", start)
-    try:
-        header = json.loads(raw[start:end])
-        count, ids_bytes, payload_bytes, offsets_bytes = (header["count"], header["idsBytes"],
-                                                          header["payloadBytes"], header["offsetsBytes"])
-    except (ValueError, TypeError, KeyError):
-        return None
-    if header.get("inputSha256") != input_sha256 or header.get("byteorder") != sys.byteorder:
-        return None
-    ids_at = end + 1
-    payloads_at = ids_at + ids_bytes
-    offsets_at = payloads_at + payload_bytes
-    if offsets_at + offsets_bytes != len(raw) or offsets_bytes != 8 * (count + 1):
-        return None
-    ids = raw[ids_at:payloads_at].decode("ascii").split("\n")
-    offsets = array("Q")
-    offsets.frombytes(raw[offsets_at:])
-    payloads = raw[payloads_at:offsets_at]
-    del raw
-    if len(ids) != count or offsets[0] != 0 or offsets[-1] != len(payloads):
-        return None
-    if header.get("ascending") is True:  # as validation found them (the file's digest is the one it recorded)
-        return TaskSet(ids, payloads, offsets)
-    return _build(ids, payloads, offsets)
+    # As validation wrote them (the file's digest is the one it recorded): taken as they are.
+    return TaskSet(id_text, id_starts, payloads, offsets, order or None, (sorted_text, sorted_starts) if order else None)
 
 
 @dataclass(frozen=True, slots=True)
@@ -470,19 +649,38 @@ class ExpectedResults:
         return len(self.outputs)
 
 
+def in_task_order(tasks: TaskSet, ids: list[str], values: list[list[Any]]) -> list[list[Any]] | None:
+    """``values`` (lists by the positions of ``ids``) rearranged into the tasks' order, when ``ids`` are
+    the task ids, each once, in any order; else None."""
+    if ids == tasks.id_list():
+        return values  # in task order already (make_tasks.py's): each task once
+    sorted_ids = sort_ids(ids)
+    if sorted_ids is None or len(ids) != len(tasks) or sorted_ids[1] != tasks.ids_in_id_order():
+        return None  # ids are task ids (so valid ones), each once
+    order = sorted_ids[0]
+    ranks = range(len(ids)) if order is None else order  # the index in ids of the r-th id by id
+    task_positions = range(len(ids)) if tasks.order is None else tasks.order
+    arranged = []
+    for column in values:
+        placed: list[Any] = [None] * len(column)
+        for position, index in zip(task_positions, ranks, strict=True):
+            placed[position] = column[index]
+        arranged.append(placed)
+    return arranged
+
+
 def _expected_fast(raw: bytes, tasks: TaskSet) -> ExpectedResults | None:
     """The expected document when msgspec accepts all of it as valid; None to ask the standard library."""
     document = _fast_document(raw, _EXPECTED_DOCUMENT)
     if document is None or len(document.results) != len(tasks):
         return None
     entries = document.results
-    if [entry.taskId for entry in entries] != tasks.ids:  # in task order (make_tasks.py's): each task once
-        by_id = {entry.taskId: entry for entry in entries}
-        if len(by_id) != len(entries) or by_id.keys() != set(tasks.ids):
-            return None  # ids are task ids (so valid ones), each once
-        entries = [by_id[task_id] for task_id in tasks.ids]
-    outputs = [entry.output for entry in entries]
-    digests = [entry.sha256 for entry in entries]
+    arranged = in_task_order(tasks, [entry.taskId for entry in entries],
+                             [[entry.output for entry in entries], [entry.sha256 for entry in entries]])
+    del document, entries
+    if arranged is None:
+        return None
+    outputs, digests = arranged
     if sha256_texts(outputs) != digests:  # a digest of an output is 64 lowercase hex digits
         return None
     return ExpectedResults(outputs, digests)
@@ -493,30 +691,50 @@ def ids_sha256(ids: list[str]) -> str:
     return hashlib.sha256("\n".join(ids).encode("utf-8")).hexdigest()
 
 
-def listing_sha256(ids: list[str], outputs: list[str], digests: list[str]) -> str | None:
-    """The SHA-256 of results as ``[ids, outputs, digests]`` in one JSON document (msgspec's encoding: equal
-    digests, equal lists), or None without msgspec or for a string it cannot encode (a lone surrogate).
+def listing_sha256(ids_digest: str, outputs: bytes, digests: str) -> str:
+    """The SHA-256 of a list of results: their task ids' :func:`ids_sha256` (hex), the SHA-256 of their outputs'
+    JSON text as results.json writes them (``encode_basestring_ascii``) end to end, then their digests one a line.
+    Equal digests, equal lists (a JSON string ends where it ends, and no digest holds a newline).
 
-    validate_inputs records it for the expected results in task order; verification compares
-    results.json's results with them through it, without reading the expected document again.
+    validate_inputs records it for the expected results by ascending task id (results.json's order:
+    :func:`expected_listing_sha256`); verification compares results.json's results with them through it,
+    without reading the expected document again, and without decoding an output (results.json holds their
+    JSON text).
     """
-    if msgspec is None:
-        return None
-    try:
-        return hashlib.sha256(msgspec.json.encode([ids, outputs, digests])).hexdigest()
-    except UnicodeEncodeError:
-        return None
+    text = f"{ids_digest}\n{hashlib.sha256(outputs).hexdigest()}\n{digests}"
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
-def expected_facts(path: str) -> list[Any] | None:
-    """The expected document at ``path`` checked on its own, without the task set: when msgspec reads it
-    and each digest is its output's, ``[its result count, ids_sha256 of its task ids in its order, the
-    SHA-256 of its bytes, the listing_sha256 of its results in its order]``; None otherwise, or when it
-    cannot be read.
+def _listing_of(ids_digest: str, outputs: list[str], digests: list[str], order: array | None) -> str:
+    """:func:`listing_sha256` of results at positions (``outputs``, ``digests``) in the order ``order``."""
+    text = "".join(map(encode_basestring_ascii, by_id(outputs, order))).encode("ascii")
+    return listing_sha256(ids_digest, text, "\n".join(by_id(digests, order)))
 
-    The task set then completes :func:`_expected_fast`'s verdict in two comparisons
-    (:func:`expected_digests_from_facts`), so this half can run in another process while the task
-    document is read (validate_inputs: 1M results in about a second and a half).
+
+def expected_listing_sha256(tasks: TaskSet, expected: ExpectedResults) -> str:
+    """:func:`listing_sha256` of ``expected`` (the results of ``tasks``) by ascending task id."""
+    return _listing_of(tasks.sorted_ids_sha256(), expected.outputs, expected.digests, tasks.order)
+
+
+def task_order_message(tasks: TaskSet) -> bytes:
+    """What :func:`expected_facts` may be told of the task set (validate_inputs sends it to its child): the
+    :func:`ids_sha256` of the ids in task order and by ascending id, then the positions by ascending id
+    (none when the ids ascend)."""
+    return (tasks.ids_sha256() + tasks.sorted_ids_sha256()).encode("ascii") + (tasks.order or b"")
+
+
+def expected_facts(path: str, task_order: Callable[[], bytes] | None = None) -> list[Any] | None:
+    """The expected document at ``path`` checked on its own, without the task set: when msgspec reads it, no
+    task id repeats and each digest is its output's, ``[its result count, the ids_sha256 of its task ids by
+    ascending id, the SHA-256 of its bytes, the listing_sha256 of its results by ascending id]``; None
+    otherwise, or when it cannot be read.
+
+    The task set then completes :func:`_expected_fast`'s verdict in two comparisons, whatever the order of
+    either document (:func:`expected_digests_from_facts`), so this half can run in another process while
+    the task document is read (validate_inputs: 1M results in about three seconds).
+
+    :param task_order: returns :func:`task_order_message` (or b"": none): when this document lists its
+        results in the task order, the tasks' sorted order is theirs and need not be found again here.
     """
     try:
         raw = read_bytes(path, "expected")
@@ -532,15 +750,25 @@ def expected_facts(path: str) -> list[Any] | None:
     del document, entries
     if sha256_texts(outputs) != digests:
         return None
-    return [len(ids), ids_sha256(ids), hashlib.sha256(raw).hexdigest(), listing_sha256(ids, outputs, digests)]
+    message = task_order() if task_order is not None else b""
+    if message[:64] == ids_sha256(ids).encode("ascii"):  # the tasks' order: their sorted order is this one's
+        ids_digest, order = message[64:128].decode("ascii"), array("I")
+        order.frombytes(message[128:])
+        order = order or None
+    else:
+        sorted_ids = sort_ids(ids)
+        if sorted_ids is None:
+            return None  # a task id twice
+        order, ids_digest = sorted_ids[0], ids_sha256(sorted_ids[1])
+    return [len(ids), ids_digest, hashlib.sha256(raw).hexdigest(), _listing_of(ids_digest, outputs, digests, order)]
 
 
-def expected_digests_from_facts(facts: Any, tasks: TaskSet) -> tuple[str, str | None] | None:
-    """The expected document's SHA-256 and :func:`listing_sha256` when its :func:`expected_facts` prove it
-    valid for ``tasks`` (one result per task, in the task order, as :func:`_expected_fast` accepts it);
+def expected_digests_from_facts(facts: Any, tasks: TaskSet) -> tuple[str, str] | None:
+    """The expected document's SHA-256 and :func:`expected_listing_sha256` when its :func:`expected_facts`
+    prove it valid for ``tasks`` (one result per task, in any order, as :func:`_expected_fast` accepts it);
     None to validate it again (:func:`load_expected_and_digest`, which names any problem)."""
     if (isinstance(facts, list) and len(facts) == 4 and facts[0] == len(tasks)
-            and facts[1] == ids_sha256(tasks.ids) and isinstance(facts[2], str)):
+            and facts[1] == tasks.sorted_ids_sha256() and isinstance(facts[2], str) and isinstance(facts[3], str)):
         return facts[2], facts[3]
     return None
 
@@ -576,9 +804,10 @@ def parse_expected(document: Any, tasks: TaskSet, what: str = "expected",
         )
         _need(digest == sha256_text(output), f"{where} ({task_id})", "sha256 is not the digest of output")
         expected[task_id] = (output, digest)
-    missing = [task_id for task_id in tasks.ids if task_id not in expected]
+    ids = tasks.id_list()
+    missing = [task_id for task_id in ids if task_id not in expected]
     _need(not missing, what, f"no expected result for task {missing[0]!r}{mismatch_hint}" if missing else "")
-    in_order = [expected[task_id] for task_id in tasks.ids]
+    in_order = [expected[task_id] for task_id in ids]
     return ExpectedResults([output for output, _ in in_order], [digest for _, digest in in_order])
 
 
@@ -600,7 +829,7 @@ def load_expected_and_digest(path: str, tasks: TaskSet, what: str = "expected",
 
 def validated_summary(summary: Path | None) -> dict[str, Any]:
     """validate_inputs' summary: its inputSha256 and expectedSha256 are the digests of the task and expected
-    documents it validated, expectedListingSha256 the expected results' :func:`listing_sha256` in task order
+    documents it validated, expectedListingSha256 the expected results' :func:`listing_sha256` by ascending task id
     ({} without a summary, or one that cannot be read: whoever needs the summary names that problem in its turn)."""
     try:
         document = loads_bytes(summary.read_bytes()) if summary is not None else None

@@ -20,8 +20,9 @@ share stays held back for each expected worker that has had none yet.
 
 Memory: a task is its position in the :class:`TaskSet` (ids and raw payload bytes);
 its state is one byte, its result its output's JSON text (as results.json and the
-journal write it), 32 digest bytes and a worker number, so a million tasks and their
-results fit in about 200 MB (no dict per task). A claim's tasks share one lease.
+journal write it), 32 digest bytes and a worker number, so a task and its result cost
+their own bytes and about 30 more, whatever the ids' order or text (no object per task
+or per field). A claim's tasks share one lease.
 
 All operations are O(1) per task touched; :meth:`expire` scans only the live
 leases (at most workers x batch size). Times are the caller's monotonic clock.
@@ -37,7 +38,7 @@ from array import array
 from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from itertools import accumulate, islice, repeat
+from itertools import accumulate, compress, islice, repeat
 from json.encoder import encode_basestring_ascii
 from operator import add, methodcaller
 from typing import Any
@@ -215,51 +216,52 @@ class TaskBoard:
         start = self.output_at[position]
         return json.loads(self.outputs[start:start + self.output_size[position]])
 
-    def done_in_id_order(self) -> Iterator[list[int] | range]:
-        """The positions of the tasks with a result, in task id order, a chunk at a time.
+    def done_in_id_order(self) -> Iterator[tuple[range | None, range | array | list[int]]]:
+        """The tasks with a result, by ascending task id, a chunk at a time: their ranks by ascending id (a
+        :class:`range`) when every task of the chunk has one (the usual case), else None; and their positions.
 
-        Ids that ascend are already in order: no list of a million positions to sort (and a chunk
-        whose tasks all have a result is a :class:`range`).
+        No list of a million positions to sort: the task set keeps its positions in id order (and
+        when its ids ascend, a chunk's positions are a :class:`range`).
         """
-        state, count = self.state, len(self.state)
-        if self.tasks.ascending:
-            for start in range(0, count, RESULTS_CHUNK):
-                end = min(count, start + RESULTS_CHUNK)
-                if state.count(DONE, start, end) == end - start:
-                    yield range(start, end)
-                else:
-                    yield [p for p in range(start, end) if state[p] == DONE]
-            return
-        positions = [position for position in range(count) if state[position] == DONE]
-        positions.sort(key=self.tasks.ids.__getitem__)
-        for start in range(0, len(positions), RESULTS_CHUNK):
-            yield positions[start:start + RESULTS_CHUNK]
+        state, count, tasks = self.state, len(self.state), self.tasks
+        for start in range(0, count, RESULTS_CHUNK):
+            end = min(count, start + RESULTS_CHUNK)
+            positions = tasks.in_id_order(start, end)
+            states = state[start:end] if type(positions) is range else bytes(map(state.__getitem__, positions))
+            if states.count(DONE) == end - start:
+                yield range(start, end), positions
+            else:
+                yield None, list(compress(positions, map(DONE.__eq__, states)))
 
     def pending_ids(self) -> Iterator[str]:
         """The ids of the tasks that have no result yet."""
-        ids, state = self.tasks.ids, self.state
-        return (ids[position] for position in range(len(state)) if state[position] != DONE)
+        state, task_id = self.state, self.tasks.task_id
+        return (task_id(position) for position in range(len(state)) if state[position] != DONE)
 
     def result_entries(self) -> Iterator[bytes]:
         """results.json's entries (:data:`RESULT_ENTRY`, joined by ",\\n"), in task id order, a chunk at a time:
-        a few string operations per result, each over the whole chunk (the stored output is its JSON text)."""
-        ids, digests, at, size, blob = self.tasks.ids, self.digests, self.output_at, self.output_size, self.outputs
+        a few operations per chunk, each over all of its results (the stored output is its JSON text). Ids
+        that ascend in task order make a chunk's values a slice of each store; others are gathered from
+        where their tasks are (a C call or two a value: about a second a million)."""
+        tasks, digests, at, size, blob = self.tasks, self.digests, self.output_at, self.output_size, self.outputs
         names = [encode_basestring_ascii(name).encode("ascii") for name in self.worker_names]
-        for positions in self.done_in_id_order():
+        for ranks, positions in self.done_in_id_order():
             if not positions:
                 continue
             if type(positions) is range:
                 start, end = positions.start, positions.stop
-                starts, sizes, numbers = at[start:end], size[start:end], self.result_worker[start:end]
-                chunk_ids, hexes = ids[start:end], digests[32 * start:32 * end].hex().encode("ascii")
-            else:
-                starts, sizes = list(map(at.__getitem__, positions)), map(size.__getitem__, positions)
-                numbers, chunk_ids = map(self.result_worker.__getitem__, positions), map(ids.__getitem__, positions)
-                hexes = b"".join(digests[32 * p:32 * p + 32] for p in positions).hex().encode("ascii")
-            outputs = map(blob.__getitem__, map(slice, starts, map(add, starts, sizes)))
+                starts, numbers = at[start:end], self.result_worker[start:end]
+                outputs = map(blob.__getitem__, map(slice, starts, map(add, starts, size[start:end])))
+                hexes = digests[32 * start:32 * end].hex()
+            else:  # gathered (a list comprehension: fewer objects a value than a chain of maps)
+                outputs = [blob[at[p]:at[p] + size[p]] for p in positions]
+                numbers = map(self.result_worker.__getitem__, positions)
+                hexes = b"".join([digests[32 * p:32 * p + 32] for p in positions]).hex()
+            chunk_ids = tasks.ranked_ids(ranks.start, ranks.stop) if ranks is not None else tasks.ids_at(positions)
+            hexes = hexes.encode("ascii")
             digest = map(hexes.__getitem__, map(slice, range(0, len(hexes), 64), range(64, len(hexes) + 64, 64)))
             yield _ENTRY[0] + _ENTRY_SEPARATOR.join(map(b"".join, zip(
-                outputs, repeat(_ENTRY[1]), digest, repeat(_ENTRY[2]), map(str.encode, chunk_ids), repeat(_ENTRY[3]),
+                outputs, repeat(_ENTRY[1]), digest, repeat(_ENTRY[2]), chunk_ids, repeat(_ENTRY[3]),
                 map(names.__getitem__, numbers), strict=False))) + _ENTRY[4]  # (repeat() never ends)
 
     def results_json(self) -> Iterator[bytes]:
@@ -450,9 +452,14 @@ class TaskBoard:
         """
         count = len(task_ids)
         start = self.tasks.position(task_ids[0]) if count else None
-        if start is None or self.tasks.ids[start:start + count] != task_ids:
+        if start is None or start + count > len(self.state):
             return None
         end = start + count
+        try:
+            if self.tasks.id_run(start, end) != "\n".join(task_ids).encode():
+                return None  # (no id holds a newline: equal text, equal ids)
+        except UnicodeEncodeError:  # a lone surrogate: no task's id
+            return None
         if (self.state.find(DONE, start, end) >= 0 or self.granted.find(0, start, end) >= 0
                 or max(map(len, outputs)) > MAX_OUTPUT_CHARS
                 or self.committing.find(1, start, end) >= 0):
@@ -543,7 +550,7 @@ class TaskBoard:
             self.state[position] = PENDING
             self.front.appendleft(position)
         self.expired_leases += len(overdue)
-        return [self.tasks.ids[position] for position in overdue]
+        return list(map(self.tasks.task_id, overdue))
 
 
 def fair_share(max_tasks: int, pending: int, workers: int, *, newcomer: bool = False, waiting: int = 0,

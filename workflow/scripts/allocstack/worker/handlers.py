@@ -18,7 +18,9 @@ import json
 import os
 import tempfile
 from collections.abc import Callable
-from operator import mul
+from itertools import repeat
+from json.encoder import encode_basestring_ascii
+from operator import mul, sub
 from typing import TYPE_CHECKING, Any
 
 from ..common import names
@@ -82,9 +84,11 @@ def _baseline_tasks_fast(tasks: TaskSet) -> int | None:
             and max(repeats) <= MAX_REPEAT and max(map(mul, lengths, repeats)) <= MAX_OUTPUT_CHARS):
         return None
     text = "".join(messages)
-    if len(json.dumps(text)) - 2 == len(text):  # no message has a character JSON escapes: a character is a byte
+    if len(encode_basestring_ascii(text)) - 2 == len(text):  # no character JSON escapes: a character is a byte
         return sum(map(mul, lengths, repeats))
-    return sum((len(json.dumps(message)) - 2) * repeat for message, repeat in zip(messages, repeats, strict=True))
+    # As json.dumps writes each message (every character it escapes, non-ASCII too), a C call each.
+    written = map(sub, map(len, map(encode_basestring_ascii, messages)), repeat(2))
+    return sum(map(mul, written, repeats))
 
 
 def check_baseline_tasks(tasks: TaskSet, what: str) -> int:
@@ -100,7 +104,7 @@ def check_baseline_tasks(tasks: TaskSet, what: str) -> int:
     if fast is not None:
         return fast
     total = 0
-    for index, task_id in enumerate(tasks.ids):
+    for index, task_id in enumerate(tasks.id_list()):
         payload = tasks.payload(index)
         check_baseline_payload(payload, f"{what}: task {index + 1} ({task_id})")
         total += baseline_output_bytes(payload)
