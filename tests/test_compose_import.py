@@ -502,3 +502,12 @@ def test_a_service_with_the_name_of_allocstacks_own_steps_is_renamed_and_the_run
                     env={"PATH": f"{fake.parent}:{os.environ['PATH']}"})
     assert dry.returncode == 0, dry.stdout + dry.stderr
     assert "serve_service" in dry.stdout
+
+
+def test_a_volume_marked_keep_is_carried_across_attempts_the_others_are_fresh(tmp_path, capsys, monkeypatch):
+    document = copy.deepcopy(BASE)
+    document["services"]["worker"]["volumes"] = ["cache:/cache", "work:/work"]
+    document["volumes"] = {"cache": {"x-allocstack": {"keep": True}}, "work": {}}
+    code, config, _ = import_document(tmp_path, document, env={}, monkeypatch=monkeypatch)
+    assert code == 0, capsys.readouterr().err
+    assert config["volumes"] == ["cache", "work"] and config["keep_volumes"] == ["cache"]

@@ -61,6 +61,7 @@ BAD = {
     "a port from the image without an image": ("services: {db: {command: [x], port: image}}",
                                                ("services.db.port is image (the port its image EXPOSEs) but it runs "
                                                "without an image")),
+    "a kept volume not one of volumes": ("volumes: [a]\nkeep_volumes: [b]", "keep_volumes: b is not one of `volumes`"),
     "a mount's volume not one of volumes": ("services: {db: {command: [x], mounts: [{target: /d, volume: nope}]}}",
                                             "services.db.mounts: /d: volume nope is not one of `volumes`"),
     "per-task workers with mounts": ("worker: {mounts: [{target: /d, source: config}]}",

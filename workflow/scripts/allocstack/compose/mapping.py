@@ -1131,6 +1131,32 @@ def image_paths(name: str, argv: list[str], mounts: list[Mount], report: Report)
                             "runs as is; without (a local run) it must exist on this machine")
 
 
+#: Programs that never end by themselves (a task queue's worker, a server): (the words that name it, the words that
+#: make it end by itself after all).
+DAEMONS = (
+    (("celery", "worker"), ()),
+    (("rq", "worker"), ("--burst", "-b")),
+    (("rqworker",), ("--burst", "-b")),
+    (("dramatiq",), ()),
+    (("huey_consumer",), ()),
+    (("arq",), ("--burst",)),
+    (("gunicorn",), ()),
+    (("uvicorn",), ()),
+    (("redis-server",), ()),
+    (("nginx",), ()),
+)
+
+
+def daemon_of(argv: list[str] | None) -> str | None:
+    """The known daemon a command runs (``celery worker``, ``rq worker``, ...), or None: a program that never ends
+    by itself unless told (``rq worker --burst`` ends once the queue is empty)."""
+    words = [os.path.basename(word) for word in argv or []]
+    for name, ending in DAEMONS:
+        if all(word in words for word in name) and not any(word in words for word in ending):
+            return " ".join(name)
+    return None
+
+
 def layout(services: dict[str, Any], parts: dict[str, Any], roles: Roles, context: Context,
            runtime: str) -> dict[str, Any]:
     """The config, in the order a reader wants it."""
@@ -1140,6 +1166,12 @@ def layout(services: dict[str, Any], parts: dict[str, Any], roles: Roles, contex
     workers = parts.get("workers") or {**empty, "cpus": default["worker"]["cpus"], "gpus": default["worker"]["gpus"],
                                        "replicas": 1}
     check = parts.get("check") or empty
+    daemon = daemon_of(workers["command"])
+    if daemon and parts.get("workers"):
+        context.report.gaps.append(
+            f"{roles.workers}: the workers run `{daemon}`, a daemon that never ends by itself, and nothing ends the "
+            "stack: the check waits for the workers to end, so the run would wait until its time limit; give it a way "
+            "to end (`rq worker --burst` ends once the queue is empty) or end the stack from your producer")
     if roles.check is None:
         context.report.gaps.append("no check: nothing says whether the results are correct; add a service that "
                                    f"waits for the workers (condition: {COMPLETED}) with a command, or set "
@@ -1167,9 +1199,19 @@ def layout(services: dict[str, Any], parts: dict[str, Any], roles: Roles, contex
         "volumes": volumes,
         "verify": program(check),
     }
+    kept = [volume for volume in volumes if kept_volume(context.declared.get(volume))]
+    if kept:
+        config["keep_volumes"] = kept
     if runtime != "apptainer":
         config["runtime"] = runtime
     return config
+
+
+def kept_volume(options: Any) -> bool:
+    """A top-level volume marked ``x-allocstack: {keep: true}``: its data is carried from one attempt to the next
+    (every other named volume is fresh in each attempt)."""
+    extension = options.get("x-allocstack") if isinstance(options, dict) else None
+    return isinstance(extension, dict) and extension.get("keep") is True
 
 
 def rename_reserved(config: dict[str, Any], report: Report) -> None:

@@ -102,8 +102,10 @@ def launch(plan: Plan, component: str, run: str, gpus: int = 0, **wildcards: str
     # in launch.py's process (outside an allocation, no image) is still found by its path.
     argv = [plan.python, plan.facts.absolute(plan.script("launch.py")),
             *options(("--component", how.name), ("--run", run), ("--scratch-root", config["scratch"] or ""),
-                     ("--cpus", how.cpus), ("--run-state", plan.files(run).state))]
-    argv += ["--no-scratch"] if not how.scratch else options(*each("--volume", config["volumes"]))
+                     ("--cpus", how.cpus), ("--run-state", plan.files(run).state),
+                     ("--marker", plan.files(run).marker))]
+    argv += ["--no-scratch"] if not how.scratch else options(*each("--volume", config["volumes"]),
+                                                              *each("--keep-volume", config["keep_volumes"]))
     if how.job_end_time:
         argv.append("--job-end-time")
     if how.tolerate_kill:

@@ -51,6 +51,11 @@ SERVICES = "services"
 #: With more than one node, node N's gate record is GATES/node-N.json.
 GATES = "gates"
 SERVICE_SUFFIX = ".service"
+#: What an attempt's records of a run that ended without its marker are moved into by the next command
+#: (every file of ``results/<run>/`` but :data:`BEFORE_THE_STACK`): its stack runs again from the start.
+EARLIER_ATTEMPT = "earlier-attempt"
+#: validate_inputs' files: made before any component starts, not an attempt's.
+BEFORE_THE_STACK = (INPUTS_SUMMARY, DECISION_RECORD, COMPACT_TASKS)
 
 
 class File:

@@ -101,6 +101,9 @@ def refuse_bad_programs(config: Mapping[str, Any], facts: Facts) -> None:
     """Each program's mounts name a volume of ``volumes`` and a source that exists (relative to where
     snakemake runs); every ``${env:NAME}`` is set in the environment snakemake runs in: the run reads it
     when the program starts, on the node, where the job got this environment."""
+    for volume in config["keep_volumes"]:
+        if volume not in config["volumes"]:
+            raise PlanError("config", f"keep_volumes: {volume} is not one of `volumes`")
     for key, spec in parts_of_yours(config):
         for mount in spec.get("mounts") or []:
             if mount.get("volume") and mount["volume"] not in config["volumes"]:
