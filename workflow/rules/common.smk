@@ -192,6 +192,18 @@ def worker_records(wildcards):
     return PLAN.worker_records(wildcards.run)
 
 
+def main_inputs(wildcards):
+    return PLAN.main_inputs(wildcards.run)
+
+
+def main_cpus(wildcards):
+    return PLAN.main_cpus
+
+
+def main_records(wildcards):
+    return PLAN.main_records(wildcards.run)
+
+
 def check_inputs(wildcards):
     return PLAN.check_inputs(wildcards.run)
 

@@ -36,6 +36,8 @@ COORDINATOR_RESULTS = "results.json"
 COORDINATOR_END = "coordinator.json"
 #: The coordinator's readiness gate record.
 COORDINATOR_GATE = "readiness.json"
+#: The main program's record (config ``main``: it exited 0).
+MAIN_RECORD = "main.json"
 #: Your check's record (your own stack, tasks: null).
 CHECK_RECORD = "check.json"
 #: How each of your services ended (collect_results).
@@ -90,6 +92,7 @@ class Layout:
     services_record = File(SERVICES_RECORD)
     timeline = File(TIMELINE)
     check_record = File(CHECK_RECORD)
+    main_record = File(MAIN_RECORD)
     marker = File(MARKER)
     #: The durable results journal a rerun resumes from.
     journal = File(names.JOURNAL, state=True)
