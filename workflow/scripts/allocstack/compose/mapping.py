@@ -482,6 +482,7 @@ class Roles:
     workers: str | None
     check: str | None
     services: list[str]
+    main: str | None = None  # --exit-code-from: one of services, config main
 
 
 def conditions(spec: dict[str, Any]) -> dict[str, str]:
@@ -531,8 +532,10 @@ def replicas(spec: dict[str, Any], where: str, report: Report) -> int:
     return replicas_count
 
 
-def assign_roles(services: dict[str, dict[str, Any]], counts: dict[str, int], report: Report) -> Roles:
-    """Which service is the workers, which the check, which are long-running services."""
+def assign_roles(services: dict[str, dict[str, Any]], counts: dict[str, int], report: Report,
+                 main: str | None = None) -> Roles:
+    """Which service is the workers, which the check, which are long-running services (``main``, the one
+    ``--exit-code-from`` names, among them: it may wait for the workers to start)."""
     for name, spec in services.items():
         for dependency in conditions(spec):
             if dependency not in services:
@@ -571,7 +574,9 @@ def assign_roles(services: dict[str, dict[str, Any]], counts: dict[str, int], re
                                                                "workers")
     rest = [name for name in services if name not in (workers, check)]
     for name in rest:
-        for dependency in conditions(services[name]):
+        for dependency, condition in conditions(services[name]).items():
+            if name == main and dependency == workers and condition == "service_started":
+                continue  # the producer runs beside the workers, as Compose starts it once they started
             if dependency in (workers, check) and dependency is not None:
                 report.refuse(f"services.{name}.depends_on", f"a long-running service that waits for {dependency}, "
                                                              f"which allocstack reads as the "
@@ -581,7 +586,7 @@ def assign_roles(services: dict[str, dict[str, Any]], counts: dict[str, int], re
                                                              "issue 25)")
     if workers and check and check in conditions(services[workers]):
         report.refuse(f"services.{workers}.depends_on", "the workers wait for the check: it runs after them")
-    return Roles(workers, check, rest)
+    return Roles(workers, check, rest, main)
 
 
 # ---------------------------------------------------------------- ports
@@ -841,9 +846,19 @@ def aliases(name: str, spec: dict[str, Any], report: Report) -> list[str]:
 MetaReader = Callable[[str], "ImageMeta | None"]
 
 
+@dataclass(frozen=True)
+class Up:
+    """``docker compose up``'s own flags: ``--exit-code-from NAME`` (config ``main``), ``--scale SERVICE=N``,
+    ``--profile NAME``."""
+
+    exit_code_from: str | None = None
+    scale: tuple[tuple[str, int], ...] = ()
+    profiles: frozenset[str] = frozenset()
+
+
 def import_stack(compose: dict[str, Any], compose_dir: Path, project_dir: Path, run: str,
                  variables: Variables | None = None, images_dir: str = "images", runtime: str = "apptainer",
-                 image_meta: MetaReader | None = None, hostnames: bool = True) -> Imported:
+                 image_meta: MetaReader | None = None, hostnames: bool = True, up: Up = Up()) -> Imported:
     """Map a (merged) Compose document to an allocstack config; refusals, gaps and notes in the report.
 
     :param variables: what ``${VAR}`` reads (None: the ``.env`` beside the Compose file alone).
@@ -851,6 +866,7 @@ def import_stack(compose: dict[str, Any], compose_dir: Path, project_dir: Path, 
     :param runtime: the container runtime the images are for (config ``runtime``): their files' kind.
     :param image_meta: reads an image file's metadata (its EXPOSE ports) when it exists; None: never.
     :param hostnames: rewrite service names used as hostnames (allocstack/compose/hostnames.py).
+    :param up: ``docker compose up``'s flags, as given to the import.
     """
     report = Report()
     if variables is None:
@@ -898,7 +914,7 @@ def import_stack(compose: dict[str, Any], compose_dir: Path, project_dir: Path, 
             report.refuse(f"services.{name}", "the name must be letters, digits, '.', '_' or '-'")
         elif spec is not None and not isinstance(spec, dict):
             report.refuse(f"services.{name}", "must be a mapping")
-        elif spec and spec.get("profiles"):
+        elif spec and spec.get("profiles") and not up.profiles & set(map(str, listing(spec["profiles"], name, report))):
             report.notes.append(f"{name}: left out: it has profiles {spec['profiles']}, and `docker compose up` "
                                 "starts it only with --profile")
         else:
@@ -907,7 +923,19 @@ def import_stack(compose: dict[str, Any], compose_dir: Path, project_dir: Path, 
         service_keys(name, spec, report)
         check_depends_on(name, spec, report)
     counts = {name: replicas(spec, f"services.{name}", report) for name, spec in active.items()}
-    roles = assign_roles(active, counts, report)
+    for name, number in up.scale:
+        if name not in active:
+            report.refuse(f"--scale {name}={number}", f"{name} is not a service here (or it is left out by its "
+                                                      "profiles)")
+        elif number < 1:
+            report.refuse(f"--scale {name}={number}", "at least one replica must run")
+        else:
+            counts[name] = number
+    main = up.exit_code_from
+    if main is not None and main not in active:
+        report.refuse(f"--exit-code-from {main}", f"{main} is not a service here (or it is left out by its profiles)")
+        main = None
+    roles = assign_roles(active, counts, report, main)
     programs = {name: Program.read(name, spec, context, run, f"{images_dir.rstrip('/')}/", IMAGE_SUFFIX[runtime])
                 for name, spec in active.items()}
     names = {name: [name, *aliases(name, spec, report)] for name, spec in active.items()}
@@ -920,6 +948,8 @@ def import_stack(compose: dict[str, Any], compose_dir: Path, project_dir: Path, 
     ports = choose_ports(programs, roles, active, names, waited, image_meta, report)
     config = assemble(active, programs, roles, counts, ports, allowed, names, waited, context, runtime, hostnames)
     config["run"] = run
+    if roles.main:
+        config["main"] = roles.main
     rename_reserved(config, report)
     secrets_by_name(config, report)
     services = config["services"]
@@ -1167,7 +1197,7 @@ def layout(services: dict[str, Any], parts: dict[str, Any], roles: Roles, contex
                                        "replicas": 1}
     check = parts.get("check") or empty
     daemon = daemon_of(workers["command"])
-    if daemon and parts.get("workers"):
+    if daemon and parts.get("workers") and not roles.main:
         context.report.gaps.append(
             f"{roles.workers}: the workers run `{daemon}`, a daemon that never ends by itself, and nothing ends the "
             "stack: the check waits for the workers to end, so the run would wait until its time limit; give it a way "
