@@ -66,7 +66,9 @@ BAD = {
                                                "without an image")),
     "main not one of services": (OWN + "services: {db: {command: [x]}}\nmain: app",
                                  "main: app is not one of services (db)"),
-    "a service depends on main": (OWN + "services: {app: {command: [x]}, ui: {command: [y], depends_on: [app]}}\nmain: app", "main: app runs once and ends the stack, but services.ui depends on it"),
+    "a service depends on main": (OWN + "services: {app: {command: [x]}, ui: {command: [y], depends_on: [app]}}\n"
+                                        "main: app",
+                                  "main: app runs once and ends the stack, but services.ui depends on it"),
     "main with a task document": ("services: {app: {command: [x]}}\nmain: app",
                                   "main: app with a task document (tasks)"),
     "a kept volume not one of volumes": ("volumes: [a]\nkeep_volumes: [b]", "keep_volumes: b is not one of `volumes`"),
