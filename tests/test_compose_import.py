@@ -534,3 +534,20 @@ def test_compose_ups_own_flags_exit_code_from_scale_and_profile(tmp_path, capsys
     assert code == 0 and "dash" in config["services"] and config["workers"] == 2
     code, _, _ = import_document(tmp_path, document, "--exit-code-from", "nope", env={}, monkeypatch=monkeypatch)
     assert code == 65 and "--exit-code-from nope: nope is not a service here" in capsys.readouterr().err
+
+
+def test_the_producer_beside_replicated_workers_is_recognised_as_main_where_unambiguous(tmp_path, capsys, monkeypatch):
+    document = {"services": {
+        "redis": {"image": "redis:7", "expose": ["6379"]},
+        "worker": {"image": "app:1", "command": ["python3", "w.py"], "depends_on": ["redis"],
+                   "deploy": {"replicas": 3}},
+        "app": {"image": "app:1", "command": ["python3", "producer.py"], "depends_on": ["redis", "worker"]},
+    }}
+    code, config, _ = import_document(tmp_path, document, env={}, monkeypatch=monkeypatch)
+    out = capsys.readouterr().out
+    assert code == 0 and config["main"] == "app" and config["workers"] == 3
+    assert "app: it waits for the workers (worker) to start and nothing waits for it" in out
+    document["services"]["ui"] = {"image": "ui:1", "command": ["ui"], "depends_on": ["app"], "expose": ["8080"]}
+    code, _, _ = import_document(tmp_path, document, env={}, monkeypatch=monkeypatch)
+    assert code == 65  # something waits for app: not the shape, and app waiting for the workers is refused as before
+    assert "services.app.depends_on: a long-running service that waits for worker" in capsys.readouterr().err

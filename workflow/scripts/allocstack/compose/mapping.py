@@ -532,6 +532,22 @@ def replicas(spec: dict[str, Any], where: str, report: Report) -> int:
     return replicas_count
 
 
+def producer_of(services: dict[str, dict[str, Any]], counts: dict[str, int], report: Report) -> str | None:
+    """Without ``--exit-code-from``, the shape that says it where it is unambiguous: one replicated service, no
+    service that waits for anything to complete (no check), and exactly one service that waits for the replicas to
+    start (``service_started``) and that nothing waits for: the producer beside the workers, config ``main``."""
+    replicated = [name for name in services if counts[name] > 1]
+    if len(replicated) != 1 or any(COMPLETED in conditions(spec).values() for spec in services.values()):
+        return None
+    beside = [name for name, spec in services.items() if conditions(spec).get(replicated[0]) == "service_started"]
+    if len(beside) != 1 or any(beside[0] in conditions(spec) for spec in services.values()):
+        return None
+    report.notes.append(f"{beside[0]}: it waits for the workers ({replicated[0]}) to start and nothing waits for it: "
+                        "the stack's main program (config main, as with --exit-code-from "
+                        f"{beside[0]}): the stack ends when it ends")
+    return beside[0]
+
+
 def assign_roles(services: dict[str, dict[str, Any]], counts: dict[str, int], report: Report,
                  main: str | None = None) -> Roles:
     """Which service is the workers, which the check, which are long-running services (``main``, the one
@@ -935,6 +951,7 @@ def import_stack(compose: dict[str, Any], compose_dir: Path, project_dir: Path, 
     if main is not None and main not in active:
         report.refuse(f"--exit-code-from {main}", f"{main} is not a service here (or it is left out by its profiles)")
         main = None
+    main = main or producer_of(active, counts, report)
     roles = assign_roles(active, counts, report, main)
     programs = {name: Program.read(name, spec, context, run, f"{images_dir.rstrip('/')}/", IMAGE_SUFFIX[runtime])
                 for name, spec in active.items()}
