@@ -502,3 +502,52 @@ def test_a_service_with_the_name_of_allocstacks_own_steps_is_renamed_and_the_run
                     env={"PATH": f"{fake.parent}:{os.environ['PATH']}"})
     assert dry.returncode == 0, dry.stdout + dry.stderr
     assert "serve_service" in dry.stdout
+
+
+def test_a_volume_marked_keep_is_carried_across_attempts_the_others_are_fresh(tmp_path, capsys, monkeypatch):
+    document = copy.deepcopy(BASE)
+    document["services"]["worker"]["volumes"] = ["cache:/cache", "work:/work"]
+    document["volumes"] = {"cache": {"x-allocstack": {"keep": True}}, "work": {}}
+    code, config, _ = import_document(tmp_path, document, env={}, monkeypatch=monkeypatch)
+    assert code == 0, capsys.readouterr().err
+    assert config["volumes"] == ["cache", "work"] and config["keep_volumes"] == ["cache"]
+
+
+def test_compose_ups_own_flags_exit_code_from_scale_and_profile(tmp_path, capsys, monkeypatch):
+    """`import_compose.py FILE --exit-code-from app --scale worker=4 --profile tools`, as `docker compose up` takes
+    them: the producer beside daemon workers is config main (it may wait for the workers to start), the workers
+    scaled, a service of a profile taken in."""
+    document = {"services": {
+        "redis": {"image": "redis:7", "expose": ["6379"]},
+        "worker": {"image": "app:1", "command": ["rq", "worker"], "depends_on": ["redis"]},
+        "app": {"image": "app:1", "command": ["python3", "producer.py"], "depends_on": ["redis", "worker"]},
+        "dash": {"image": "dash:1", "command": ["rq-dashboard"], "expose": ["9181"], "profiles": ["tools"]},
+    }}
+    code, config, _ = import_document(tmp_path, document, "--exit-code-from", "app", "--scale", "worker=4",
+                                      env={}, monkeypatch=monkeypatch)
+    out = capsys.readouterr()
+    assert code == 0, out.err
+    assert config["main"] == "app" and config["workers"] == 4 and config["services"]["app"]["depends_on"] == ["redis"]
+    assert "dash" not in config["services"] and "a daemon that never ends by itself" not in out.out
+    code, config, _ = import_document(tmp_path, document, "--exit-code-from", "app", "--scale", "worker=2",
+                                      "--profile", "tools", env={}, monkeypatch=monkeypatch)
+    assert code == 0 and "dash" in config["services"] and config["workers"] == 2
+    code, _, _ = import_document(tmp_path, document, "--exit-code-from", "nope", env={}, monkeypatch=monkeypatch)
+    assert code == 65 and "--exit-code-from nope: nope is not a service here" in capsys.readouterr().err
+
+
+def test_the_producer_beside_replicated_workers_is_recognised_as_main_where_unambiguous(tmp_path, capsys, monkeypatch):
+    document = {"services": {
+        "redis": {"image": "redis:7", "expose": ["6379"]},
+        "worker": {"image": "app:1", "command": ["python3", "w.py"], "depends_on": ["redis"],
+                   "deploy": {"replicas": 3}},
+        "app": {"image": "app:1", "command": ["python3", "producer.py"], "depends_on": ["redis", "worker"]},
+    }}
+    code, config, _ = import_document(tmp_path, document, env={}, monkeypatch=monkeypatch)
+    out = capsys.readouterr().out
+    assert code == 0 and config["main"] == "app" and config["workers"] == 3
+    assert "app: it waits for the workers (worker) to start and nothing waits for it" in out
+    document["services"]["ui"] = {"image": "ui:1", "command": ["ui"], "depends_on": ["app"], "expose": ["8080"]}
+    code, _, _ = import_document(tmp_path, document, env={}, monkeypatch=monkeypatch)
+    assert code == 65  # something waits for app: not the shape, and app waiting for the workers is refused as before
+    assert "services.app.depends_on: a long-running service that waits for worker" in capsys.readouterr().err

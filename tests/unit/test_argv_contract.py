@@ -2,7 +2,7 @@
 
 An option renamed in a script (or in the plan) fails here, not at run time on the path that uses it. Every
 entry point the rules start is covered: launch.py, validate_inputs.py, coordinator.py, readiness.py (the
-coordinator's gate, each other node's, each service's), app_service.py, worker.py, replica.py, check.py,
+coordinator's gate, each other node's, each service's), app_service.py, worker.py, replica.py, main.py, check.py,
 collect.py, verify.py, and status.py at the end of a run.
 """
 
@@ -54,6 +54,11 @@ STACKS = {
                                          {"environ": IN_STEP}),
     "your own stack": (OWN_STACK + SERVICES, {}),
     "your own stack without services": (OWN_STACK, {}),
+    "your own stack with a main program": (OWN_STACK + SERVICES + "main: cache\nworkers: 3\n"
+                                           "worker: {mode: long-running, command: [rq, worker], stop_grace_period: 4}\n",
+                                           {}),
+    "a main program and no check of yours": (("tasks: null\nexpected: null\nworker: {mode: long-running, command: [w]}\n"
+                                              "services: {app: {command: [python3, producer.py]}}\nmain: app\n"), {}),
     "Apptainer with GPUs, in a job step": (("image: allocstack.sif\nworker: {gpus: 2, command: [python3, x.py]}\n"
                                            "verify: {command: [python3, c.py]}\nslurm: {step_args: [--overlap]}"),
                                            {"environ": IN_STEP, "deployment": frozenset({"apptainer"}), **INSTALLED}),
@@ -83,6 +88,8 @@ def jobs(planned: plan.Plan) -> Iterator[tuple[str, dict[str, str]]]:
     for service in planned.services:
         yield "service", {**run, "service": service}
         yield "service_gate", {**run, "service": service}
+    if planned.main:
+        yield "main", run
     for worker in planned.workers:
         yield "worker", {**run, "worker": worker}
     if planned.runs_check:
@@ -145,7 +152,7 @@ def test_every_entry_point_is_covered():
     started = {planned.script_of(component) for text, facts in STACKS.values()
                for planned in [plan_of(text, **facts)] for component, _ in jobs(planned)}
     assert started == {"validate_inputs.py", "coordinator.py", "readiness.py", "app_service.py", "worker.py",
-                       "replica.py", "check.py", "collect.py", "verify.py"}
+                       "replica.py", "main.py", "check.py", "collect.py", "verify.py"}
 
 
 def test_the_end_of_run_summary_parses_with_status_pys_parser():
@@ -203,3 +210,20 @@ def test_programs_of_yours_run_in_their_images_and_their_supervisors_beside_them
     per_task = plan_of("worker: {image: w.sif}\n", deployment=frozenset({"apptainer"}), **INSTALLED)
     launch = parse("launch.py", [*per_task.launch("worker", run="r", worker="worker-01")[2:], "worker.py"])
     assert launch.image.endswith("w.sif")
+
+
+def test_a_main_program_runs_once_its_end_stops_the_workers_and_the_check_waits_for_it(workdir):
+    planned = plan_of(STACKS["your own stack with a main program"][0])
+    assert "cache" not in planned.services and planned.main_spec["depends_on"] == ["db", "web"]
+    main = parse("main.py", planned.args("main", run=planned.run))
+    assert main.name == "cache" and main.command_json == ["python3", "cache.py"] and main.uses == ["db", "web"]
+    assert [str(path) for path in main.gate_record] == [planned.layout.service_gate(name) for name in ("db", "web")]
+    assert str(main.record) == planned.layout.main_record
+    replica = parse("replica.py", planned.args("worker", run=planned.run, worker="worker-01"))
+    assert replica.stop_when_main_ends == "cache" and replica.stop_grace == 4
+    check = parse("check.py", planned.args("check", run=planned.run))
+    assert planned.layout.main_record in map(str, check.wait_for) and not check.main_decides
+    alone = plan_of(STACKS["a main program and no check of yours"][0])
+    assert parse("check.py", alone.args("check", run=alone.run)).main_decides
+    launched = parse("launch.py", [*planned.launch("main", run=planned.run)[2:], "main.py"])
+    assert launched.component == "cache"

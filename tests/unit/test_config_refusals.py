@@ -13,6 +13,9 @@ from allocstack.plan.config import defaults
 
 from .plans import configured, plan_of, refusal, world
 
+#: Your own stack, for the refusals of config main.
+OWN = "tasks: null\nexpected: null\nworker: {mode: long-running, command: [w]}\nverify: {command: [c]}\n"
+
 BAD = {
     "worker.command empty": ("worker: {command: []}", "worker.command"),
     "worker.command a shell string": ("worker: {command: 'python3 x.py'}", "worker.command"),
@@ -61,6 +64,14 @@ BAD = {
     "a port from the image without an image": ("services: {db: {command: [x], port: image}}",
                                                ("services.db.port is image (the port its image EXPOSEs) but it runs "
                                                "without an image")),
+    "main not one of services": (OWN + "services: {db: {command: [x]}}\nmain: app",
+                                 "main: app is not one of services (db)"),
+    "a service depends on main": (OWN + "services: {app: {command: [x]}, ui: {command: [y], depends_on: [app]}}\n"
+                                        "main: app",
+                                  "main: app runs once and ends the stack, but services.ui depends on it"),
+    "main with a task document": ("services: {app: {command: [x]}}\nmain: app",
+                                  "main: app with a task document (tasks)"),
+    "a kept volume not one of volumes": ("volumes: [a]\nkeep_volumes: [b]", "keep_volumes: b is not one of `volumes`"),
     "a mount's volume not one of volumes": ("services: {db: {command: [x], mounts: [{target: /d, volume: nope}]}}",
                                             "services.db.mounts: /d: volume nope is not one of `volumes`"),
     "per-task workers with mounts": ("worker: {mounts: [{target: /d, source: config}]}",

@@ -10,6 +10,7 @@ rule collect_results:
         validated=FILES.inputs_summary,
         service_gates=service_gates,
         workers=worker_records,
+        main=main_records,
         check=check_records,
         node_gates=node_gates,
         script=script("collect.py"),

@@ -91,6 +91,34 @@ def mark_the_command():
         )
         sys.exit(errors.report(refusal))
     attempts.mark(os.environ)
+    if attempts.runs_jobs(sys.argv[1:]):
+        start_clean()
+
+
+def start_clean():
+    """A command that finds an earlier attempt's records without its success marker (it failed or was
+    interrupted) sets them aside, so that the stack runs again from the start against fresh volumes and
+    every record read is this attempt's (the built-in coordinator's journal still resumes).
+    """
+    files = PLAN.files(PLAN.run)
+    try:
+        moved = attempts.set_aside(
+            Path(files.results),
+            Path(files.marker),
+            plan.layout.BEFORE_THE_STACK,
+            plan.layout.EARLIER_ATTEMPT,
+        )
+    except OSError as exc:
+        refusal = errors.AllocstackError(
+            "io",
+            f"cannot set aside an earlier attempt's records in {files.results}: {exc.strerror}",
+        )
+        sys.exit(errors.report(refusal))
+    if moved:
+        logger.info(
+            f"allocstack: an earlier attempt of run {PLAN.run} ended without its marker: its records "
+            f"set aside in {files.results}/{plan.layout.EARLIER_ATTEMPT}/; the stack starts again"
+        )
 
 
 mark_the_command()
@@ -162,6 +190,18 @@ def worker_inputs(wildcards):
 
 def worker_records(wildcards):
     return PLAN.worker_records(wildcards.run)
+
+
+def main_inputs(wildcards):
+    return PLAN.main_inputs(wildcards.run)
+
+
+def main_cpus(wildcards):
+    return PLAN.main_cpus
+
+
+def main_records(wildcards):
+    return PLAN.main_records(wildcards.run)
 
 
 def check_inputs(wildcards):

@@ -22,6 +22,7 @@ Exit codes: 0 written (gaps, if any, listed); 65 refused (nothing written); 64 b
 
 from __future__ import annotations
 
+import argparse
 import copy
 import os
 import re
@@ -42,6 +43,7 @@ from allocstack.compose.mapping import (
     RESET,
     Imported,
     Override,
+    Up,
     combine,
     draft_decisions,
     import_stack,
@@ -166,7 +168,8 @@ ConfigDumper.add_representer(list, _list)
 ConfigDumper.add_representer(dict, _mapping)
 
 #: The keys of the written config, in the order a reader wants them.
-ORDER = ("run", "tasks", "expected", "runtime", "workers", "worker", "services", "volumes", "verify", "decisions")
+ORDER = ("run", "tasks", "expected", "runtime", "workers", "worker", "services", "main", "volumes", "keep_volumes",
+         "verify", "decisions")
 
 
 #: A command a gap leaves null, as if you had supplied it: the plan judges everything else.
@@ -216,12 +219,27 @@ def parse_args(argv: list[str] | None):
     parser.add_argument("--runtime", choices=sorted(PROGRAMS), default="apptainer",
                         help="the container runtime the images are for: apptainer (a SIF per image) or charliecloud "
                              "(a directory image per image)")
+    parser.add_argument("--exit-code-from", metavar="SERVICE",
+                        help="as docker compose up --exit-code-from: the stack ends when SERVICE ends, its exit code "
+                             "decides (config main)")
+    parser.add_argument("--scale", type=scale, action="append", default=[], metavar="SERVICE=N",
+                        help="as docker compose up --scale: N replicas of SERVICE (repeatable)")
+    parser.add_argument("--profile", action="append", default=[], metavar="NAME",
+                        help="as docker compose --profile: also the services with this profile (repeatable)")
     parser.add_argument("--no-hostnames", action="store_true",
                         help="leave service names used as hostnames as written (do not rewrite them to "
                              "${ALLOCSTACK_<NAME>_HOST})")
     args = parser.parse_args(argv)
     args.decisions = args.decisions or args.output.with_name(f"{args.output.stem}.decision-record.md")
     return args
+
+
+def scale(text: str) -> tuple[str, int]:
+    """``SERVICE=N`` (``--scale``)."""
+    name, _, number = text.partition("=")
+    if not name or not number.isdigit():
+        raise argparse.ArgumentTypeError(f"{text!r} is not SERVICE=N")
+    return name, int(number)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -235,7 +253,8 @@ def main(argv: list[str] | None = None) -> int:
         imported = import_stack(compose, compose_dir, project_dir, args.run or run_name(compose, args.compose[0]),
                                 variables=variables(args.env_file, compose_dir, dict(os.environ)),
                                 images_dir=args.images, runtime=args.runtime, image_meta=image_reader(project_dir),
-                                hostnames=not args.no_hostnames)
+                                hostnames=not args.no_hostnames,
+                                up=Up(args.exit_code_from, tuple(args.scale), frozenset(args.profile)))
         refusals = unique(imported.report.refusals)
         if not refusals:
             try:

@@ -407,6 +407,8 @@ def parse_args(argv: list[str] | None):
     parser.add_argument("--cpus", type=positive_int, default=1, help="CPUs of the job step")
     parser.add_argument("--volume", action="append", default=[],
                         help="a named volume: SCRATCH/volumes/NAME, given to the component as $ALLOCSTACK_VOLUME_NAME")
+    parser.add_argument("--keep-volume", action="append", default=[], metavar="NAME",
+                        help="a named volume kept across attempts: RUN_STATE/volumes/NAME instead of scratch")
     parser.add_argument("--node-index", type=int, default=0,
                         help="run the step on the allocation's node number K (0 = this launcher's node; "
                              "1.. = the others in Slurm's order)")
@@ -417,6 +419,8 @@ def parse_args(argv: list[str] | None):
     parser.add_argument("--run-state", type=Path,
                         help="the run's state directory: refuse a second start of a live run; record a failure "
                              "another attempt cannot change, and end at once on an earlier attempt's")
+    parser.add_argument("--marker", type=Path,
+                        help="the run's success marker: an earlier attempt's is removed when this attempt begins")
     parser.add_argument("command", nargs="+", help="-- SCRIPT [ARGS...]")
     return parser.parse_args(argv)
 
@@ -438,10 +442,12 @@ def main(argv: list[str] | None = None) -> int:
         if scratch is not None:
             # This node's, checked here on the host; a step on another node makes its own there.
             prepare(scratch, root_source(args.scratch_root, env))
+        begin_attempt(args, scratch, env)
+        if scratch is not None:
             make_private(scratch / ENDED_DIR)
             endrecord.clear_ended(scratch, args.component)  # an earlier command's, in a reused scratch
             env[SCRATCH_ENV] = str(scratch)
-            env.update(volume_environment(scratch, args.volume))
+            env.update(volume_environment(scratch, args.volume, args.run_state, frozenset(args.keep_volume)))
         if off_node(args, env):
             env[STEP_ENV] = args.component  # node_scratch.py's record of the step on its node
             if scratch is not None:  # a node that sees this mark shares this node's scratch: not its to remove
@@ -511,6 +517,26 @@ def attempt_checks(args, env: dict[str, str]) -> int | None:
     except OSError as exc:
         raise AllocstackError("io", f"cannot record the live run in {args.run_state}: {exc.strerror}") from exc
     return None
+
+
+def begin_attempt(args, scratch: Path | None, env: Mapping[str, str]) -> None:
+    """The attempt's first launcher (with ``--run-state``, in a command): clear what an earlier attempt left (its
+    scratch, volumes and all, its records for the other nodes, its success marker), so that every message is
+    this attempt's (allocstack/common/attempts.py ``begin_attempt``).
+
+    :raises AllocstackError: ``scratch`` when they cannot be cleared.
+    """
+    ours = attempts.command_of(env)
+    if args.run_state is None or args.marker is None or ours is None:
+        return
+    attempt = attempts.attempt_of(ours, env.get("SLURM_JOB_ID") or None)
+    try:
+        if attempts.begin_attempt(scratch, args.run_state, attempt, args.marker):
+            print(f"launch: {args.component}: a new attempt: cleared what an earlier one left in {scratch or args.run_state}",
+                  file=sys.stderr, flush=True)
+    except OSError as exc:
+        raise AllocstackError("scratch", f"cannot clear an earlier attempt's records ({exc.filename}): "
+                                         f"{exc.strerror}") from exc
 
 
 def ended(args, scratch: Path | None, env: Mapping[str, str], code: int, stopped: bool) -> int:

@@ -58,6 +58,10 @@ def parse_args(argv: list[str] | None):
     parser.add_argument("--uses-coordinator", action="store_true",
                         help="also the built-in coordinator's variables (ALLOCSTACK_COORDINATOR_*)")
     add_gate_arguments(parser)
+    parser.add_argument("--stop-when-main-ends", metavar="NAME",
+                        help="config main: stop the program once NAME ended (SIGTERM, --stop-grace, SIGKILL)")
+    parser.add_argument("--stop-grace", type=float, default=10.0,
+                        help="seconds from SIGTERM to SIGKILL when the main program ended")
     parser.add_argument("--record", type=Path, help="this worker's record (JSON), written when it exited 0")
     parser.add_argument("--events", type=Path, help=f"event log (default SCRATCH/{names.component_events('WORKER')})")
     parser.add_argument("--endpoint-file", type=Path,
@@ -96,22 +100,32 @@ def main(argv: list[str] | None = None) -> int:
         started = time.time()
         append_event(events, "worker-start", worker=worker,
                      **{**runtime_facts(), **({"container": how.container} if how.container else {})})
-        program.start(how.argv, how.env, cwd=how.cwd, deliver=how.deliver)
+        program.start(how.argv, how.env, cwd=how.cwd, deliver=how.deliver,
+                      grace=args.stop_grace if args.stop_when_main_ends else None)
     except AllocstackError as error:
         append_event(events, "worker-end", worker=worker, status=error.diag)
         return report(error)
-    outcome = program.wait()
+    main_ended = args.scratch / names.MAIN_ENDED
+    outcome = program.wait(stop_when=main_ended.exists if args.stop_when_main_ends else None)
     ended = time.time()
-    status = "done" if outcome.code == 0 else "failed"
+    by_main = bool(args.stop_when_main_ends) and outcome.stopped_by is not None and main_ended.exists()
+    status = "stopped" if by_main and outcome.clean_stop else "done" if outcome.code == 0 else "failed"
     append_event(events, "worker-end", worker=worker, status=status, exitCode=outcome.code)
-    if outcome.code != 0:
+    if by_main and outcome.killed:
+        return report(AllocstackError("worker-exit", f"{worker} ({describe(how.shown)}) did not stop within its "
+                                                     f"stop_grace_period ({args.stop_grace:g} s) after main "
+                                                     f"{args.stop_when_main_ends} ended: killed"))
+    if by_main and status == "stopped":
+        log(f"{describe(how.shown)} stopped ({outcome.how()}) after main {args.stop_when_main_ends} ended")
+    elif outcome.code != 0:
         why = " (stopped by allocstack)" if outcome.stop_signal is not None else ""
         return report(AllocstackError("worker-exit", f"{worker} ({describe(how.shown)}) {outcome.how()}{why}"))
     if args.record:
         atomic_write_json(args.record, {"schemaVersion": SCHEMA_VERSION, "workerId": worker, "status": status,
-                                        "mode": "long-running", "exitCode": 0, "startedAt": started,
+                                        "mode": "long-running", "exitCode": outcome.code, "startedAt": started,
                                         "endedAt": ended}, 0o644)
-    log(f"{describe(how.shown)} exited 0 after {ended - started:.3f} s")
+    if status == "done":
+        log(f"{describe(how.shown)} exited 0 after {ended - started:.3f} s")
     return EXIT_OK
 
 

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import socket
 import tempfile
 import time
@@ -212,3 +213,100 @@ def attempt_name(record: Mapping[str, Any]) -> str:
     """``Slurm job 123 on mn1`` or ``on vm``: where the recorded attempt ran."""
     job = f"Slurm job {record['job']} " if record.get("job") else ""
     return f"{job}on {record.get('node') or '?'}"
+
+
+# -- every attempt starts clean -------------------------------------------------------------------------
+
+#: In job-scoped scratch and in the state directory: which attempt (command and Slurm job) their records are of.
+ATTEMPT_MARK = "attempt.json"
+#: What an attempt leaves in the state directory for the other nodes (the journal, the live record and a
+#: lasting failure are not an attempt's own: they stay).
+ATTEMPT_SHARED = ("endpoint.json", "services", "events")
+
+
+def attempt_of(ours: Command, job: str | None) -> str:
+    """An attempt: the command that runs the run and, in an allocation, its Slurm job."""
+    return f"{ours.encode()}/{job or ''}"
+
+
+def begin_attempt(scratch: Path | None, state: Path, attempt: str, marker: Path) -> bool:
+    """The first launcher of an attempt clears what an earlier attempt left, so that every record a component
+    reads is this attempt's: the run's job-scoped scratch emptied (its named volumes with it: fresh per
+    attempt; a volume kept across attempts lives in the state directory), the state directory's records for
+    the other nodes removed, and the success marker ``marker`` of an earlier attempt removed (this attempt
+    writes its own, or none). Every later launcher of the same attempt finds the mark and changes nothing.
+
+    Under a lock beside the scratch: the launchers of one attempt start at once.
+
+    :returns: whether this call cleared (the attempt's first launcher).
+    :raises OSError: when the scratch, the state directory or the marker cannot be changed.
+    """
+    import fcntl
+    import shutil
+
+    state.mkdir(mode=0o700, parents=True, exist_ok=True)
+    with open(state / f".{ATTEMPT_MARK}.lock", "a", encoding="utf-8") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        cleared = False
+        for directory, entries in ((scratch, None), (state, ATTEMPT_SHARED)):
+            if directory is None:
+                continue
+            record = read_record(directory / ATTEMPT_MARK)
+            if record is not None and record.get("attempt") == attempt:
+                continue
+            for entry in sorted(directory.iterdir()) if directory.is_dir() else []:
+                if (entries is None and entry.name != ATTEMPT_MARK) or (entries and entry.name in entries):
+                    if entry.is_dir() and not entry.is_symlink():
+                        shutil.rmtree(entry)
+                    else:
+                        entry.unlink(missing_ok=True)
+            if directory is state:
+                marker.unlink(missing_ok=True)
+            write_record(directory / ATTEMPT_MARK, {"attempt": attempt, "at": time.time()})
+            cleared = True
+        return cleared
+
+
+def set_aside(results: Path, marker: Path, keep: tuple[str, ...], aside: str) -> list[str]:
+    """A command that finds a run's records without its success marker (an earlier attempt failed or was
+    interrupted): move them into ``results/<aside>/`` (an older one there replaced), so that its stack runs again
+    from the start (Snakemake sees no worker, gate or check record) against fresh volumes, and every record read
+    is this attempt's. ``keep``: the files made before the stack (validated inputs), not an attempt's.
+
+    :returns: the names moved (none when the marker is there or nothing was left).
+    :raises OSError: when they cannot be moved.
+    """
+    import shutil
+
+    if marker.exists() or not results.is_dir():
+        return []
+    stale = sorted(entry.name for entry in results.iterdir() if entry.name not in (*keep, aside))
+    if not stale:
+        return []
+    target = results / aside
+    if target.exists():
+        shutil.rmtree(target)
+    target.mkdir(mode=0o700)
+    for name in stale:
+        os.replace(results / name, target / name)
+    return stale
+
+
+#: Snakemake's options that run no job (a dry run, a listing, a report, a graph, the linter, touch, unlock).
+RUNS_NO_JOB = re.compile(
+    r"^--(dry-?run|lint|list.*|l[cip]|summary|detailed-summary|report.*|dag|rulegraph|filegraph|d3dag|touch"
+    r"|unlock|cleanup-metadata|containerize|archive|export-cwl|generate-unit-tests|delete-.*-output"
+    r"|conda-create-envs-only|conda-cleanup-envs|help|version)$"
+)
+
+
+def runs_jobs(argv: list[str]) -> bool:
+    """Whether a Snakemake command line (its arguments) runs the stack: none of the options that run no job
+    (``-n`` also within a group of short options, ``-np``). Snakemake reads its Snakefile before it knows."""
+    for option in argv:
+        name = option.split("=", 1)[0]
+        if RUNS_NO_JOB.match(name) or name in ("-S", "-D", "-t", "-h", "-v"):
+            return False
+        if re.match(r"^-[a-zA-Z]*n[a-zA-Z]*$", name):
+            return False
+    return True

@@ -37,6 +37,7 @@ DIAGNOSTICS: dict[str, tuple[int, str]] = {
     "readiness-timeout": (EXIT_READINESS_TIMEOUT, "the coordinator did not become ready before the deadline"),
     "coordinator-exit": (EXIT_SOFTWARE, "the coordinator ended without completing every task"),
     "worker-exit": (EXIT_TEMPFAIL, "a worker stopped before the run was done, or a long-running worker failed"),
+    "main-exit": (EXIT_SOFTWARE, "the stack's main program (config main) exited non-zero: its exit code fails the run"),
     "service-exit": (EXIT_SOFTWARE, "a service of yours ended by itself, or did not stop cleanly"),
     "network": (EXIT_UNAVAILABLE, "with more than one node: the coordinator's network address is wrong or unreachable"),
     "auth": (EXIT_NOPERM, "the coordinator refused the token"),

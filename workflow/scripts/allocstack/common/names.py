@@ -31,6 +31,8 @@ PROGRAMS = "programs"
 PAYLOAD_PREFIX = "payload-"
 #: In scratch: how each component's process ended, as its launcher saw it (``ENDED_DIR/<component>.json``).
 ENDED_DIR = "ended"
+#: In scratch: the main program's end (config ``main``), which tells the workers to stop.
+MAIN_ENDED = "main-ended.json"
 #: In the state directory: the durable results journal a rerun resumes from.
 JOURNAL = "journal.jsonl"
 

@@ -482,6 +482,7 @@ class Roles:
     workers: str | None
     check: str | None
     services: list[str]
+    main: str | None = None  # --exit-code-from: one of services, config main
 
 
 def conditions(spec: dict[str, Any]) -> dict[str, str]:
@@ -531,8 +532,26 @@ def replicas(spec: dict[str, Any], where: str, report: Report) -> int:
     return replicas_count
 
 
-def assign_roles(services: dict[str, dict[str, Any]], counts: dict[str, int], report: Report) -> Roles:
-    """Which service is the workers, which the check, which are long-running services."""
+def producer_of(services: dict[str, dict[str, Any]], counts: dict[str, int], report: Report) -> str | None:
+    """Without ``--exit-code-from``, the shape that says it where it is unambiguous: one replicated service, no
+    service that waits for anything to complete (no check), and exactly one service that waits for the replicas to
+    start (``service_started``) and that nothing waits for: the producer beside the workers, config ``main``."""
+    replicated = [name for name in services if counts[name] > 1]
+    if len(replicated) != 1 or any(COMPLETED in conditions(spec).values() for spec in services.values()):
+        return None
+    beside = [name for name, spec in services.items() if conditions(spec).get(replicated[0]) == "service_started"]
+    if len(beside) != 1 or any(beside[0] in conditions(spec) for spec in services.values()):
+        return None
+    report.notes.append(f"{beside[0]}: it waits for the workers ({replicated[0]}) to start and nothing waits for it: "
+                        "the stack's main program (config main, as with --exit-code-from "
+                        f"{beside[0]}): the stack ends when it ends")
+    return beside[0]
+
+
+def assign_roles(services: dict[str, dict[str, Any]], counts: dict[str, int], report: Report,
+                 main: str | None = None) -> Roles:
+    """Which service is the workers, which the check, which are long-running services (``main``, the one
+    ``--exit-code-from`` names, among them: it may wait for the workers to start)."""
     for name, spec in services.items():
         for dependency in conditions(spec):
             if dependency not in services:
@@ -571,7 +590,9 @@ def assign_roles(services: dict[str, dict[str, Any]], counts: dict[str, int], re
                                                                "workers")
     rest = [name for name in services if name not in (workers, check)]
     for name in rest:
-        for dependency in conditions(services[name]):
+        for dependency, condition in conditions(services[name]).items():
+            if name == main and dependency == workers and condition == "service_started":
+                continue  # the producer runs beside the workers, as Compose starts it once they started
             if dependency in (workers, check) and dependency is not None:
                 report.refuse(f"services.{name}.depends_on", f"a long-running service that waits for {dependency}, "
                                                              f"which allocstack reads as the "
@@ -581,7 +602,7 @@ def assign_roles(services: dict[str, dict[str, Any]], counts: dict[str, int], re
                                                              "issue 25)")
     if workers and check and check in conditions(services[workers]):
         report.refuse(f"services.{workers}.depends_on", "the workers wait for the check: it runs after them")
-    return Roles(workers, check, rest)
+    return Roles(workers, check, rest, main)
 
 
 # ---------------------------------------------------------------- ports
@@ -841,9 +862,19 @@ def aliases(name: str, spec: dict[str, Any], report: Report) -> list[str]:
 MetaReader = Callable[[str], "ImageMeta | None"]
 
 
+@dataclass(frozen=True)
+class Up:
+    """``docker compose up``'s own flags: ``--exit-code-from NAME`` (config ``main``), ``--scale SERVICE=N``,
+    ``--profile NAME``."""
+
+    exit_code_from: str | None = None
+    scale: tuple[tuple[str, int], ...] = ()
+    profiles: frozenset[str] = frozenset()
+
+
 def import_stack(compose: dict[str, Any], compose_dir: Path, project_dir: Path, run: str,
                  variables: Variables | None = None, images_dir: str = "images", runtime: str = "apptainer",
-                 image_meta: MetaReader | None = None, hostnames: bool = True) -> Imported:
+                 image_meta: MetaReader | None = None, hostnames: bool = True, up: Up = Up()) -> Imported:
     """Map a (merged) Compose document to an allocstack config; refusals, gaps and notes in the report.
 
     :param variables: what ``${VAR}`` reads (None: the ``.env`` beside the Compose file alone).
@@ -851,6 +882,7 @@ def import_stack(compose: dict[str, Any], compose_dir: Path, project_dir: Path, 
     :param runtime: the container runtime the images are for (config ``runtime``): their files' kind.
     :param image_meta: reads an image file's metadata (its EXPOSE ports) when it exists; None: never.
     :param hostnames: rewrite service names used as hostnames (allocstack/compose/hostnames.py).
+    :param up: ``docker compose up``'s flags, as given to the import.
     """
     report = Report()
     if variables is None:
@@ -898,7 +930,7 @@ def import_stack(compose: dict[str, Any], compose_dir: Path, project_dir: Path, 
             report.refuse(f"services.{name}", "the name must be letters, digits, '.', '_' or '-'")
         elif spec is not None and not isinstance(spec, dict):
             report.refuse(f"services.{name}", "must be a mapping")
-        elif spec and spec.get("profiles"):
+        elif spec and spec.get("profiles") and not up.profiles & set(map(str, listing(spec["profiles"], name, report))):
             report.notes.append(f"{name}: left out: it has profiles {spec['profiles']}, and `docker compose up` "
                                 "starts it only with --profile")
         else:
@@ -907,7 +939,20 @@ def import_stack(compose: dict[str, Any], compose_dir: Path, project_dir: Path, 
         service_keys(name, spec, report)
         check_depends_on(name, spec, report)
     counts = {name: replicas(spec, f"services.{name}", report) for name, spec in active.items()}
-    roles = assign_roles(active, counts, report)
+    for name, number in up.scale:
+        if name not in active:
+            report.refuse(f"--scale {name}={number}", f"{name} is not a service here (or it is left out by its "
+                                                      "profiles)")
+        elif number < 1:
+            report.refuse(f"--scale {name}={number}", "at least one replica must run")
+        else:
+            counts[name] = number
+    main = up.exit_code_from
+    if main is not None and main not in active:
+        report.refuse(f"--exit-code-from {main}", f"{main} is not a service here (or it is left out by its profiles)")
+        main = None
+    main = main or producer_of(active, counts, report)
+    roles = assign_roles(active, counts, report, main)
     programs = {name: Program.read(name, spec, context, run, f"{images_dir.rstrip('/')}/", IMAGE_SUFFIX[runtime])
                 for name, spec in active.items()}
     names = {name: [name, *aliases(name, spec, report)] for name, spec in active.items()}
@@ -920,6 +965,8 @@ def import_stack(compose: dict[str, Any], compose_dir: Path, project_dir: Path, 
     ports = choose_ports(programs, roles, active, names, waited, image_meta, report)
     config = assemble(active, programs, roles, counts, ports, allowed, names, waited, context, runtime, hostnames)
     config["run"] = run
+    if roles.main:
+        config["main"] = roles.main
     rename_reserved(config, report)
     secrets_by_name(config, report)
     services = config["services"]
@@ -1131,6 +1178,32 @@ def image_paths(name: str, argv: list[str], mounts: list[Mount], report: Report)
                             "runs as is; without (a local run) it must exist on this machine")
 
 
+#: Programs that never end by themselves (a task queue's worker, a server): (the words that name it, the words that
+#: make it end by itself after all).
+DAEMONS = (
+    (("celery", "worker"), ()),
+    (("rq", "worker"), ("--burst", "-b")),
+    (("rqworker",), ("--burst", "-b")),
+    (("dramatiq",), ()),
+    (("huey_consumer",), ()),
+    (("arq",), ("--burst",)),
+    (("gunicorn",), ()),
+    (("uvicorn",), ()),
+    (("redis-server",), ()),
+    (("nginx",), ()),
+)
+
+
+def daemon_of(argv: list[str] | None) -> str | None:
+    """The known daemon a command runs (``celery worker``, ``rq worker``, ...), or None: a program that never ends
+    by itself unless told (``rq worker --burst`` ends once the queue is empty)."""
+    words = [os.path.basename(word) for word in argv or []]
+    for name, ending in DAEMONS:
+        if all(word in words for word in name) and not any(word in words for word in ending):
+            return " ".join(name)
+    return None
+
+
 def layout(services: dict[str, Any], parts: dict[str, Any], roles: Roles, context: Context,
            runtime: str) -> dict[str, Any]:
     """The config, in the order a reader wants it."""
@@ -1140,6 +1213,12 @@ def layout(services: dict[str, Any], parts: dict[str, Any], roles: Roles, contex
     workers = parts.get("workers") or {**empty, "cpus": default["worker"]["cpus"], "gpus": default["worker"]["gpus"],
                                        "replicas": 1}
     check = parts.get("check") or empty
+    daemon = daemon_of(workers["command"])
+    if daemon and parts.get("workers") and not roles.main:
+        context.report.gaps.append(
+            f"{roles.workers}: the workers run `{daemon}`, a daemon that never ends by itself, and nothing ends the "
+            "stack: the check waits for the workers to end, so the run would wait until its time limit; give it a way "
+            "to end (`rq worker --burst` ends once the queue is empty) or end the stack from your producer")
     if roles.check is None:
         context.report.gaps.append("no check: nothing says whether the results are correct; add a service that "
                                    f"waits for the workers (condition: {COMPLETED}) with a command, or set "
@@ -1167,9 +1246,19 @@ def layout(services: dict[str, Any], parts: dict[str, Any], roles: Roles, contex
         "volumes": volumes,
         "verify": program(check),
     }
+    kept = [volume for volume in volumes if kept_volume(context.declared.get(volume))]
+    if kept:
+        config["keep_volumes"] = kept
     if runtime != "apptainer":
         config["runtime"] = runtime
     return config
+
+
+def kept_volume(options: Any) -> bool:
+    """A top-level volume marked ``x-allocstack: {keep: true}``: its data is carried from one attempt to the next
+    (every other named volume is fresh in each attempt)."""
+    extension = options.get("x-allocstack") if isinstance(options, dict) else None
+    return isinstance(extension, dict) and extension.get("keep") is True
 
 
 def rename_reserved(config: dict[str, Any], report: Report) -> None:

@@ -52,11 +52,15 @@ REFERENCE = re.compile(r"\$\{(ALLOCSTACK_[A-Z0-9_]+)\}|\$\{env:([A-Za-z_][A-Za-z
 PRIVATE = ("ALLOCSTACK_SCRATCH",)
 
 
-def volume_environment(scratch: Path, volumes: list[str]) -> dict[str, str]:
-    """Create each named volume as ``SCRATCH/volumes/<name>`` (0700) and name it in ``ALLOCSTACK_VOLUME_<NAME>``."""
+def volume_environment(scratch: Path, volumes: list[str], kept: Path | None = None,
+                       keep: frozenset[str] = frozenset()) -> dict[str, str]:
+    """Create each named volume as ``SCRATCH/volumes/<name>`` (0700: fresh per attempt, the attempt's first
+    launcher emptied the scratch) or, for one in ``keep``, ``KEPT/volumes/<name>`` (the run's state directory:
+    carried across attempts), and name it in ``ALLOCSTACK_VOLUME_<NAME>``."""
     env = {}
     for volume in volumes:
-        env[volume_variable(volume)] = str(make_private(scratch / VOLUMES / volume))
+        home = kept if kept is not None and volume in keep else scratch
+        env[volume_variable(volume)] = str(make_private(home / VOLUMES / volume))
     return env
 
 

@@ -35,6 +35,8 @@ PR_SET_PDEATHSIG = 1
 TAIL_LINES = 20
 #: Seconds between two looks for a stop signal while the child runs (:meth:`Supervised.wait`).
 SIGNAL_CHECK = 0.5
+#: Seconds between two looks at what says the child must stop (:meth:`Supervised.wait`'s ``stop_when``).
+STOP_CHECK = 0.1
 
 
 def _find_prctl() -> Callable[..., int] | None:
@@ -186,8 +188,10 @@ class Supervised:
             self.killed = True
             child.kill()
 
-    def wait(self) -> Outcome:
-        """Wait for the child's end, looking for stop signals at least every :data:`SIGNAL_CHECK` seconds.
+    def wait(self, stop_when: Callable[[], bool] | None = None) -> Outcome:
+        """Wait for the child's end, looking for stop signals at least every :data:`SIGNAL_CHECK` seconds; with
+        ``stop_when``, stop it (SIGTERM, then SIGKILL after the ``grace`` of :meth:`start`) once that says so
+        (asked every :data:`STOP_CHECK` seconds).
 
         Python runs a signal's handler between two bytecodes: a signal that lands after the last look
         and before a blocking wait starts would be passed on only when the child ends (never, for a
@@ -198,8 +202,9 @@ class Supervised:
             raise RuntimeError("wait() before start()")
         ended = threading.Event()
         threading.Thread(target=lambda: (child.wait(), ended.set()), name="child", daemon=True).start()
-        while not ended.wait(SIGNAL_CHECK):
-            pass
+        while not ended.wait(SIGNAL_CHECK if stop_when is None else STOP_CHECK):
+            if stop_when is not None and self.stopped_by is None and stop_when():
+                self._forward(signal.SIGTERM, None)
         code = child.wait()
         if self.reader is not None:
             self.reader.join(timeout=5)

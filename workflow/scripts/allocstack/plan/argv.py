@@ -77,6 +77,8 @@ def launched(plan: Plan, component: str, run: str, worker: str = "", service: st
             # long-running one is not: the run fails.
             return Launched(worker, config["worker"]["cpus"], node=plan.worker_node(worker),
                             tolerate_kill=None if plan.long_running else files.worker_record(worker))
+        case "main":
+            return Launched(plan.main or "main", (plan.main_spec or {}).get("cpus", 1))
         case "verify":
             return Launched("verify", scratch=plan.volumes_after_collect, one_shot=True)
     raise KeyError(component)
@@ -102,8 +104,10 @@ def launch(plan: Plan, component: str, run: str, gpus: int = 0, **wildcards: str
     # in launch.py's process (outside an allocation, no image) is still found by its path.
     argv = [plan.python, plan.facts.absolute(plan.script("launch.py")),
             *options(("--component", how.name), ("--run", run), ("--scratch-root", config["scratch"] or ""),
-                     ("--cpus", how.cpus), ("--run-state", plan.files(run).state))]
-    argv += ["--no-scratch"] if not how.scratch else options(*each("--volume", config["volumes"]))
+                     ("--cpus", how.cpus), ("--run-state", plan.files(run).state),
+                     ("--marker", plan.files(run).marker))]
+    argv += ["--no-scratch"] if not how.scratch else options(*each("--volume", config["volumes"]),
+                                                              *each("--keep-volume", config["keep_volumes"]))
     if how.job_end_time:
         argv.append("--job-end-time")
     if how.tolerate_kill:
@@ -248,6 +252,8 @@ def worker(plan: Plan, run: str, worker: str) -> list[str]:
     flags: tuple[str, ...] = ()
     if plan.long_running:
         pairs += [("--index", placement.worker_index(worker)), ("--workers", config["workers"]), *program]
+        if plan.main:  # its end ends the stack: the workers are stopped then
+            pairs += [("--stop-when-main-ends", plan.main), ("--stop-grace", spec["stop_grace_period"])]
         flags = ("--uses-coordinator",) if plan.builtin_coordinator else ()
     else:
         pairs += [("--batch", spec["batch"]), ("--wait-timeout", spec["wait_timeout"]),
@@ -256,6 +262,14 @@ def worker(plan: Plan, run: str, worker: str) -> list[str]:
                   ("--simulate-seconds", config["simulate"]["task_seconds"]),
                   ("--task-timeout", spec["task_timeout"]), *program]
     return [*options(*pairs, flags=flags), *worker_network(plan, run, worker)]
+
+
+def main(plan: Plan, run: str) -> list[str]:
+    """main.py: config ``main``, once its dependencies' gates passed, beside the workers; its end ends the stack."""
+    spec, files = plan.main_spec or {}, plan.files(run)
+    return options(("--name", plan.main), *programs.options(plan, spec), ("--environment-json", spec["environment"]),
+                   *each("--uses", spec["depends_on"]), *each("--gate-record", map(files.service_gate, spec["depends_on"])),
+                   ("--gate-timeout", timeouts.gates_timeout(plan.config)), ("--record", files.main_record))
 
 
 def gate_records(plan: Plan, run: str, worker: str) -> list[str]:
@@ -290,13 +304,16 @@ def check(plan: Plan, run: str) -> list[str]:
     spec, files = plan.config["verify"], plan.files(run)
     return options(*programs.options(plan, spec), ("--environment-json", spec["environment"]),
                    *each("--uses", plan.services), *each("--wait-for", map(files.worker_record, plan.workers)),
-                   ("--record", files.check_record))
+                   *each("--wait-for", plan.main_records(run)), ("--record", files.check_record),
+                   flags=("--main-decides",) if plan.main and not programs.check_command_set(plan.config,
+                                                                                         plan.images_on) else ())
 
 
 def collect(plan: Plan, run: str) -> list[str]:
     """collect.py: the event logs merged, the timeline drawn, how every component ran and ended."""
     config, files = plan.config, plan.files(run)
-    components = [*plan.services, *(plan.workers if plan.long_running else []), *(["check"] if plan.runs_check else [])]
+    components = [*plan.services, *([plan.main] if plan.main else []), *(plan.workers if plan.long_running else []),
+                  *(["check"] if plan.runs_check else [])]
     return options(("--scratch-root", config["scratch"] or ""), ("--run", run),
                    ("--inputs-summary", files.inputs_summary), ("--shared-dir", files.state),
                    ("--events-out", files.events), ("--provenance-out", files.provenance),
@@ -336,6 +353,7 @@ ARGS: dict[str, tuple[str, Callable[..., list[str]]]] = {
     "service": ("app_service.py", service),
     "service_gate": ("readiness.py", service_gate),
     "worker": ("worker.py", worker),  # replica.py for long-running workers: see :func:`script_of`
+    "main": ("main.py", main),
     "check": ("check.py", check),
     "collect": ("collect.py", collect),
     "verify": ("verify.py", verify),

@@ -36,6 +36,8 @@ COORDINATOR_RESULTS = "results.json"
 COORDINATOR_END = "coordinator.json"
 #: The coordinator's readiness gate record.
 COORDINATOR_GATE = "readiness.json"
+#: The main program's record (config ``main``: it exited 0).
+MAIN_RECORD = "main.json"
 #: Your check's record (your own stack, tasks: null).
 CHECK_RECORD = "check.json"
 #: How each of your services ended (collect_results).
@@ -51,6 +53,11 @@ SERVICES = "services"
 #: With more than one node, node N's gate record is GATES/node-N.json.
 GATES = "gates"
 SERVICE_SUFFIX = ".service"
+#: What an attempt's records of a run that ended without its marker are moved into by the next command
+#: (every file of ``results/<run>/`` but :data:`BEFORE_THE_STACK`): its stack runs again from the start.
+EARLIER_ATTEMPT = "earlier-attempt"
+#: validate_inputs' files: made before any component starts, not an attempt's.
+BEFORE_THE_STACK = (INPUTS_SUMMARY, DECISION_RECORD, COMPACT_TASKS)
 
 
 class File:
@@ -85,6 +92,7 @@ class Layout:
     services_record = File(SERVICES_RECORD)
     timeline = File(TIMELINE)
     check_record = File(CHECK_RECORD)
+    main_record = File(MAIN_RECORD)
     marker = File(MARKER)
     #: The durable results journal a rerun resumes from.
     journal = File(names.JOURNAL, state=True)

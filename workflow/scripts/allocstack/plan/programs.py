@@ -77,7 +77,11 @@ def image_checks(plan: Plan) -> list[dict[str, Any]]:
     config = plan.config
     parts = dict(parts_of_yours(config))
     checks = []
-    for key, image in program_images(config, plan.images_on).items():
+    images = program_images(config, plan.images_on)
+    if plan.main_spec is not None and (image := program_image(config, plan.images_on, plan.main_spec)):
+        parts[f"services.{plan.main}"] = plan.main_spec  # taken out of services: it runs once (run_main)
+        images[f"services.{plan.main}"] = image
+    for key, image in images.items():
         spec = parts[key]
         own_command = not (spec["command"] or spec["entrypoint"]) and (key != "worker" or plan.long_running)
         checks.append({"what": key, "image": image, "command": own_command, "port": spec.get("port") == "image",
@@ -114,6 +118,8 @@ def beside(plan: Plan, component: str, service: str = "") -> bool:
         return bool(program_image(config, plan.images_on, plan.services[service]))
     if component == "worker":
         return plan.long_running and bool(program_image(config, plan.images_on, config["worker"]))
+    if component == "main":
+        return bool(program_image(config, plan.images_on, plan.main_spec or {}))
     if component in ("check", "verify"):
         check = config["verify"]
         return bool(program_image(config, plan.images_on, check)) and (not plan.builtin_coordinator

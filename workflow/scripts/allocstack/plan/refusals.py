@@ -97,10 +97,28 @@ def refuse_bad_stack(config: Mapping[str, Any], spelled: Mapping[str, str], imag
                                       "set expected: null")
 
 
+def refuse_bad_main(config: Mapping[str, Any], spelled: Mapping[str, str]) -> None:
+    """config ``main`` names a service of yours that nothing depends on, in your own stack."""
+    main = config["main"]
+    if main not in config["services"]:
+        known = ", ".join(config["services"]) or "none"
+        raise PlanError("config", f"main: {main} is not one of services ({known})")
+    if config["tasks"]:
+        raise PlanError("config", f"main: {main} with a task document (tasks): the built-in coordinator's tasks end "
+                                  "the stack; set main: null, or tasks: null for your own stack")
+    users = sorted(name for name, spec in config["services"].items() if main in spec["depends_on"])
+    if users:
+        raise PlanError("config", f"main: {main} runs once and ends the stack, but {spelled.get(users[0], 'services.' + users[0])}"
+                                  f" depends on it: nothing may wait for it")
+
+
 def refuse_bad_programs(config: Mapping[str, Any], facts: Facts) -> None:
     """Each program's mounts name a volume of ``volumes`` and a source that exists (relative to where
     snakemake runs); every ``${env:NAME}`` is set in the environment snakemake runs in: the run reads it
     when the program starts, on the node, where the job got this environment."""
+    for volume in config["keep_volumes"]:
+        if volume not in config["volumes"]:
+            raise PlanError("config", f"keep_volumes: {volume} is not one of `volumes`")
     for key, spec in parts_of_yours(config):
         for mount in spec.get("mounts") or []:
             if mount.get("volume") and mount["volume"] not in config["volumes"]:
@@ -192,9 +210,9 @@ def refuse_foreign_host(config: Mapping[str, Any], facts: Facts) -> None:
 
 def refuse_unverified(config: Mapping[str, Any], images_on: bool = False) -> None:
     """Nothing would say whether the results are correct (your check may run its image's own command)."""
-    if not config["expected"] and not check_command_set(config, images_on):
+    if not config["expected"] and not config["main"] and not check_command_set(config, images_on):
         raise PlanError("config", "expected is null and verify.command is not set: nothing would say whether the "
-                                  "results are correct; set one of them")
+                                  "results are correct; set one of them (or main: the program whose exit decides)")
 
 
 def refuse_missing_runtime(config: Mapping[str, Any], use_image: bool, facts: Facts, images_on: bool = False) -> None:

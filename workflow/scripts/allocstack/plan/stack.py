@@ -36,6 +36,7 @@ class Plan:
     :param use_image: components run in config ``image`` (Charliecloud: whenever it is set;
         Apptainer: with ``--sdm apptainer``; allocstack uses no container directive, so
         ``--sdm apptainer`` itself never needs apptainer).
+    :param main_spec: config ``main``'s service spec: it runs once (``run_main``), not as a service job.
     :param images_on: images are switched on (as for ``use_image``, whether ``image`` is set or not):
         programs of yours run in their own images (allocstack/plan/programs.py).
     """
@@ -46,6 +47,8 @@ class Plan:
     shape: Shape
     use_image: bool
     images_on: bool = False
+    #: config ``main``'s program (its service spec, taken out of ``services``), or None.
+    main_spec: Mapping[str, Any] | None = None
 
     @property
     def run(self) -> str:
@@ -61,6 +64,23 @@ class Plan:
         """Your own stack (no task document): your check (verify.command) runs while the services are up,
         as Compose runs a check that waits for the workers to complete."""
         return not self.builtin_coordinator
+
+    @property
+    def main(self) -> str | None:
+        """config ``main``: the service whose end ends the stack (Compose ``--exit-code-from``), or None."""
+        return self.config["main"]
+
+    @property
+    def main_cpus(self) -> int:
+        return self.main_spec["cpus"] if self.main_spec else 1
+
+    def main_records(self, run: str) -> list[str]:
+        """The main program's record (it exited 0), when there is one."""
+        return [self.files(run).main_record] if self.main else []
+
+    def main_inputs(self, run: str) -> list[str]:
+        """What keeps the services alive while the main program runs: your services' files."""
+        return self.service_files(run)
 
     @property
     def long_running(self) -> bool:
@@ -181,7 +201,7 @@ class Plan:
     def check_inputs(self, run: str) -> list[str]:
         """run_check consumes your services' files (they stay up while it runs) and waits for the workers
         itself; with no services, the workers' records are its plain inputs."""
-        return self.service_files(run) or self.worker_records(run)
+        return self.service_files(run) or [*self.worker_records(run), *self.main_records(run)]
 
     def check_records(self, run: str) -> list[str]:
         return [self.files(run).check_record] if self.runs_check else []
@@ -220,4 +240,9 @@ def load(config: Mapping[str, Any], facts: Facts) -> Plan:
     refusals.refuse_unverified(complete, on)
     refusals.refuse_missing_runtime(complete, use_image, facts, on)
     refusals.refuse_unusable_tmpdir(complete, facts)
-    return Plan(complete, facts, tuple(order), shape, use_image, on)
+    main_spec = None
+    if complete["main"]:
+        refusals.refuse_bad_main(complete, spelled)
+        main_spec = complete["services"].pop(complete["main"])
+        order = [name for name in order if name != complete["main"]]
+    return Plan(complete, facts, tuple(order), shape, use_image, on, main_spec)

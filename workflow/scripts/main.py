@@ -1,0 +1,101 @@
+#!/usr/bin/env python3
+"""The stack's main program (config ``main``, Compose's ``--exit-code-from NAME``): your program, once; its end ends
+the stack.
+
+A service of yours that drives the run (a producer that queues the work and waits for it): it waits for the gates
+of its ``depends_on``, then runs once, beside the workers, with its dependencies' ``ALLOCSTACK_<NAME>_*``
+variables, the named volumes' ``ALLOCSTACK_VOLUME_*`` and its ``environment`` (allocstack/launch/program.py).
+When it ends it notes so in scratch (``main-ended.json``), which tells every long-running worker to stop
+(SIGTERM, ``worker.stop_grace_period``, SIGKILL: replica.py); exit 0 writes its record, and the check then runs.
+
+Exit codes: 0 it exited 0; otherwise its own exit status (a signal N: 128 + N), after one line
+``[main-exit]`` naming it, its exit code and its last line of stderr: the run fails; 69 a gate did not pass.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from pathlib import Path
+
+from allocstack import SCHEMA_VERSION
+from allocstack.common import names
+from allocstack.common.cli import (
+    ArgumentParser,
+    add_gate_arguments,
+    add_placement_arguments,
+    add_program_arguments,
+    run,
+    runtime_facts,
+)
+from allocstack.common.endpoint import services_environment
+from allocstack.common.errors import EXIT_OK, AllocstackError, report
+from allocstack.common.events import append_event
+from allocstack.common.jsonio import atomic_write_json
+from allocstack.common.scratch import make_private
+from allocstack.launch.program import Placement, await_gates, describe, prepare, program_environment
+from allocstack.launch.supervise import Supervised
+
+
+def parse_args(argv: list[str] | None):
+    parser = ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--name", required=True, help="the service config main names")
+    add_program_arguments(parser, "your main program", required=False)
+    add_placement_arguments(parser)
+    add_gate_arguments(parser)
+    parser.add_argument("--record", type=Path, required=True, help="its record (JSON), written when it exited 0")
+    args = parser.parse_args(argv)
+    if args.scratch is None:
+        parser.error("--scratch (or $ALLOCSTACK_SCRATCH) is required")
+    return args
+
+
+def note_the_end(scratch: Path, name: str, code: int) -> None:
+    """Tell the workers (replica.py ``--stop-when-main-ends``) that the main program ended, and how."""
+    atomic_write_json(scratch / names.MAIN_ENDED, {"schemaVersion": SCHEMA_VERSION, "main": name, "exitCode": code,
+                                                   "endedAt": time.time()})
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    name = args.name
+    log = lambda message: print(f"{name}: {message}", file=sys.stderr, flush=True)  # noqa: E731
+    events = args.scratch / names.component_events(name)
+    program = Supervised(name)
+    try:
+        make_private(events.parent)
+        events.unlink(missing_ok=True)
+        await_gates(args.gate_record, args.gate_timeout, log)
+        env = program_environment(os.environ, services_environment(args.scratch, args.uses), args.environment_json,
+                                  f"services.{name}")
+        how = prepare(Placement.from_args(args), args.command_json, env, set(args.environment_json),
+                      args.scratch / names.PROGRAMS / name, f"services.{name}")
+        if how.container:
+            log(f"in its image: {how.line()}")
+        started = time.time()
+        append_event(events, "main-start", service=name,
+                     **{**runtime_facts(), **({"container": how.container} if how.container else {})})
+        program.start(how.argv, how.env, cwd=how.cwd, deliver=how.deliver)
+    except AllocstackError as error:
+        note_the_end(args.scratch, name, error.exit_code)
+        append_event(events, "main-end", service=name, status=error.diag)
+        return report(error)
+    outcome = program.wait()
+    ended = time.time()
+    note_the_end(args.scratch, name, outcome.status)
+    status = "done" if outcome.code == 0 else "failed"
+    append_event(events, "main-end", service=name, status=status, exitCode=outcome.status)
+    if outcome.code != 0:
+        why = " (stopped by allocstack)" if outcome.stop_signal is not None else ""
+        report(AllocstackError("main-exit", f"main {name} ({describe(how.shown)}) {outcome.how()}{why}: the stack "
+                                            f"ended with it, and its exit code {outcome.status} fails the run"))
+        return outcome.status
+    atomic_write_json(args.record, {"schemaVersion": SCHEMA_VERSION, "service": name, "status": status,
+                                    "exitCode": 0, "startedAt": started, "endedAt": ended}, 0o644)
+    log(f"{describe(how.shown)} exited 0 after {ended - started:.3f} s: the stack ends (the workers are stopped)")
+    return EXIT_OK
+
+
+if __name__ == "__main__":
+    sys.exit(run(main))
