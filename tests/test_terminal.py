@@ -193,7 +193,7 @@ def test_status_shows_a_finished_run_and_picks_the_only_run(project):
     (project / "results/other").mkdir()
     (project / "results/other/inputs.json").write_text("{}")
     several = run_script("status.py", cwd=project, env=env)
-    assert several.returncode == 64 and "2 runs: baseline, other; say which with --run" in several.stderr
+    assert several.returncode == 64 and "2 runs: baseline, other, none serving; say which with --run" in several.stderr
     unknown = run_script("status.py", "--run", "nope", cwd=project, env=env)
     assert unknown.returncode == 69 and "no stack is serving on this node" in unknown.stderr
 

@@ -4,8 +4,10 @@
 Checks the task document (schema, ids, payload bounds), the baseline payloads,
 the expected document (coverage, digests), and, when an image is used, that the
 runtime can run it and the image's SHA-256 sidecar (a file's digest, or a directory
-image's tree digest). Exit 0, a summary and (``--decision-record``) the run's decision
-record (render_decisions.py), or one line, a non-zero exit and neither.
+image's tree digest). The summary also holds the run's identity: what produces its results
+(the task set, your program and the files it names, its settings, the image;
+:mod:`allocstack.common.identity`). Exit 0, a summary and (``--decision-record``) the run's
+decision record (render_decisions.py), or one line, a non-zero exit and neither.
 """
 
 from __future__ import annotations
@@ -20,11 +22,13 @@ from typing import Any
 from render_decisions import render as render_decisions
 
 from allocstack import SCHEMA_VERSION
-from allocstack.common.cli import ArgumentParser, positive_int, run
+from allocstack.common import identity as identities
+from allocstack.common.cli import ArgumentParser, argv_list, json_object, positive_int, run
 from allocstack.common.errors import EXIT_OK, AllocstackError, report
 from allocstack.common.forked import Forked
 from allocstack.common.jsonio import atomic_write_json, atomic_write_text, check_sidecar
 from allocstack.common.taskset import (
+    TaskSet,
     expected_digests_from_facts,
     expected_facts,
     listing_sha256,
@@ -55,6 +59,13 @@ def parse_args(argv: list[str] | None):
     parser.add_argument("--workers", required=True, type=positive_int, help="worker count of the run")
     parser.add_argument("--handler", default="baseline", choices=["baseline", "command", "long-running"],
                         help="baseline: check the built-in handler's payloads; otherwise the user's program does")
+    parser.add_argument("--command-json", type=argv_list, default=None,
+                        help="config worker.command as a JSON argv list (the run's identity)")
+    parser.add_argument("--environment-json", type=json_object, default={},
+                        help="config worker.environment as JSON (its digest is part of the run's identity)")
+    parser.add_argument("--program-file", action="append", default=[],
+                        help="a file under the project that worker.command names: its digest is part of the run's "
+                             "identity (repeatable)")
     parser.add_argument("--image", type=Path, help="container image whose .sha256 sidecar must match")
     parser.add_argument("--runtime", choices=sorted(PROGRAMS), default="apptainer", help="container runtime of --image")
     parser.add_argument("--output", required=True, type=Path, help="where to write the summary")
@@ -80,6 +91,17 @@ def large(path: Path | None) -> bool:
         return False
 
 
+def check_baseline_tasks_of(tasks: TaskSet, path: Path) -> int:
+    """:func:`check_baseline_tasks`, saying in its line that the built-in handler is the one in use (worker.command is
+    not set): a task set of your own then fits no handler of yours, and that is what to change."""
+    try:
+        return check_baseline_tasks(tasks, f"tasks {path}")
+    except AllocstackError as error:
+        raise AllocstackError(error.diag, f"{error.message} (worker.command is not set, so the built-in baseline "
+                                          'handler runs the tasks, and it takes {"message": TEXT, "repeat": N}; set '
+                                          "worker.command to your program to run tasks of your own)") from error
+
+
 def check_tasks(args) -> dict[str, Any]:
     """The task document (and its expected results): the summary's task facts.
 
@@ -99,7 +121,7 @@ def check_tasks(args) -> dict[str, Any]:
         compact = writer.submit(write_compact, args.compact_tasks, tasks, tasks_sha256) if args.compact_tasks else None
         output_bytes = None  # unknown: the user's program decides
         if args.handler == "baseline":
-            output_bytes = check_baseline_tasks(tasks, f"tasks {args.tasks}")
+            output_bytes = check_baseline_tasks_of(tasks, args.tasks)
         digests = None, None
         if args.expected:  # the digest of exactly the bytes validated: verification trusts what it names (verify.py)
             digests = expected_digests_from_facts(child.result(), tasks) if child else None
@@ -112,6 +134,20 @@ def check_tasks(args) -> dict[str, Any]:
             "expectedListingSha256": digests[1], "compactTasksSha256": compact_sha256, "outputBytes": output_bytes}
 
 
+def run_identity(args, summary: dict[str, Any]) -> dict[str, Any]:
+    """What produces this run's results (:func:`allocstack.common.identity.identity`).
+
+    :raises AllocstackError: ``prerequisite`` when a file worker.command names cannot be read.
+    """
+    try:
+        files = identities.file_digests(args.program_file)
+    except OSError as exc:
+        raise AllocstackError("prerequisite", f"worker.command names {exc.filename}, which cannot be read: "
+                                              f"{exc.strerror}") from exc
+    return identities.identity(summary.get("inputSha256"), args.handler, args.command_json, files,
+                               args.environment_json, summary.get("imageSha256"), summary.get("runtime"))
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     try:
@@ -121,6 +157,7 @@ def main(argv: list[str] | None = None) -> int:
             check_image_format(args.runtime, str(args.image))
             summary["image"], summary["runtime"] = str(args.image), args.runtime
             summary["imageSha256"] = check_sidecar(args.image, "image")
+        summary[identities.KEY] = run_identity(args, summary)
         atomic_write_json(args.output, summary, 0o644)
         if args.decision_record:
             atomic_write_text(args.decision_record, render_decisions(args.run, args.decisions_json, args.facts_json),

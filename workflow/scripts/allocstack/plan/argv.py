@@ -113,7 +113,7 @@ def launch(plan: Plan, component: str, run: str, gpus: int = 0, **wildcards: str
     if plan.use_image:
         runtime = config["runtime"]
         runtime_args = config[runtime]["args"]
-        argv += options(("--image", plan.facts.absolute(config["image"])), ("--runtime", runtime),
+        argv += options(("--image", plan.facts.absolute(plan.image)), ("--runtime", runtime),
                         *each("--runtime-arg", runtime_args))
         if gpus > 0 and runtime == "apptainer" and "--nv" not in runtime_args:
             # GPUs requested: expose the driver (Charliecloud: ch-fromhost --nvidia put it into the
@@ -142,11 +142,15 @@ def validate_inputs(plan: Plan, run: str) -> list[str]:
     if config["expected"]:
         pairs.append(("--expected", config["expected"]))
     pairs += [("--workers", config["workers"]), ("--handler", handler)]
-    if plan.use_image:
-        pairs += [("--image", config["image"]), ("--runtime", config["runtime"])]
-    runtime = config["runtime"] if plan.use_image else None
+    if config["worker"]["command"]:
+        pairs.append(("--command-json", config["worker"]["command"]))
+    pairs += [("--environment-json", config["worker"]["environment"]), *each("--program-file", plan.program_files())]
+    if plan.image is not None:
+        pairs += [("--image", plan.image), ("--runtime", config["runtime"])]
+    runtime = config["runtime"] if plan.image is not None else None
     pairs += [("--output", files.inputs_summary), ("--run", run), ("--decisions-json", config["decisions"]),
-              ("--facts-json", decisions.facts(config, files, plan.order, runtime)),
+              ("--facts-json", decisions.facts(config, files, plan.order, plan.image, runtime,
+                                              bool(plan.facts.job_id) or plan.facts.submits_to_slurm)),
               ("--decision-record", files.decision_record)]
     return options(*pairs)
 
@@ -338,7 +342,10 @@ def args(plan: Plan, component: str, run: str, **wildcards: str) -> list[str]:
     return ARGS[component][1](plan, run, **wildcards)
 
 
-def end_of_run(plan: Plan, outcome: str, since: float) -> list[str]:
-    """status.py --end-of-run: the run's verdict, counts and wall time, the last thing on the terminal."""
+def end_of_run(plan: Plan, outcome: str, since: float, command: str = "") -> list[str]:
+    """status.py --end-of-run: the run's verdict, counts and wall time, the last thing on the terminal
+    (``command``: the one that resumes an interrupted run)."""
     return [plan.facts.python, plan.script("status.py"),
-            *options(("--run", plan.run), ("--end-of-run", outcome), ("--since", since))]
+            *options(("--run", plan.run), ("--end-of-run", outcome), ("--since", since),
+                     ("--state-dir", plan.config["state_dir"]),
+                     *([("--resume", command)] if command else []))]

@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import copy
 import os
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from ..common import identity as identities
 from . import argv, decisions, placement, refusals
 from .config import migrate_service_block, nulls_from_command_line, schema, validate
 from .facts import Facts
@@ -22,6 +23,9 @@ from .layout import Layout
 from .order import DependencyCycle, UnknownDependency, start_order
 from .refusals import PlanError
 from .shape import Shape, allocation
+
+#: The rules whose forced rerun (``--forcerun``, ``-R``) starts the run over (:meth:`Plan.starts_over`).
+START_OVER_RULES = ("validate_inputs", "serve_coordinator")
 
 
 @dataclass(frozen=True)
@@ -32,16 +36,20 @@ class Plan:
     :param facts: the world it was made for.
     :param order: your services in their start order.
     :param shape: the allocation's shape.
-    :param use_image: components run in config ``image`` (Charliecloud: whenever it is set;
-        Apptainer: with ``--sdm apptainer``; allocstack uses no container directive, so
-        ``--sdm apptainer`` itself never needs apptainer).
+    :param image: the image the components run in, None for none (:func:`image_in_use`).
     """
 
     config: Mapping[str, Any]
     facts: Facts
     order: tuple[str, ...]
     shape: Shape
-    use_image: bool
+    image: str | None
+
+    @property
+    def use_image(self) -> bool:
+        """The components run in an image (allocstack uses no container directive: ``--sdm apptainer`` never
+        needs apptainer when there is no image)."""
+        return self.image is not None
 
     @property
     def run(self) -> str:
@@ -126,8 +134,18 @@ class Plan:
         """The options of ``component``'s script, for the rule's ``wildcards`` (``run`` and its own)."""
         return argv.args(self, component, **wildcards)
 
-    def end_of_run(self, outcome: str, since: float) -> list[str]:
-        return argv.end_of_run(self, outcome, since)
+    def starts_over(self, forcerun: Iterable[str], forceall: bool) -> bool:
+        """A forced rerun of what makes the results (``--forcerun serve_coordinator``, or validate_inputs, also as a
+        module's ``PREFIX_serve_coordinator``; ``--forceall``) is a clean start: a fresh journal, every task computed."""
+        return self.builtin_coordinator and (forceall or any(rule.endswith(START_OVER_RULES) for rule in forcerun))
+
+    def started_over(self, aside: str | os.PathLike[str]) -> str:
+        """The one line that says a run starts over and where its earlier journal is kept."""
+        return (f"allocstack: run {self.run} starts over (a forced rerun): every task is computed again; the earlier "
+                f"journal is kept as {os.fspath(aside)}")
+
+    def end_of_run(self, outcome: str, since: float, command: str = "") -> list[str]:
+        return argv.end_of_run(self, outcome, since, command)
 
     @property
     def decision_summary(self) -> str:
@@ -138,6 +156,19 @@ class Plan:
     def tasks_input(self) -> list[str]:
         """The task document, when the built-in coordinator runs."""
         return [self.config["tasks"]] if self.builtin_coordinator else []
+
+    def program_files(self) -> list[str]:
+        """The files under the project that worker.command names (``apps/sq.py``): inputs of validate_inputs, so
+        that a changed program reruns the stack, and part of the run's identity (:mod:`allocstack.common.identity`)."""
+        return identities.named_files(self.config["worker"]["command"], self.facts.cwd)
+
+    def image_sidecar(self) -> list[str]:
+        """The image's ``.sha256`` sidecar, when the run uses an image and it exists: an image rebuilt in place
+        reruns the stack (before the image is built, a dry run still plans; validate_inputs names it missing)."""
+        if self.image is None:
+            return []
+        sidecar = f"{self.image.rstrip('/')}.sha256"
+        return [sidecar] if self.facts.is_file(sidecar) else []
 
     def expected_input(self) -> list[str]:
         """The expected document, when verification compares against one."""
@@ -187,6 +218,31 @@ class Plan:
         return [self.files(run).node_gate(node) for node in range(2, self.nodes + 1)]
 
 
+#: Config ``image: auto`` (the default): the checkout's own image under ``--sdm apptainer``, else none.
+AUTO_IMAGE = "auto"
+#: The image ``container/build.sh`` makes (README, container/README.md), below the checkout.
+DEFAULT_IMAGE = os.path.join("container", "allocstack.sif")
+
+
+def image_in_use(config: Mapping[str, Any], facts: Facts) -> str | None:
+    """The image the components run in (relative paths as written), or None.
+
+    ``auto``: with ``--sdm apptainer`` (the Slurm profile) and runtime apptainer, this checkout's
+    ``container/allocstack.sif``; otherwise none. A path: with runtime apptainer under ``--sdm
+    apptainer``, with runtime charliecloud always. null: none, whatever the deployment method.
+    The default lives in config/config.yaml and the schema, not in a profile: a ``--config`` on the
+    command line replaces a profile's ``config:`` list, and with it the image, unsaid.
+    """
+    image, runtime = config["image"], config["runtime"]
+    apptainer = "apptainer" in facts.deployment
+    if image == AUTO_IMAGE:
+        if runtime != "apptainer" or not apptainer:
+            return None
+        checkout = os.path.join(facts.scripts, os.pardir, os.pardir)
+        return os.path.normpath(os.path.join(checkout, DEFAULT_IMAGE))
+    return image if image and (runtime == "charliecloud" or apptainer) else None
+
+
 def load(config: Mapping[str, Any], facts: Facts) -> Plan:
     """The plan of ``config`` (as Snakemake read it: not changed) in the world ``facts`` describes.
 
@@ -204,7 +260,7 @@ def load(config: Mapping[str, Any], facts: Facts) -> Plan:
     except DependencyCycle as error:
         raise PlanError("config", f"services: {error}") from error
     shape = allocation(complete)
-    use_image = bool(complete["image"]) and (complete["runtime"] == "charliecloud" or "apptainer" in facts.deployment)
+    image = image_in_use(complete, facts)
     refusals.refuse_missing_inputs(complete, facts)
     refusals.refuse_bad_stack(complete, spelled)
     refusals.refuse_bad_nodes(complete, facts)
@@ -212,6 +268,6 @@ def load(config: Mapping[str, Any], facts: Facts) -> Plan:
     refusals.refuse_cluster_settings(shape, facts)
     refusals.refuse_foreign_host(complete, facts)
     refusals.refuse_unverified(complete)
-    refusals.refuse_missing_runtime(complete, use_image, facts)
+    refusals.refuse_missing_runtime(complete, image is not None, facts)
     refusals.refuse_unusable_tmpdir(complete, facts)
-    return Plan(complete, facts, tuple(order), shape, use_image)
+    return Plan(complete, facts, tuple(order), shape, image)
