@@ -135,7 +135,7 @@ def component_binds(args, scratch: Path | None) -> list[str]:
 def component_env(args, scratch: Path | None, environ: Mapping[str, str]) -> dict[str, str]:
     """The component's whole environment inside the image, besides the image's own."""
     env = {"PYTHONDONTWRITEBYTECODE": "1"}
-    for name in PASSED_ENV:
+    for name in (*PASSED_ENV, *args.pass_env):
         if environ.get(name):
             env[name] = environ[name]
     if scratch is not None:
@@ -399,6 +399,9 @@ def parse_args(argv: list[str] | None):
                         help="argument for apptainer exec or ch-run (repeatable)")
     parser.add_argument("--runtime-hint", default="", help="how to get the runtime's program, named when it is missing")
     parser.add_argument("--bind", action="append", default=[], help="host path to bind at the same place (repeatable)")
+    parser.add_argument("--pass-env", action="append", default=[], metavar="NAME",
+                        help="a variable of this environment the component reads in the image: a ${env:NAME} of its "
+                             "program's command or environment (repeatable; its value never on a command line)")
     parser.add_argument("--job-steps", action="store_true", help="run as an srun job step inside a Slurm allocation")
     parser.add_argument("--step-arg", action="append", default=[], help="argument for srun (repeatable)")
     parser.add_argument("--cpus", type=positive_int, default=1, help="CPUs of the job step")
@@ -486,7 +489,8 @@ def attempt_checks(args, env: dict[str, str]) -> int | None:
     ours = attempts.command_of(env)
     if args.run_state is None or ours is None:
         return None
-    earlier = attempts.earlier_lasting(args.run_state, ours)
+    job = env.get("SLURM_JOB_ID") or None
+    earlier = attempts.earlier_lasting(args.run_state, ours, job, args.component)
     if earlier is not None:
         print(f"launch: {args.component}: not started: an earlier attempt of this command "
               f"({attempts.attempt_name(earlier)}) failed in a way another attempt cannot change:",
@@ -502,7 +506,6 @@ def attempt_checks(args, env: dict[str, str]) -> int | None:
     who = attempts.live_elsewhere(args.run_state, ours, job_active)
     if who is not None:
         raise AllocstackError("already-running", attempts.refusal(args.run, who))
-    job = env.get("SLURM_JOB_ID") or None
     try:
         attempts.claim(args.run_state, args.run, ours, job, this_node(env) if job else None)
     except OSError as exc:

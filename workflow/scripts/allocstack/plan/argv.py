@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from . import decisions, placement, timeouts
+from . import decisions, placement, programs, timeouts
 
 if TYPE_CHECKING:
     from .stack import Plan
@@ -91,7 +91,12 @@ def launch(plan: Plan, component: str, run: str, gpus: int = 0, **wildcards: str
     config = plan.config
     how = launched(plan, component, run, **wildcards)
     in_step = config["slurm"]["job_steps"] and plan.facts.job_id
-    if how.one_shot and not (how.scratch or plan.use_image or in_step):
+    # A supervisor of a program of yours in an image runs beside it on the node, not in ``image``;
+    # per-task workers run in worker.image when it is set.
+    own = programs.own_image(plan, component)
+    in_image = ((plan.use_image or bool(own)) and plan.images_on
+                and not programs.beside(plan, component, wildcards.get("service", "")))
+    if how.one_shot and not (how.scratch or in_image or in_step):
         return [plan.python]
     # Absolute, like the component's own path when launch.py starts it as a child: a component that runs
     # in launch.py's process (outside an allocation, no image) is still found by its path.
@@ -110,16 +115,17 @@ def launch(plan: Plan, component: str, run: str, gpus: int = 0, **wildcards: str
         argv += options(*each("--step-arg", config["slurm"]["step_args"]))
         if gpus:
             argv += options(("--step-arg", f"--gpus={gpus}"))
-    if plan.use_image:
+    if in_image:
         runtime = config["runtime"]
         runtime_args = config[runtime]["args"]
-        argv += options(("--image", plan.facts.absolute(plan.image)), ("--runtime", runtime),
+        argv += options(("--image", plan.facts.absolute(own or config["image"])), ("--runtime", runtime),
                         *each("--runtime-arg", runtime_args))
         if gpus > 0 and runtime == "apptainer" and "--nv" not in runtime_args:
             # GPUs requested: expose the driver (Charliecloud: ch-fromhost --nvidia put it into the
             # image once, see container/README.md)
             argv += options(("--runtime-arg", "--nv"))
-        argv += options(("--runtime-hint", config[runtime]["hint"]), *each("--bind", bind_paths(plan, run)))
+        argv += options(("--runtime-hint", config[runtime]["hint"]), *each("--bind", bind_paths(plan, run)),
+                        *each("--pass-env", programs.env_references(config["worker"])))
     return [*argv, "--"]
 
 
@@ -145,12 +151,16 @@ def validate_inputs(plan: Plan, run: str) -> list[str]:
     if config["worker"]["command"]:
         pairs.append(("--command-json", config["worker"]["command"]))
     pairs += [("--environment-json", config["worker"]["environment"]), *each("--program-file", plan.program_files())]
-    if plan.image is not None:
-        pairs += [("--image", plan.image), ("--runtime", config["runtime"])]
-    runtime = config["runtime"] if plan.image is not None else None
+    if plan.use_image:
+        pairs.append(("--image", plan.image))
+    # the runtime also reads the images of your programs (programImages: their sidecars, own commands, EXPOSE)
+    pairs.append(("--runtime", config["runtime"]))
+    runtime = config["runtime"] if plan.use_image else None
     pairs += [("--output", files.inputs_summary), ("--run", run), ("--decisions-json", config["decisions"]),
               ("--facts-json", decisions.facts(config, files, plan.order, plan.image, runtime,
-                                              bool(plan.facts.job_id) or plan.facts.submits_to_slurm)),
+                                              bool(plan.facts.job_id) or plan.facts.submits_to_slurm,
+                                              plan.image_written)),
+              ("--program-images-json", programs.image_checks(plan)),
               ("--decision-record", files.decision_record)]
     return options(*pairs)
 
@@ -201,11 +211,14 @@ def node_gate(plan: Plan, run: str, node: str) -> list[str]:
 def service(plan: Plan, run: str, service: str) -> list[str]:
     """app_service.py: services.<service>, started once its dependencies' gates passed."""
     spec, files = plan.services[service], plan.files(run)
+    from_image = spec["port"] == "image"  # the port its image EXPOSEs, read when it starts
+    port = [] if from_image else [("--port", spec["port"] or 0)]
     return [*options(("--service-file", files.service_file(service)), ("--name", service),
-                     ("--command-json", spec["command"]), ("--environment-json", spec["environment"]),
-                     ("--port", spec["port"] or 0), ("--gate-timeout", timeouts.start_bound(plan.config, service)),
+                     *programs.options(plan, spec), ("--environment-json", spec["environment"]),
+                     *port, ("--gate-timeout", timeouts.start_bound(plan.config, service)),
                      ("--stop-grace", spec["stop_grace_period"]), *each("--uses", spec["depends_on"]),
-                     *each("--gate-record", map(files.service_gate, spec["depends_on"]))),
+                     *each("--gate-record", map(files.service_gate, spec["depends_on"])),
+                     flags=("--port-from-image",) if from_image else ()),
             *network(plan, files.shared_service_endpoint(service))]
 
 
@@ -221,6 +234,8 @@ def service_gate(plan: Plan, run: str, service: str) -> list[str]:
         pairs += [("--path", ready["path"]), ("--expect-json", ready["expect"])]
     if ready["mode"] == "command":
         pairs.append(("--ready-command-json", ready["command"]))
+        # in the service's image, as Compose runs a healthcheck in the service's container
+        pairs += [pair for pair in programs.options(plan, spec, with_command=False) if pair[0] != "--entrypoint-json"]
     return options(*pairs, ("--record", files.service_gate(service)))
 
 
@@ -231,7 +246,9 @@ def worker(plan: Plan, run: str, worker: str) -> list[str]:
     pairs = [("--worker-id", worker), *each("--gate-record", gate_records(plan, run, worker)),
              ("--gate-timeout", timeouts.gates_timeout(config)), ("--record", files.worker_record(worker))]
     program = [("--environment-json", spec["environment"]), *each("--uses", plan.services)]
-    if spec["command"]:
+    if plan.long_running:
+        program += programs.options(plan, spec)
+    elif spec["command"]:
         program.append(("--command-json", spec["command"]))
     flags: tuple[str, ...] = ()
     if plan.long_running:
@@ -276,7 +293,7 @@ def worker_network(plan: Plan, run: str, worker: str) -> list[str]:
 def check(plan: Plan, run: str) -> list[str]:
     """check.py: your check (verify.command) of your own stack, once every worker ended."""
     spec, files = plan.config["verify"], plan.files(run)
-    return options(("--command-json", spec["command"]), ("--environment-json", spec["environment"]),
+    return options(*programs.options(plan, spec), ("--environment-json", spec["environment"]),
                    *each("--uses", plan.services), *each("--wait-for", map(files.worker_record, plan.workers)),
                    ("--record", files.check_record))
 
@@ -308,7 +325,7 @@ def verify(plan: Plan, run: str) -> list[str]:
         if config["expected"]:
             pairs.append(("--expected", config["expected"]))
         if config["verify"]["command"]:
-            pairs.append(("--command-json", config["verify"]["command"]))
+            pairs += programs.options(plan, config["verify"])
     else:
         pairs.append(("--check-record", files.check_record))
     pairs += [("--output", files.marker), ("--retire-journal", files.journal)]

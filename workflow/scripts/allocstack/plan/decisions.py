@@ -25,17 +25,18 @@ def summary(config: Mapping[str, Any]) -> str:
 
 
 def facts(config: Mapping[str, Any], layout: Layout, order: Sequence[str], image: str | None, runtime: str | None,
-          in_slurm: bool) -> dict[str, str]:
+          in_slurm: bool, image_written: str | None) -> dict[str, str]:
     """The run's settings that the decision record lists under its table, each as words (never Python's
     ``None`` or ``True``).
 
     :param order: the services in their start order.
     :param image: the image components run in (None: none), ``runtime`` its container runtime.
+    :param image_written: config ``image`` as written (``auto``, a path, None): why there is none.
     :param in_slurm: the stack runs in a Slurm allocation (submitted by the profile, or Snakemake runs in one).
     """
     builtin = bool(config["tasks"])
     listed: dict[str, Any] = {
-        "image": image if image is not None else f"none ({no_image(config)})",
+        "image": image if image is not None else f"none ({no_image(image_written, config['runtime'])})",
         "container runtime": runtime or "none",
         "scratch": config["scratch"] or "$SLURM_TMPDIR, else $TMPDIR",
         "state_dir": config["state_dir"],
@@ -75,10 +76,10 @@ def words(value: Any) -> str:
     return str(value)
 
 
-def no_image(config: Mapping[str, Any]) -> str:
-    """Why a run has no image, in the words of its config."""
-    if config["image"] is None:
+def no_image(written: str | None, runtime: str) -> str:
+    """Why a run has no image, in the words of its config (``image`` as written, ``runtime``)."""
+    if written is None:
         return "image: null"
-    if config["runtime"] == "apptainer":
+    if runtime == "apptainer":
         return "no --sdm apptainer: the Slurm profile sets it"
     return "image: auto is Apptainer's; give charliecloud an image"

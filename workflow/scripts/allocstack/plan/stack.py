@@ -21,11 +21,17 @@ from .config import migrate_service_block, nulls_from_command_line, schema, vali
 from .facts import Facts
 from .layout import Layout
 from .order import DependencyCycle, UnknownDependency, start_order
+from .programs import images_on, parts_of_yours
 from .refusals import PlanError
 from .shape import Shape, allocation
 
 #: The rules whose forced rerun (``--forcerun``, ``-R``) starts the run over (:meth:`Plan.starts_over`).
 START_OVER_RULES = ("validate_inputs", "serve_coordinator")
+
+#: Config ``image: auto`` (the default): the checkout's own image under ``--sdm apptainer``, else none.
+AUTO_IMAGE = "auto"
+#: The image ``container/build.sh`` makes (README, container/README.md), below the checkout.
+DEFAULT_IMAGE = os.path.join("container", "allocstack.sif")
 
 
 @dataclass(frozen=True)
@@ -36,20 +42,27 @@ class Plan:
     :param facts: the world it was made for.
     :param order: your services in their start order.
     :param shape: the allocation's shape.
-    :param image: the image the components run in, None for none (:func:`image_in_use`).
+    :param use_image: components run in config ``image`` (Charliecloud: whenever it is set;
+        Apptainer: with ``--sdm apptainer``; allocstack uses no container directive, so
+        ``--sdm apptainer`` itself never needs apptainer). ``image: auto`` is resolved by then
+        (:func:`image_in_use`).
+    :param images_on: images are switched on (as for ``use_image``, whether ``image`` is set or not):
+        programs of yours run in their own images (allocstack/plan/programs.py).
+    :param image_written: config ``image`` as written (``auto``, a path, or None), before it was resolved.
     """
 
     config: Mapping[str, Any]
     facts: Facts
     order: tuple[str, ...]
     shape: Shape
-    image: str | None
+    use_image: bool
+    images_on: bool = False
+    image_written: str | None = AUTO_IMAGE
 
     @property
-    def use_image(self) -> bool:
-        """The components run in an image (allocstack uses no container directive: ``--sdm apptainer`` never
-        needs apptainer when there is no image)."""
-        return self.image is not None
+    def image(self) -> str | None:
+        """The image allocstack's own components run in (relative paths as written), None for none."""
+        return self.config["image"] if self.use_image else None
 
     @property
     def run(self) -> str:
@@ -218,17 +231,14 @@ class Plan:
         return [self.files(run).node_gate(node) for node in range(2, self.nodes + 1)]
 
 
-#: Config ``image: auto`` (the default): the checkout's own image under ``--sdm apptainer``, else none.
-AUTO_IMAGE = "auto"
-#: The image ``container/build.sh`` makes (README, container/README.md), below the checkout.
-DEFAULT_IMAGE = os.path.join("container", "allocstack.sif")
-
 
 def image_in_use(config: Mapping[str, Any], facts: Facts) -> str | None:
     """The image the components run in (relative paths as written), or None.
 
     ``auto``: with ``--sdm apptainer`` (the Slurm profile) and runtime apptainer, this checkout's
-    ``container/allocstack.sif``; otherwise none. A path: with runtime apptainer under ``--sdm
+    ``container/allocstack.sif`` when something runs in it (the built-in coordinator, or a program of
+    yours without an image of its own); otherwise none (a stack whose every program has its own image
+    runs allocstack's own parts beside them, on the host). A path: with runtime apptainer under ``--sdm
     apptainer``, with runtime charliecloud always. null: none, whatever the deployment method.
     The default lives in config/config.yaml and the schema, not in a profile: a ``--config`` on the
     command line replaces a profile's ``config:`` list, and with it the image, unsaid.
@@ -237,6 +247,8 @@ def image_in_use(config: Mapping[str, Any], facts: Facts) -> str | None:
     apptainer = "apptainer" in facts.deployment
     if image == AUTO_IMAGE:
         if runtime != "apptainer" or not apptainer:
+            return None
+        if not config["tasks"] and all(spec.get("image") for _, spec in parts_of_yours(config)):
             return None
         checkout = os.path.join(facts.scripts, os.pardir, os.pardir)
         return os.path.normpath(os.path.join(checkout, DEFAULT_IMAGE))
@@ -260,14 +272,18 @@ def load(config: Mapping[str, Any], facts: Facts) -> Plan:
     except DependencyCycle as error:
         raise PlanError("config", f"services: {error}") from error
     shape = allocation(complete)
-    image = image_in_use(complete, facts)
+    written = complete["image"]
+    complete["image"] = image_in_use(complete, facts)  # auto resolved: programs of yours fall back on it too
+    on = images_on(complete, facts.deployment)
+    use_image = bool(complete["image"]) and on
     refusals.refuse_missing_inputs(complete, facts)
-    refusals.refuse_bad_stack(complete, spelled)
+    refusals.refuse_bad_stack(complete, spelled, on)
+    refusals.refuse_bad_programs(complete, facts)
     refusals.refuse_bad_nodes(complete, facts)
     refusals.refuse_too_many_cpus(complete, shape, facts)
     refusals.refuse_cluster_settings(shape, facts)
     refusals.refuse_foreign_host(complete, facts)
-    refusals.refuse_unverified(complete)
-    refusals.refuse_missing_runtime(complete, image is not None, facts)
+    refusals.refuse_unverified(complete, on)
+    refusals.refuse_missing_runtime(complete, use_image, facts, on)
     refusals.refuse_unusable_tmpdir(complete, facts)
-    return Plan(complete, facts, tuple(order), shape, image)
+    return Plan(complete, facts, tuple(order), shape, use_image, on, written)
