@@ -33,6 +33,11 @@ rule all:
     localrule: True
 
 
+# A run (not a dry run) starts: `--forcerun serve_coordinator` starts it over, with a fresh journal.
+onstart:
+    start_of_run()
+
+
 # The verdict, counts, wall time and where the marker and report are, on the terminal.
 onsuccess:
     end_of_run_summary("success")

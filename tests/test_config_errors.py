@@ -13,7 +13,8 @@ from workflow_helpers import snakemake
 
 
 @pytest.mark.parametrize("text, words", [
-    ("worker: {comand: [x]}\n", "allocstack: error [config]: worker: Additional properties are not allowed ('comand'"),
+    ("worker: {comand: [x]}\n",
+     "allocstack: error [config]: worker.comand: worker has no key 'comand'; did you mean 'command'?"),
     ("services: {a: {command: [x], depends_on: [b]}, b: {command: [x], depends_on: [a]}}\n",
      "allocstack: error [config]: services: depends_on has a cycle: a -> b -> a"),
 ])

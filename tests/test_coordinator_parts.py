@@ -122,6 +122,16 @@ def test_the_end_record_writer_and_its_readers(tmp_path):
             endrecord.check_completed(record, task_count, *digests)
         assert raised.value.diag == diag
     failed = {"status": endrecord.FAILED, "failedTasks": {"t1": "exit 3: boom"}}
-    with pytest.raises(AllocstackError, match=r"1 task\(s\) failed for good, e\.g\. t1: exit 3: boom") as raised:
+    with pytest.raises(AllocstackError, match=r"1 of 2 task\(s\) failed for good, e\.g\. t1: exit 3: boom") as raised:
         endrecord.check_completed(failed, 2, "in", "out")
     assert raised.value.diag == "task-failed"
+    # the record lists the first 100 failures; failedCount counts them all (the summary's and this line's count)
+    many = {"status": endrecord.FAILED, "failedTasks": {f"t{n}": "exit 1" for n in range(100)}, "failedCount": 200}
+    with pytest.raises(AllocstackError, match=r"^200 of 200 task\(s\) failed for good"):
+        endrecord.check_completed(many, 200, "in", "out")
+    # results another program produced (its identity differs from this run's) are not this run's
+    produced = {**record, "identity": "a" * 64}
+    endrecord.check_completed(produced, 2, "in", "out", "a" * 64)
+    with pytest.raises(AllocstackError, match="produced by another program than this run's") as raised:
+        endrecord.check_completed(produced, 2, "in", "out", "b" * 64)
+    assert raised.value.diag == "verification"

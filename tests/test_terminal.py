@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import run_script
+from conftest import pids_mentioning, run_script
 from real_parts import unavailable
 from workflow_helpers import SNAKEMAKE, snakemake
 
@@ -112,6 +112,48 @@ def test_live_progress_line_and_end_of_run_summary_in_a_real_terminal(project, t
     assert len(screen) - start < 14  # at the end: only Snakemake's log hint and elapsed time follow
 
 
+def test_ctrl_c_in_a_real_terminal_is_interrupted_not_failed_and_the_same_command_resumes(project, terminal):
+    """Ctrl-C, then Ctrl-C again, typed into a real terminal mid-run: one line each, the summary says INTERRUPTED,
+    what was done and the one command that resumes; no job's error or traceback on the screen, exit 130,
+    nothing of the run left running. That command then finishes the run from the journal."""
+    from test_faults import journaled, slow_run
+
+    config = slow_run(project, "intr", tasks=24, seconds=0.3)
+    command = f"{SNAKEMAKE} --cores 4 --configfile {config}"
+    term = terminal(f"TMPDIR={project / 'tmp'} {command}")
+    deadline = time.monotonic() + 120
+    while journaled(project, "intr") < 4 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    subprocess.run(["tmux", "send-keys", "-t", term.name, "C-c"], check=True)
+    time.sleep(0.3)
+    subprocess.run(["tmux", "send-keys", "-t", term.name, "C-c"], check=True)
+    while not any(line.startswith("EXIT=") for line in term.screen()) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    screen = term.screen()
+    text = "\n".join(screen)
+    assert "EXIT=130" in screen, text[-4000:]
+    done = journaled(project, "intr")
+    assert 4 <= done < 24
+    assert ("allocstack: run intr INTERRUPTED: "
+            f"{done} of 24 tasks done, kept in the journal (state/intr/journal.jsonl); {24 - done} to do") in screen
+    assert f"  resume      {command}" in screen
+    assert any(line.endswith("allocstack: interrupted (Ctrl-C): stopping the run's jobs; what is done stays done, "
+                             "and the same command resumes") for line in screen), text[-3000:]
+    assert "allocstack: interrupted already: waiting for the run's jobs to stop" in screen
+    for noise in ("Error in rule", "Traceback", "RuleException", "WorkflowError", "FAILED", "Logfile"):
+        assert noise not in text, (noise, text[-4000:])
+    # the summary ends the screen: only Snakemake's log hint and elapsed time follow it
+    assert len(screen) - next(i for i, line in enumerate(screen) if "INTERRUPTED" in line) <= 7
+    running = [pid for pid in pids_mentioning(str(project))
+               if b"launch.py" in Path(f"/proc/{pid}/cmdline").read_bytes() or
+               b"snakemake" in Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0]]
+    assert not running
+
+    resumed = snakemake(project, "--cores", "4", "--configfile", str(config))
+    assert resumed.returncode == 0, (resumed.stdout + resumed.stderr)[-3000:]
+    assert json.loads((project / "results/intr/coordinator.json").read_text())["restored"] == done
+
+
 def test_without_a_terminal_progress_is_lines_and_the_summary_still_ends_the_run(project):
     done = snakemake(project, "--cores", "4")
     output = done.stdout + done.stderr
@@ -193,7 +235,7 @@ def test_status_shows_a_finished_run_and_picks_the_only_run(project):
     (project / "results/other").mkdir()
     (project / "results/other/inputs.json").write_text("{}")
     several = run_script("status.py", cwd=project, env=env)
-    assert several.returncode == 64 and "2 runs: baseline, other; say which with --run" in several.stderr
+    assert several.returncode == 64 and "2 runs: baseline, other, none serving; say which with --run" in several.stderr
     unknown = run_script("status.py", "--run", "nope", cwd=project, env=env)
     assert unknown.returncode == 69 and "no stack is serving on this node" in unknown.stderr
 

@@ -7,6 +7,8 @@ import json
 import sys
 import textwrap
 
+import pytest
+
 from conftest import run_script, write_json
 
 APP = textwrap.dedent("""
@@ -177,3 +179,58 @@ def test_large_outputs_are_posted_in_bounded_requests(start_coordinator, tmp_pat
     assert done.returncode == 0, done.stderr
     assert coordinator.stop() == 0
     assert json.loads(coordinator.end_record.read_text())["resultCount"] == 4
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["isprime"], ('worker.command ["isprime"] cannot be started: isprime: not found on PATH; fix worker.command '
+                  "in your config")),
+    (["apps/nope.py"], ('worker.command ["apps/nope.py"] cannot be started: apps/nope.py: No such file or directory '
+                       "(a relative path starts in the directory snakemake runs in;")),
+    (["apps/shout.py"], ('worker.command ["apps/shout.py"] cannot be started: apps/shout.py: Permission denied: it is '
+                        'not executable; chmod +x it, or name its interpreter first, e.g. ["python3", "apps/shout.py"]')),
+])
+def test_a_program_that_cannot_start_fails_the_run_once_naming_the_key(project, argv, words):
+    """No such file, or not executable: the first attempt ends the run at once with ONE line naming worker.command
+    (not 3 attempts x every task), the run's exit is a failure, and no task is counted as failed."""
+    tasks, expected = documents([f"text {n}" for n in range(150)])
+    write_json(project / "inputs/app.json", tasks)
+    write_json(project / "expected/app.json", expected)
+    (project / "apps").mkdir()
+    (project / "apps/shout.py").write_text(APP)  # mode 0644: not executable
+    (project / "config/app.yaml").write_text(
+        f"run: app\ntasks: inputs/app.json\nexpected: expected/app.json\nworkers: 2\nworker: {{command: {json.dumps(argv)}}}\n")
+    from workflow_helpers import snakemake
+
+    done = snakemake(project, "--cores", "4", "--configfile", "config/app.yaml")
+    output = done.stdout + done.stderr
+    assert done.returncode == 1, output[-3000:]
+    line = f"allocstack: error [config]: {words}"
+    assert f"  {line}" in done.stdout.split("allocstack: run app FAILED", 1)[1], output[-3000:]
+    worker_logs = [path.read_text() for path in (project / "logs/run_worker/app").glob("*.log")]
+    # each worker tried its first task once, then ended with the line (exit 78): nothing was retried
+    assert all(text.count("cannot be started") <= 1 and " task t" not in text for text in worker_logs), worker_logs
+    assert any(text.rstrip().endswith("exited 78") for text in worker_logs), worker_logs
+    assert "[task-failed]" not in output
+
+
+def test_the_counts_of_failed_tasks_agree(project):
+    """150 tasks that each fail (max_attempts 1): the verdict's line, the summary's counts and the coordinator's
+    reason say 150 (the end record lists the first 100 failures only)."""
+    tasks, expected = documents(["bad"] * 150)
+    write_json(project / "inputs/app.json", tasks)
+    write_json(project / "expected/app.json", expected)
+    (project / "apps").mkdir()
+    (project / "apps/shout.py").write_text(APP)
+    (project / "config/app.yaml").write_text(
+        "run: app\ntasks: inputs/app.json\nexpected: expected/app.json\nworkers: 2\ncoordinator: {max_attempts: 1}\n"
+        f"worker: {{command: [{json.dumps(sys.executable)}, apps/shout.py]}}\n")
+    from workflow_helpers import snakemake
+
+    done = snakemake(project, "--cores", "4", "--configfile", "config/app.yaml")
+    assert done.returncode == 1
+    end = json.loads((project / "results/app/coordinator.json").read_text())
+    assert end["failedCount"] == 150 and len(end["failedTasks"]) == 100
+    summary = done.stdout.split("allocstack: run app FAILED", 1)[1]
+    assert "allocstack: error [task-failed]: 150 of 150 task(s) failed for good, e.g. t" in summary
+    assert "  tasks       0 of 150 done, 150 failed;" in summary
+    assert "coordinator ended failed (150 task(s) failed 1 times:" in summary

@@ -22,7 +22,25 @@ BAD = {
     "worker.task_timeout negative": ("worker: {task_timeout: -1}", "worker.task_timeout"),
     "worker.gpus negative": ("worker: {gpus: -1}", "worker.gpus"),
     "workers zero": ("workers: 0", "workers: 0 is less than the minimum of 1"),
-    "a misspelled key": ("wrokers: 3", "'wrokers' was unexpected"),
+    "a misspelled key": ("wrokers: 3", "wrokers: there is no key 'wrokers'; did you mean 'workers'?"),
+    "a misspelled nested key": ("worker: {comand: [x]}", ("worker.comand: worker has no key 'comand'; did you mean "
+                                                         "'command'?")),
+    "an unknown key like none": ("colour: blue", "colour: there is no key 'colour' (every key: config/README.md)"),
+    "a misspelled value": ("runtime: apptaner", ("runtime: 'apptaner' is not one of 'apptainer', 'charliecloud'; "
+                                                "did you mean 'apptainer'?")),
+    "a command as a shell string": ("worker: {command: python3 apps/x.py}",
+                                    ('worker.command: "python3 apps/x.py" is text, not a list: write an argv list, one '
+                                     'word per item, in a file given with --configfile: worker: {command: ["python3", '
+                                     '"apps/x.py"]}')),
+    "a number in quotes": ("workers: 'three'", ('workers: "three" is text, not a whole number: write a number, '
+                                               "without quotes: workers: 3")),
+    "a flag as a number": ("coordinator: {stop_claims_before_end: 1}",
+                           ("coordinator.stop_claims_before_end: 1 is a whole number, not true or false: write "
+                            "coordinator: {stop_claims_before_end: true} or coordinator: {stop_claims_before_end: "
+                            "false}")),
+    "an environment as a list": ("worker: {environment: [A=1]}",
+                                 ('worker.environment: ["A=1"] is a list, not a mapping: write a mapping, in a file '
+                                  "given with --configfile: worker: {environment: {NAME: VALUE}}")),
     "verify.command not a list": ("verify: {command: check.sh}", "verify.command"),
     "service.readiness.mode unknown": ("service: {command: [x], readiness: {mode: ping}}", "service.readiness.mode"),
     "service.readiness.path relative": ("service: {command: [x], readiness: {path: health}}", "service.readiness.path"),

@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 from snakemake.logging import logger
+from snakemake.shell import shell
 from snakemake.sourcecache import LocalSourceFile
 
 STARTED_AT = time.time()
@@ -44,7 +45,8 @@ if os.path.abspath(SCRIPTS) not in sys.path:
     sys.path.insert(0, os.path.abspath(SCRIPTS))
 
 from allocstack import plan  # noqa: E402  (found through SCRIPTS)
-from allocstack.common import attempts, errors, slurm  # noqa: E402
+from allocstack.common import attempts, errors, identity, slurm  # noqa: E402
+from allocstack.status import interrupt  # noqa: E402
 from allocstack.status.terminal import TerminalFilter  # noqa: E402
 
 
@@ -121,6 +123,27 @@ def start_clean():
         )
 
 
+def running_jobs():
+    """The processes of the jobs Snakemake runs on this machine now (Snakemake keeps them in shell._processes)."""
+    with shell._lock:
+        return [process.pid for process in shell._processes.values()]
+
+
+def stop_scheduling():
+    """Snakemake's own graceful stop (its SIGTERM handler): no job starts any more, it ends once the running did."""
+    workflow.scheduler.exit_gracefully()
+
+
+# The command that starts the run (not the Snakemake inside its job): Ctrl-C interrupts it.
+if not os.environ.get(attempts.COMMAND_ENV):
+    interrupt.install(
+        interrupt.Snakemake(
+            jobs=running_jobs,
+            scheduling=lambda: workflow.scheduler is not None,
+            stop=stop_scheduling,
+            local=lambda: workflow.local_exec,
+        )
+    )
 mark_the_command()
 if not any(type(f).__name__ == "TerminalFilter" for f in logger.filters):
     logger.addFilter(TerminalFilter())
@@ -166,6 +189,14 @@ def tasks_input(wildcards):
 
 def expected_input(wildcards):
     return PLAN.expected_input()
+
+
+def program_files(wildcards):
+    return PLAN.program_files()
+
+
+def image_sidecar(wildcards):
+    return PLAN.image_sidecar()
 
 
 def coordinator_outputs(wildcards):
@@ -216,10 +247,36 @@ def node_gates(wildcards):
     return PLAN.node_gates(wildcards.run)
 
 
+def start_of_run():
+    """Snakemake's onstart (a run, not a dry run; the command's own process): ``--forcerun serve_coordinator``
+    (or validate_inputs, or --forceall) starts the run over: its journal is set aside, named in one line.
+    """
+    dag = workflow.dag_settings
+    if not PLAN.starts_over(dag.forcerun, dag.forceall):
+        return
+    aside = identity.set_aside(Path(PLAN.layout.journal))
+    if aside is not None:
+        print(PLAN.started_over(aside), file=sys.stderr, flush=True)
+
+
+def this_command():
+    """The command line that started this Snakemake: what resumes an interrupted run."""
+    program = sys.argv[0]
+    found = shutil.which(os.path.basename(program))
+    if found and os.path.realpath(found) == os.path.realpath(program):
+        program = os.path.basename(program)
+    return shlex.join([program, *sys.argv[1:]])
+
+
 def end_of_run_summary(outcome):
     """Snakemake's onsuccess/onerror: the run's verdict, counts, wall time and where things are.
 
     ``status.py --end-of-run`` renders it from the run's records (and, after an error, the
-    allocstack error lines of this run's logs), so it is the last thing on the terminal.
+    allocstack error lines of this run's logs), so it is the last thing on the terminal. After
+    Ctrl-C: INTERRUPTED, what was done and the command that resumes (its own session: another
+    Ctrl-C does not cut it short).
     """
-    subprocess.run(PLAN.end_of_run(outcome, STARTED_AT), check=False, timeout=60)
+    if interrupt.STATE.interrupted:
+        outcome = "interrupted"
+    command = PLAN.end_of_run(outcome, STARTED_AT, this_command())
+    subprocess.run(command, check=False, timeout=60, start_new_session=True)

@@ -11,6 +11,9 @@ rule validate_inputs:
     input:
         tasks=tasks_input,
         expected=expected_input,
+        # What produces the results (the run's identity): a changed program or image reruns the stack.
+        program=program_files,
+        image=image_sidecar,
         script=script("validate_inputs.py"),
     output:
         **PLAN.validated_outputs("{run}"),

@@ -7,7 +7,8 @@ off the first node (``<state_dir>/<run>/events/*.jsonl``, removed once merged),
 writes them sorted by time to the results directory, draws them as the run's
 timeline (``--timeline-out``, plot_timeline.py), writes ``provenance.json`` (where each component ran: host, Python, OS release
 as seen by the component, Slurm job/step, container; the Slurm version, the
-container runtime and its version; input and image digests; the run's scratch and where its
+container runtime and its version; input and image digests, the run's identity (what produced its
+results, allocstack/common/identity.py); the run's scratch and where its
 root came from), then removes the run's scratch directory.
 """
 
@@ -142,6 +143,8 @@ def main(argv: list[str] | None = None) -> int:
             "expectedSha256": summary.get("expectedSha256"),
             "image": summary.get("image"),
             "imageSha256": summary.get("imageSha256"),
+            # what produced the results: the task set, the program and the files it names, its settings, the image
+            "identity": summary.get("identity"),
             # each image a program of yours ran in, checked against its sidecar before anything started
             "programImages": summary.get("programImages", {}),
             "slurm": {

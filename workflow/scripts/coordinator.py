@@ -50,9 +50,16 @@ import sys
 import time
 from typing import Any
 
+from allocstack.common import identity as identities
 from allocstack.common import storage
 from allocstack.common.cli import echo, run, runtime_facts, silence_stdout
-from allocstack.common.endpoint import TUNNEL_PORT, tunnel_command, write_endpoint, write_service_file
+from allocstack.common.endpoint import (
+    TUNNEL_PORT,
+    needs_tunnel,
+    tunnel_command,
+    write_endpoint,
+    write_service_file,
+)
 from allocstack.common.errors import EXIT_IO, EXIT_TEMPFAIL, AllocstackError, report
 from allocstack.common.events import append_event
 from allocstack.common.jsonio import atomic_write_chunks, read_json
@@ -63,7 +70,7 @@ from allocstack.coordinator import endrecord, eventloop
 from allocstack.coordinator.api import CoordinatorApi
 from allocstack.coordinator.auth import Tokens
 from allocstack.coordinator.httpserver import HttpServer, Limits, Request, Response
-from allocstack.coordinator.journal import Journal, replay
+from allocstack.coordinator.journal import Journal, produced_otherwise, replay
 from allocstack.coordinator.progress import Progress, live_line, progress_line
 from allocstack.coordinator.settings import CoordinatorSettings, parse_settings
 from allocstack.coordinator.taskboard import ALLOCATION_ENDING, TaskBoard
@@ -101,8 +108,10 @@ class Coordinator:
     """The lifecycle around the protocol (:class:`CoordinatorApi`): serve, keep house, drain, write the outcome."""
 
     def __init__(self, settings: CoordinatorSettings, board: TaskBoard, journal: Journal, input_sha256: str,
-                 network: NetworkListener | None = None) -> None:
+                 network: NetworkListener | None = None, about: dict[str, Any] | None = None) -> None:
         self.settings = settings
+        #: What the end record says about the results beyond the counts (see :func:`prepare`).
+        self.about = about or {}
         self.network = network
         #: Where the other nodes reach this coordinator, once :meth:`listen_network` listens there.
         self.network_url: str | None = None
@@ -239,8 +248,12 @@ class Coordinator:
             how = (f"TLS, certificate SHA-256 {self.network.fingerprint}" if self.network.tls else
                    "PLAIN TEXT (config network.tls: false)")
             log(f"coordinator: listening for the other nodes on {network_url} ({how})")
-        log(f"coordinator: status page: {tunnel_command(port, os.environ)} ; then open the URL that "
-            f"`python workflow/scripts/status.py --url` prints (with {TUNNEL_PORT} as the port)")
+        if needs_tunnel(os.environ):
+            log(f"coordinator: status page: {tunnel_command(port, os.environ)} ; then open the URL that "
+                f"`python workflow/scripts/status.py --url` prints (with {TUNNEL_PORT} as the port)")
+        else:
+            log(f"coordinator: status page: {url}/ui (`python workflow/scripts/status.py --url` prints it with its "
+                "view token)")
         self.finish_if_finished()  # everything restored from the journal: nothing left to hand out
         keeper = asyncio.create_task(self.housekeeping())
         await self.stopping.wait()
@@ -264,12 +277,13 @@ class Coordinator:
                 endrecord.write(
                     self.settings.end_record, status, reason,
                     taskCount=summary["total"], resultCount=summary["done"],
-                    failedTasks=dict(list(self.board.failures.items())[:100]), restored=summary["restored"],
+                    failedTasks=dict(list(self.board.failures.items())[:100]), failedCount=len(self.board.failures),
+                    restored=summary["restored"],
                     expiredLeases=summary["expiredLeases"], inputSha256=self.input_sha256,
                     resultsSha256=results_sha256, startedAt=self.progress.started_at,
                     listeningAt=self.progress.listening_at, endedAt=time.time(), requests=self.server.requests,
                     journalFsyncs=self.journal.fsyncs, workers=summary["workers"], pid=os.getpid(),
-                    peakRssMb=peak_rss_mb())
+                    peakRssMb=peak_rss_mb(), **self.about)
         except AllocstackError as error:
             self.fault = self.fault or error
             self.report_once(error, "; the run's outcome is not written: free space, then run the same command "
@@ -358,8 +372,10 @@ def check_room(settings: CoordinatorSettings, board: TaskBoard) -> None:
                         ("results.json and the marker", settings.results, results)])
 
 
-def prepare(settings: CoordinatorSettings) -> tuple[TaskBoard, Journal, str]:
-    """Load the tasks, replay the journal, check for room, open the journal.
+def prepare(settings: CoordinatorSettings) -> tuple[TaskBoard, Journal, str, dict[str, Any]]:
+    """Load the tasks, replay the journal (set aside first when another program produced it), check for room,
+    open the journal. Returns the board, the journal, the task document's digest and what the end record says
+    about them (the identity's digest; the journal set aside, where and why).
 
     :raises AllocstackError: on bad input, a corrupt journal, or no room.
     """
@@ -372,14 +388,27 @@ def prepare(settings: CoordinatorSettings) -> tuple[TaskBoard, Journal, str]:
         settings.journal.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
     except OSError as exc:
         raise storage.write_error("state directory", settings.journal.parent, exc) from exc
+    produced = validated.get(identities.KEY) if isinstance(validated.get(identities.KEY), dict) else None
+    about: dict[str, Any] = {identities.KEY: identities.digest_of(produced)}
+    why = produced_otherwise(settings.journal, input_sha256, produced)
+    if why is not None:  # another program's results: computed again, the old journal kept beside
+        try:
+            aside = identities.set_aside(settings.journal)
+        except OSError as exc:
+            raise storage.write_error("journal", settings.journal, exc) from exc
+        about["journalSetAside"] = {"path": str(aside), "because": why}
+        line = f"coordinator: {why}: the journal's results are not resumed, kept as {aside}"
+        echo(line)
+        log(line)
     restored, note = replay(settings.journal, input_sha256)
     log(f"coordinator: journal {settings.journal}: {note}")
     board = TaskBoard(tasks, settings.lease_seconds, settings.max_attempts, expected_workers=settings.workers,
                       claims_until=claims_until(settings.stop_claims_at))
     board.restore(restored)
     check_room(settings, board)
-    journal = Journal(settings.journal, input_sha256, group=settings.workers, window=settings.commit_window)
-    return board, journal, input_sha256
+    journal = Journal(settings.journal, input_sha256, group=settings.workers, window=settings.commit_window,
+                      identity=produced)
+    return board, journal, input_sha256, about
 
 
 def network_listener(settings: CoordinatorSettings) -> NetworkListener | None:
@@ -416,13 +445,13 @@ async def serve(coordinator: Coordinator) -> int:
 def main(argv: list[str] | None = None) -> int:
     settings = parse_settings(argv, __doc__.split("\n\n")[0])
     try:
-        board, journal, input_sha256 = prepare(settings)
+        board, journal, input_sha256, about = prepare(settings)
         network = network_listener(settings)
     except AllocstackError as error:
         return startup_failed(settings, error)
     except OSError as exc:  # what the system refused where no step expected it: still one line, and the record
         return startup_failed(settings, AllocstackError("io", f"the coordinator cannot start: {exc}"))
-    return eventloop.run(serve(Coordinator(settings, board, journal, input_sha256, network)))
+    return eventloop.run(serve(Coordinator(settings, board, journal, input_sha256, network, about)))
 
 
 if __name__ == "__main__":

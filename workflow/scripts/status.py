@@ -12,8 +12,8 @@ it works from any node of the allocation (off the coordinator's node it reads th
 endpoint published for the other nodes in the run's state directory: TLS, pinned).
 Once it ended it shows the run from ``results/<run>/`` (the verdict, counts,
 workers, where the marker is). ``--run`` may be left out when there is exactly one
-run. Snakemake calls it with ``--end-of-run`` for the summary it prints when a run
-ends. Exit 0, or 69 when there is no such run.
+run serving (else exactly one run with records). Snakemake calls it with ``--end-of-run`` for the
+summary it prints when a run ends. Exit 0, or 69 when there is no such run.
 """
 
 from __future__ import annotations
@@ -28,7 +28,15 @@ from typing import Any
 from allocstack.common import names
 from allocstack.common.cli import ArgumentParser, run
 from allocstack.common.errors import EXIT_OK, AllocstackError, report
-from allocstack.status.summary import error_lines, failed_components, known_runs, live_runs, read_run, render_finished
+from allocstack.status.summary import (
+    error_lines,
+    failed_components,
+    known_runs,
+    live_runs,
+    read_run,
+    render_finished,
+    render_interrupted,
+)
 
 
 def render(status: dict[str, Any], url: str) -> str:
@@ -71,10 +79,13 @@ def parse_args(argv: list[str] | None):
     parser.add_argument("--logs-dir", type=Path, default=Path("logs"), help="where the components' logs are")
     parser.add_argument("--state-dir", type=Path, default=Path("state"),
                         help="config `state_dir`: off the coordinator's node (more than one node), the endpoint is there")
-    parser.add_argument("--url", action="store_true", help="print the live page's URL and the SSH tunnel command")
+    parser.add_argument("--url", action="store_true",
+                        help="print the live page's URL (and, in a Slurm allocation, the SSH tunnel command)")
     parser.add_argument("--json", action="store_true", help="print the raw /status document")
-    parser.add_argument("--end-of-run", choices=["success", "error"],
-                        help="Snakemake's summary when a run ends (onsuccess/onerror): from the records only")
+    parser.add_argument("--end-of-run", choices=["success", "error", "interrupted"],
+                        help="Snakemake's summary when a run ends (onsuccess/onerror; interrupted: Ctrl-C): from the "
+                             "records only")
+    parser.add_argument("--resume", default="", help="with --end-of-run interrupted: the command that resumes the run")
     parser.add_argument("--since", type=float, default=0.0,
                         help="epoch seconds the command started: wall time, and which logs are this run's")
     return parser.parse_args(argv)
@@ -103,20 +114,26 @@ def live_endpoint(scratch: Path, run: str) -> Path | None:
 
 
 def choose_run(args) -> str:
-    """``--run``, or the only run there is (live in scratch, or with records in the results directory).
+    """``--run``, or the one run that is live (serving, in this checkout's scratch); with none live, the only run
+    whose records are in the results directory.
 
     :raises AllocstackError: ``usage`` naming the runs when there are several, ``prerequisite`` when none.
     """
     if args.run:
         return args.run
     scratch = user_scratch(args.scratch_root)
-    runs = sorted(set(live_runs(scratch) if scratch else []) | set(known_runs(args.results_dir)))
+    live = sorted(live_runs(scratch)) if scratch else []
+    if len(live) == 1:
+        return live[0]
+    if live:
+        raise AllocstackError("usage", f"{len(live)} runs are serving: {', '.join(live)}; say which with --run")
+    runs = sorted(known_runs(args.results_dir))
     if len(runs) == 1:
         return runs[0]
     if not runs:
         raise AllocstackError("prerequisite", f"no run found: no stack is serving here and {args.results_dir}/ "
                                               "holds no run's records; give --run")
-    raise AllocstackError("usage", f"{len(runs)} runs: {', '.join(runs)}; say which with --run")
+    raise AllocstackError("usage", f"{len(runs)} runs: {', '.join(runs)}, none serving; say which with --run")
 
 
 def live_status(path: Path) -> tuple[str, dict[str, Any]]:
@@ -139,6 +156,12 @@ def live_status(path: Path) -> tuple[str, dict[str, Any]]:
 
 def show_finished(args, run: str) -> int:
     """The run from its records; an error when it left none."""
+    if args.end_of_run == "interrupted":
+        records = read_run(args.results_dir, run, args.since)
+        wall = time.time() - args.since if args.since else None
+        journal = args.state_dir / run / names.JOURNAL
+        print(render_interrupted(records, wall_seconds=wall, command=args.resume, journal=journal), flush=True)
+        return EXIT_OK
     if args.end_of_run:
         failed = args.end_of_run == "error"
         # after an error, what an earlier run left is not this run's: only fresh records count
@@ -180,7 +203,13 @@ def main(argv: list[str] | None = None) -> int:
                 raise AllocstackError("prerequisite", f"no endpoint file at {path}: is the stack running on this node?")
             return show_finished(args, run)
         if args.url:
-            from allocstack.common.endpoint import TUNNEL_PORT, read_endpoint, read_view_token, tunnel_command
+            from allocstack.common.endpoint import (
+                TUNNEL_PORT,
+                needs_tunnel,
+                read_endpoint,
+                read_view_token,
+                tunnel_command,
+            )
 
             endpoint = read_endpoint(path)
             port, view = endpoint.url.rsplit(":", 1)[1], read_view_token(path)
@@ -188,7 +217,7 @@ def main(argv: list[str] | None = None) -> int:
             if endpoint.fingerprint:  # the endpoint for the other nodes (more than one node)
                 print(f"TLS with the run's own certificate, SHA-256 {endpoint.fingerprint}; from your laptop, "
                       "run this command on the first node for an SSH tunnel to its loopback page")
-            else:
+            elif needs_tunnel(os.environ):  # in an allocation: the page is on a compute node's loopback
                 print(f"from your laptop: {tunnel_command(port, os.environ)}"
                       f"  then open http://127.0.0.1:{TUNNEL_PORT}/ui?token={view}")
             return EXIT_OK

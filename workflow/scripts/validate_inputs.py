@@ -6,8 +6,11 @@ the expected document (coverage, digests), and, when an image is used, that the
 runtime can run it and the image's SHA-256 sidecar (a file's digest, or a directory
 image's tree digest); the same for each image a program of yours runs in
 (``--program-images-json``), and what the run takes from one: its own command where the
-config gives none, the port it EXPOSEs where the config says ``port: image``. Exit 0, a summary and (``--decision-record``) the run's decision
-record (render_decisions.py), or one line, a non-zero exit and neither.
+config gives none, the port it EXPOSEs where the config says ``port: image``. The summary also
+holds the run's identity: what produces its results (the task set, your program and the files it
+names, its settings, the image it runs in; :mod:`allocstack.common.identity`). Exit 0, a summary
+and (``--decision-record``) the run's decision record (render_decisions.py), or one line, a
+non-zero exit and neither.
 """
 
 from __future__ import annotations
@@ -22,7 +25,8 @@ from typing import Any
 from render_decisions import render as render_decisions
 
 from allocstack import SCHEMA_VERSION
-from allocstack.common.cli import ArgumentParser, positive_int, run
+from allocstack.common import identity as identities
+from allocstack.common.cli import ArgumentParser, argv_list, json_object, positive_int, run
 from allocstack.common.errors import EXIT_OK, AllocstackError, report
 from allocstack.common.forked import Forked
 from allocstack.common.jsonio import atomic_write_json, atomic_write_text, check_sidecar
@@ -60,6 +64,13 @@ def parse_args(argv: list[str] | None):
     parser.add_argument("--workers", required=True, type=positive_int, help="worker count of the run")
     parser.add_argument("--handler", default="baseline", choices=["baseline", "command", "long-running"],
                         help="baseline: check the built-in handler's payloads; otherwise the user's program does")
+    parser.add_argument("--command-json", type=argv_list, default=None,
+                        help="config worker.command as a JSON argv list (the run's identity)")
+    parser.add_argument("--environment-json", type=json_object, default={},
+                        help="config worker.environment as JSON (its digest is part of the run's identity)")
+    parser.add_argument("--program-file", action="append", default=[],
+                        help="a file under the project that worker.command names: its digest is part of the run's "
+                             "identity (repeatable)")
     parser.add_argument("--image", type=Path, help="container image whose .sha256 sidecar must match")
     parser.add_argument("--runtime", choices=sorted(PROGRAMS), default="apptainer", help="container runtime of --image")
     parser.add_argument("--output", required=True, type=Path, help="where to write the summary")
@@ -97,6 +108,17 @@ def baseline_output_bytes(tasks: TaskSet) -> int | None:
         return None
 
 
+def check_baseline_tasks_of(tasks: TaskSet, path: Path) -> int:
+    """:func:`check_baseline_tasks`, saying in its line that the built-in handler is the one in use (worker.command is
+    not set): a task set of your own then fits no handler of yours, and that is what to change."""
+    try:
+        return check_baseline_tasks(tasks, f"tasks {path}")
+    except AllocstackError as error:
+        raise AllocstackError(error.diag, f"{error.message} (worker.command is not set, so the built-in baseline "
+                                          'handler runs the tasks, and it takes {"message": TEXT, "repeat": N}; set '
+                                          "worker.command to your program to run tasks of your own)") from error
+
+
 def check_tasks(args) -> dict[str, Any]:
     """The task document (and its expected results): the summary's task facts.
 
@@ -129,7 +151,7 @@ def check_tasks(args) -> dict[str, Any]:
             if baseline:
                 output_bytes = payloads.result() if payloads else None
                 if output_bytes is None:
-                    output_bytes = check_baseline_tasks(tasks, f"tasks {args.tasks}")
+                    output_bytes = check_baseline_tasks_of(tasks, args.tasks)
         if args.expected and digests is None:
             expected, expected_sha256 = load_expected_and_digest(
                 str(args.expected), tasks, mismatch_hint=mismatch_hint(args.tasks, args.expected))
@@ -138,6 +160,22 @@ def check_tasks(args) -> dict[str, Any]:
         compact_sha256 = compact.result() if compact else None
     return {"taskCount": len(tasks), "inputSha256": tasks_sha256, "expectedSha256": digests[0],
             "expectedListingSha256": digests[1], "compactTasksSha256": compact_sha256, "outputBytes": output_bytes}
+
+
+def run_identity(args, summary: dict[str, Any]) -> dict[str, Any]:
+    """What produces this run's results (:func:`allocstack.common.identity.identity`).
+
+    :raises AllocstackError: ``prerequisite`` when a file worker.command names cannot be read.
+    """
+    try:
+        files = identities.file_digests(args.program_file)
+    except OSError as exc:
+        raise AllocstackError("prerequisite", f"worker.command names {exc.filename}, which cannot be read: "
+                                              f"{exc.strerror}") from exc
+    # per-task workers run in worker.image when it is set, else in image
+    worker_image = summary.get("programImages", {}).get("worker", {}).get("sha256") or summary.get("imageSha256")
+    return identities.identity(summary.get("inputSha256"), args.handler, args.command_json, files,
+                               args.environment_json, worker_image, summary.get("runtime") if worker_image else None)
 
 
 def check_program_images(checks: list[dict[str, Any]], runtime: str) -> dict[str, dict[str, str]]:
@@ -185,6 +223,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.program_images_json:
             summary["programImages"] = check_program_images(args.program_images_json, args.runtime)
             summary["runtime"] = args.runtime
+        summary[identities.KEY] = run_identity(args, summary)
         atomic_write_json(args.output, summary, 0o644)
         if args.decision_record:
             atomic_write_text(args.decision_record, render_decisions(args.run, args.decisions_json, args.facts_json),

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from allocstack import SCHEMA_VERSION
+from allocstack.common import identity as identities
 from allocstack.common.cli import ArgumentParser, add_placement_arguments, argv_list, json_object, run
 from allocstack.common.errors import EXIT_OK, AllocstackError, report
 from allocstack.common.events import gate_precedes_workers, read_events
@@ -142,14 +143,15 @@ def verify_validated(args) -> tuple[dict[str, Any], list[Any] | StagedMarker] | 
             return None
     if isinstance(raw, AllocstackError):
         raise raw
-    facts = {"taskCount": count, "inputSha256": input_sha256, "resultsSha256": results_sha256}
+    record = endrecord.read(args.end_record) if args.end_record else None
+    facts = {"taskCount": count, "inputSha256": input_sha256, "resultsSha256": results_sha256, **produced_by(record)}
     # The coordinator's results.json (its end record has their digest) in task id order: its list is
     # the marker's list, as the marker's writer would write it (the same writer, json.dumps' text).
     listing_text = results_listing(raw, {"schemaVersion": SCHEMA_VERSION}) if args.end_record else None
     staged = StagedMarker(args.output, marker_fields(facts), listing_text) if listing_text is not None else None
     try:
         if args.end_record:  # validation passed on these bytes: this check comes next, with the same facts
-            endrecord.check_completed(endrecord.read(args.end_record), count, input_sha256, results_sha256)
+            endrecord.check_completed(record, count, input_sha256, results_sha256, this_run(summary))
         # The marker written ahead needs no result decoded: the outputs are compared as their JSON text.
         document = decode_results_fast(raw, RESULTS_TEXT if staged is not None else RESULTS_DOCUMENT)
         results = document.results if document is not None else []
@@ -244,12 +246,34 @@ def check_results(document: Any, tasks: TaskSet, expected: ExpectedResults | Non
         if expected is not None:  # None: verify.command decides
             position = tasks.position(task_id)
             if result["output"] != expected.outputs[position] or result["sha256"] != expected.digests[position]:
-                raise fail(f"result for {task_id}: output differs from the expected output")
+                raise fail(f"result for {task_id}: {got_and_expected(result['output'], expected.outputs[position])}")
     if len(seen) != len(tasks):
         missing = next(task_id for task_id in tasks.id_list() if task_id not in seen)
         raise fail(f"results do not cover each task exactly once: no result for {missing!r} "
                    f"({len(seen)} of {len(task_ids)})")
     return sorted(results, key=lambda r: r["taskId"])
+
+
+#: Characters of an output (and of the expected one) a verification error quotes.
+QUOTED = 60
+
+
+def quoted(text: str, start: int) -> str:
+    """``text`` from ``start`` (with ``...`` where it was cut), at most :data:`QUOTED` characters, as a repr."""
+    part = text[start:start + QUOTED]
+    return ("..." if start else "") + repr(part) + ("..." if start + QUOTED < len(text) else "")
+
+
+def got_and_expected(got: str, expected: str) -> str:
+    r"""``output '0\n' differs from the expected '0'``: both quoted (cut where long, from a little before where they
+    first differ), and what a newline at the end usually means."""
+    first = next((i for i, (a, b) in enumerate(zip(got, expected, strict=False)) if a != b), min(len(got), len(expected)))
+    start = max(0, first - QUOTED // 3) if first > QUOTED // 2 else 0
+    line = f"output {quoted(got, start)} differs from the expected {quoted(expected, start)}"
+    if got.rstrip("\r\n") == expected and got != expected:
+        line += (" (the output ends with a newline the expected output does not have: print() adds one; "
+                 "stdout is kept byte for byte, so write sys.stdout.write(...), or add the newline to the expected outputs)")
+    return line
 
 
 def decode_results(raw: bytes, path: Path) -> Any:
@@ -392,13 +416,29 @@ def verify_one_by_one(args) -> tuple[dict[str, Any], list[Any]]:
     expected = load_expected(str(args.expected), tasks) if args.expected else None
     raw = read_bytes(args.results, "results", diag="verification")
     results_sha256 = sha256_bytes(raw)  # of exactly the bytes checked
+    produced: dict[str, Any] = {}
     if args.end_record:  # first: "the coordinator did not complete" explains a short results file
-        endrecord.check_completed(endrecord.read(args.end_record), len(tasks), input_sha256, results_sha256)
+        record = endrecord.read(args.end_record)
+        endrecord.check_completed(record, len(tasks), input_sha256, results_sha256,
+                                  this_run(validated_summary(args.inputs_summary)))
+        produced = produced_by(record)
     results = check_results_fast(raw, tasks, expected)
     if results is None:
         results = check_results(decode_results(raw, args.results), tasks, expected)
     del raw
-    return {"taskCount": len(tasks), "inputSha256": input_sha256, "resultsSha256": results_sha256}, results
+    return {"taskCount": len(tasks), "inputSha256": input_sha256, "resultsSha256": results_sha256, **produced}, results
+
+
+def this_run(summary: dict[str, Any]) -> str | None:
+    """The digest of this run's identity (validate_inputs' summary), None when the summary names none."""
+    return identities.digest_of(summary.get(identities.KEY))
+
+
+def produced_by(record: Any) -> dict[str, Any]:
+    """The marker's ``identity``: the digest of what produced the results, as the coordinator's end record names it
+    (:func:`endrecord.check_completed` checked it is this run's)."""
+    digest = record.get(identities.KEY) if isinstance(record, dict) else None
+    return {identities.KEY: digest} if isinstance(digest, str) else {}
 
 
 def verify(args) -> tuple[dict[str, Any], list[Any] | memoryview | None]:

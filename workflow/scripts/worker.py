@@ -13,10 +13,13 @@ again until it has failed ``max_attempts`` times; the worker goes on.
 Each claim asks for at most ``--batch`` tasks, and no more than half a lease of work
 at the pace measured so far: work in hand always fits in a lease.
 
+A ``--command-json`` program that cannot be started at all (no such file, not executable)
+fails no task: the worker ends at once with one ``config`` line naming worker.command.
+
 Exit codes: 0 all tasks done (or failed for good), or the coordinator stopped the run
 (the allocation ends, or it is draining: the record says "stopped: REASON"); 64 bad
 arguments; 69 the coordinator could not be reached; 75 the wait bound was hit;
-77 the token was refused; 130 Ctrl-C.
+77 the token was refused; 78 worker.command cannot be started; 130 Ctrl-C.
 """
 
 from __future__ import annotations
@@ -223,6 +226,8 @@ def work(client: CoordinatorClient, worker: str, handler: Handler, batch: int, w
                 failure = None
                 try:
                     done.append((task["id"], handler(task["id"], task["payload"])))
+                except AllocstackError:
+                    raise  # the handler cannot run any task (worker.command cannot be started): the run ends
                 except Exception as exc:  # noqa: BLE001  (a handler may raise anything: that task's failure, not ours)
                     failure = str(exc) if isinstance(exc, TaskFailure) else f"{type(exc).__name__}: {exc}"
                 now = time.monotonic()

@@ -129,6 +129,12 @@ def login_name() -> str:
         return "$USER"
 
 
+def needs_tunnel(environ: Mapping[str, str]) -> bool:
+    """A page on this node's loopback needs an SSH tunnel from a laptop: the stack runs in a Slurm allocation
+    (on a compute node). Outside Slurm it runs where you are: its loopback URL opens as it is."""
+    return bool(environ.get("SLURM_JOB_ID"))
+
+
 def tunnel_command(port: int | str, environ: Mapping[str, str]) -> str:
     """The ``ssh -L`` command that reaches ``127.0.0.1:port`` on this node from a laptop.
 

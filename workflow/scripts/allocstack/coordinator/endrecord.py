@@ -30,6 +30,7 @@ from .. import SCHEMA_VERSION
 from ..common import names
 from ..common.attempts import COMMAND_ENV
 from ..common.errors import AllocstackError
+from ..common.identity import KEY
 from ..common.jsonio import atomic_write_json, read_json
 from ..common.scratch import make_private
 
@@ -132,17 +133,25 @@ def launcher_saw_end(scratch: Path, component: str, environ: Mapping[str, str]) 
     return note
 
 
-def check_completed(record: Any, task_count: int, input_sha256: str, results_sha256: str) -> None:
-    """For verification: the coordinator completed, on this input, producing exactly this results file.
+def failed_count(record: Mapping[str, Any]) -> int:
+    """How many tasks failed for good (``failedTasks`` lists the first 100 only)."""
+    count = record.get("failedCount")
+    return count if type(count) is int else len(record.get("failedTasks") or {})
+
+
+def check_completed(record: Any, task_count: int, input_sha256: str, results_sha256: str,
+                    identity: str | None = None) -> None:
+    """For verification: the coordinator completed, on this input, producing exactly this results file (and, with
+    ``identity``, with the program of this run: :mod:`allocstack.common.identity`).
 
     :raises AllocstackError: ``task-failed``, ``coordinator-exit`` or ``verification`` saying what differs.
     """
     if not isinstance(record, dict):
         raise AllocstackError("coordinator-exit", f"{WHAT} is not a JSON object")
     if record.get("status") == FAILED and record.get("failedTasks"):
-        failed = record["failedTasks"]
-        first = next(iter(failed.items()), ("?", "?"))
-        raise AllocstackError("task-failed", f"{len(failed)} task(s) failed for good, e.g. {first[0]}: {first[1][-300:]}")
+        first = next(iter(record["failedTasks"].items()), ("?", "?"))
+        raise AllocstackError("task-failed", f"{failed_count(record)} of {task_count} task(s) failed for good, e.g. "
+                                             f"{first[0]}: {first[1][-300:]}")
     if record.get("status") != COMPLETED:
         raise AllocstackError(
             "coordinator-exit", f"coordinator ended {record.get('status')!r} ({record.get('reason')}), not completed"
@@ -152,6 +161,10 @@ def check_completed(record: Any, task_count: int, input_sha256: str, results_sha
                                               f"{task_count} tasks")
     if record.get("inputSha256") != input_sha256:
         raise AllocstackError("verification", "coordinator ran on a different input (inputSha256 differs)")
+    if identity is not None and record.get(KEY) not in (None, identity):
+        raise AllocstackError("verification", "the coordinator's results were produced by another program than this "
+                                              "run's (its identity differs): start the run over, --forcerun "
+                                              "serve_coordinator (docs/failures.md)")
     if record.get("resultsSha256") != results_sha256:
         raise AllocstackError("verification",
                               "results file differs from the one the coordinator wrote (resultsSha256 differs)")

@@ -10,7 +10,8 @@ workers submitting one result at a time share an fsync instead of taking turns.
 On uvloop's event loop, whose timers count whole milliseconds, the window is
 rounded up to the next one (a shorter timer would end at once, sharing nothing).
 On start the journal is replayed: a torn last line (a crash mid-write) is cut
-off; a journal of a different input is set aside.
+off; a journal of a different input, or one another program produced (its header's
+identity, :mod:`allocstack.common.identity`), is set aside (:func:`produced_otherwise`).
 
 A write that fails (a full disk, an exhausted quota) is cut back off the file, so
 the journal stays a sequence of whole lines; the journal then refuses every later
@@ -27,12 +28,13 @@ import os
 import queue
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from json.encoder import encode_basestring_ascii
 from pathlib import Path
 from typing import Any
 
 from .. import SCHEMA_VERSION
+from ..common import identity as identities
 from ..common.errors import AllocstackError
 from ..common.jsonio import fsync_dir
 from ..common.storage import write_error
@@ -69,6 +71,51 @@ def result_lines(task_ids: list[str], worker: str, escaped: list[str], sha256: l
              '","workerId":"' + worker + '"}\n'] * count
     parts[1::7], parts[3::7], parts[5::7] = escaped, sha256, task_ids
     return "".join(parts).encode("ascii")
+
+
+def header_of(path: Path) -> dict[str, Any] | None:
+    """The journal's first line (its header) as written, or None when there is no readable one."""
+    try:
+        with open(path, "rb") as handle:
+            first = handle.readline()
+    except OSError:
+        return None
+    try:
+        header = json.loads(first)
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        return None
+    return header if isinstance(header, dict) and header.get("kind") == "header" else None
+
+
+def produced_otherwise(path: Path, input_sha256: str, identity: Mapping[str, Any] | None) -> str | None:
+    """Why the journal at ``path`` must not be resumed by a run of ``identity`` (None: it may be, or there is none).
+
+    Only its header is read (its first line): a million results cost nothing here.
+    """
+    if identity is None or not path.exists():
+        return None
+    header = header_of(path)
+    if header is None or header.get("inputSha256") != input_sha256:
+        return None  # replay sets it aside as another input's, or names a corrupt line
+    before = header.get(identities.KEY)
+    if identities.digest_of(before) == identities.digest_of(identity):
+        return None
+    return identities.what_changed(before, identity)
+
+
+def acknowledged(path: Path) -> int | None:
+    """How many results the journal at ``path`` holds (its whole lines after the header); None without one.
+
+    Read in blocks, nothing decoded: what an interrupted run's summary says was done.
+    """
+    lines = 0
+    try:
+        with open(path, "rb") as handle:
+            for block in iter(lambda: handle.read(1 << 20), b""):
+                lines += block.count(b"\n")
+    except OSError:
+        return None
+    return max(0, lines - 1)
 
 
 def replay(path: Path, input_sha256: str) -> tuple[list[dict[str, Any]], str]:
@@ -111,13 +158,14 @@ class Journal:
     """Durable, group-committed appends to the journal file (one writer: the coordinator).
 
     ``write`` is :func:`os.write` (a test passes one that fails like a full disk). ``group`` and
-    ``window``: see the module's docstring (``window=0``: flush at once).
+    ``window``: see the module's docstring (``window=0``: flush at once). ``identity``: what produces the
+    results (:func:`allocstack.common.identity.identity`), written into a fresh journal's header.
 
     :raises AllocstackError: ``storage`` or ``io`` when a fresh journal's header cannot be written.
     """
 
     def __init__(self, path: Path, input_sha256: str, write: Callable[[int, bytes], int] = os.write,
-                 *, group: int = 1, window: float = MAX_WINDOW) -> None:
+                 *, group: int = 1, window: float = MAX_WINDOW, identity: Mapping[str, Any] | None = None) -> None:
         self.path = path
         self._write = write
         self.group = group
@@ -132,6 +180,8 @@ class Journal:
         self.failed: AllocstackError | None = None
         if fresh:
             header = {"kind": "header", "schemaVersion": SCHEMA_VERSION, "inputSha256": input_sha256}
+            if identity is not None:  # what produces its results (a rerun of another program starts afresh)
+                header[identities.KEY] = dict(identity)
             try:
                 self._write_and_sync(_line(header))
                 fsync_dir(path.parent)

@@ -32,6 +32,7 @@ program that runs to its end (``worker.command`` per task, a readiness ``command
 
 from __future__ import annotations
 
+import errno
 import os
 import re
 import subprocess
@@ -153,6 +154,39 @@ class ProgramError(Exception):
     """The program could not be started, or did not end within its timeout."""
 
 
+#: Why a program cannot be started that no retry changes (its path, its mode, its format): not the
+#: resources of the moment (EAGAIN, ENOMEM), which another try may have.
+LASTING_START_ERRORS = frozenset({errno.ENOENT, errno.EACCES, errno.EPERM, errno.ENOEXEC, errno.ENOTDIR,
+                                  errno.EISDIR, errno.ELOOP, errno.ENAMETOOLONG, errno.E2BIG})
+
+
+class CannotStart(ProgramError):
+    """The program cannot be started, and would not start on another try either (:data:`LASTING_START_ERRORS`).
+
+    :param errno: the error ``execve`` (or the search for the program) gave.
+    """
+
+    def __init__(self, message: str, error: int) -> None:
+        super().__init__(message)
+        self.errno = error
+
+
+def why_not_started(argv: list[str], error: int) -> str:
+    """Why ``argv[0]`` could not be started with ``error``, and what to do: one clause."""
+    program, strerror = argv[0], os.strerror(error)
+    if error == errno.ENOENT and "/" not in program:
+        return f"{program}: not found on PATH"
+    if error == errno.ENOENT:
+        return (f"{program}: {strerror} (a relative path starts in the directory snakemake runs in; or its #! line "
+                "names an interpreter that does not exist)")
+    if error in (errno.EACCES, errno.EPERM):
+        return (f"{program}: {strerror}: it is not executable; chmod +x it, or name its interpreter first, "
+                f"e.g. [\"python3\", \"{program}\"]")
+    if error == errno.ENOEXEC:
+        return f"{program}: {strerror}: give it a #! line, or name its interpreter first"
+    return f"{program}: {strerror}"
+
+
 @dataclass(frozen=True)
 class Finished:
     """A program that ran to its end: its exit status and what it wrote (bytes: the protocol is UTF-8
@@ -179,7 +213,8 @@ def run_program(argv: list[str], env: Mapping[str, str] | None = None, stdin: by
     The one way allocstack runs a program of yours that is not supervised for the
     stack's life: ``worker.command`` per task, a readiness ``command``, ``verify.command``.
 
-    :raises ProgramError: saying why it could not run, or that it timed out (it is killed).
+    :raises CannotStart: when it cannot be started, lastingly (no such file, not executable, ...).
+    :raises ProgramError: saying why it could not run otherwise, or that it timed out (it is killed).
     """
     try:
         done = subprocess.run(argv, input=stdin, capture_output=True, timeout=timeout, check=False, cwd=cwd,
@@ -187,6 +222,8 @@ def run_program(argv: list[str], env: Mapping[str, str] | None = None, stdin: by
     except subprocess.TimeoutExpired as exc:
         raise ProgramError(f"timed out after {timeout:g} s") from exc
     except OSError as exc:
+        if exc.errno in LASTING_START_ERRORS:
+            raise CannotStart(f"cannot run {argv[0]}: {exc.strerror}", exc.errno) from exc
         raise ProgramError(f"cannot run {argv[0]}: {exc.strerror}") from exc
     return Finished(done.returncode, done.stdout, done.stderr)
 

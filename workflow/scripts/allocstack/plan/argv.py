@@ -152,13 +152,18 @@ def validate_inputs(plan: Plan, run: str) -> list[str]:
     if config["expected"]:
         pairs.append(("--expected", config["expected"]))
     pairs += [("--workers", config["workers"]), ("--handler", handler)]
+    if config["worker"]["command"]:
+        pairs.append(("--command-json", config["worker"]["command"]))
+    pairs += [("--environment-json", config["worker"]["environment"]), *each("--program-file", plan.program_files())]
     if plan.use_image:
-        pairs.append(("--image", config["image"]))
+        pairs.append(("--image", plan.image))
     # the runtime also reads the images of your programs (programImages: their sidecars, own commands, EXPOSE)
     pairs.append(("--runtime", config["runtime"]))
     runtime = config["runtime"] if plan.use_image else None
     pairs += [("--output", files.inputs_summary), ("--run", run), ("--decisions-json", config["decisions"]),
-              ("--facts-json", decisions.facts(config, files, plan.order, runtime)),
+              ("--facts-json", decisions.facts(config, files, plan.order, plan.image, runtime,
+                                              bool(plan.facts.job_id) or plan.facts.submits_to_slurm,
+                                              plan.image_written)),
               ("--program-images-json", programs.image_checks(plan)),
               ("--decision-record", files.decision_record)]
     return options(*pairs)
@@ -372,7 +377,10 @@ def args(plan: Plan, component: str, run: str, **wildcards: str) -> list[str]:
     return ARGS[component][1](plan, run, **wildcards)
 
 
-def end_of_run(plan: Plan, outcome: str, since: float) -> list[str]:
-    """status.py --end-of-run: the run's verdict, counts and wall time, the last thing on the terminal."""
+def end_of_run(plan: Plan, outcome: str, since: float, command: str = "") -> list[str]:
+    """status.py --end-of-run: the run's verdict, counts and wall time, the last thing on the terminal
+    (``command``: the one that resumes an interrupted run)."""
     return [plan.facts.python, plan.script("status.py"),
-            *options(("--run", plan.run), ("--end-of-run", outcome), ("--since", since))]
+            *options(("--run", plan.run), ("--end-of-run", outcome), ("--since", since),
+                     ("--state-dir", plan.config["state_dir"]),
+                     *([("--resume", command)] if command else []))]

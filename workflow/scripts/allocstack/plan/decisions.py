@@ -24,20 +24,25 @@ def summary(config: Mapping[str, Any]) -> str:
                                      for key, label in DECISIONS.items())
 
 
-def facts(config: Mapping[str, Any], layout: Layout, order: Sequence[str], runtime: str | None) -> dict[str, Any]:
-    """The run's settings that the decision record lists under its table.
+def facts(config: Mapping[str, Any], layout: Layout, order: Sequence[str], image: str | None, runtime: str | None,
+          in_slurm: bool, image_written: str | None) -> dict[str, str]:
+    """The run's settings that the decision record lists under its table, each as words (never Python's
+    ``None`` or ``True``).
 
     :param order: the services in their start order.
-    :param runtime: the container runtime components run in (None: no image).
+    :param image: the image components run in (None: none), ``runtime`` its container runtime.
+    :param image_written: config ``image`` as written (``auto``, a path, None): why there is none.
+    :param in_slurm: the stack runs in a Slurm allocation (submitted by the profile, or Snakemake runs in one).
     """
     builtin = bool(config["tasks"])
     listed: dict[str, Any] = {
-        "image": config["image"],
-        "container runtime": runtime,
+        "image": image if image is not None else f"none ({no_image(image_written, config['runtime'])})",
+        "container runtime": runtime or "none",
         "scratch": config["scratch"] or "$SLURM_TMPDIR, else $TMPDIR",
         "state_dir": config["state_dir"],
-        "job steps": config["slurm"]["job_steps"],
-        "built-in coordinator": builtin,
+        "job steps": (("yes: each component its own Slurm job step" if config["slurm"]["job_steps"] else
+                       "no (slurm.job_steps: false)") if in_slurm else "not in Slurm: processes on this machine"),
+        "built-in coordinator": "yes" if builtin else "no (tasks: null: your own stack)",
         "workers": f"{config['workers']} ({config['worker']['mode']})",
         "nodes": config["nodes"],
         "services": ", ".join(order) or "none",
@@ -59,4 +64,22 @@ def facts(config: Mapping[str, Any], layout: Layout, order: Sequence[str], runti
             f"{layout.shared_endpoint} (and {names.SERVICES}/NAME.json), mode 0600 in a 0700 directory on the "
             "filesystem the nodes share; never in the environment, a command line or a Slurm RPC (not encrypted by "
             "Slurm)")
-    return listed
+    return {name: words(value) for name, value in listed.items()}
+
+
+def words(value: Any) -> str:
+    """A fact as the record writes it: ``none``, ``yes``/``no``, or the value's text."""
+    if value is None:
+        return "none"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    return str(value)
+
+
+def no_image(written: str | None, runtime: str) -> str:
+    """Why a run has no image, in the words of its config (``image`` as written, ``runtime``)."""
+    if written is None:
+        return "image: null"
+    if runtime == "apptainer":
+        return "no --sdm apptainer: the Slurm profile sets it"
+    return "image: auto is Apptainer's; give charliecloud an image"

@@ -11,18 +11,27 @@ from __future__ import annotations
 
 import copy
 import os
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from ..common import identity as identities
 from . import argv, decisions, placement, refusals
 from .config import migrate_service_block, nulls_from_command_line, schema, validate
 from .facts import Facts
 from .layout import Layout
 from .order import DependencyCycle, UnknownDependency, start_order
-from .programs import images_on
+from .programs import images_on, parts_of_yours
 from .refusals import PlanError
 from .shape import Shape, allocation
+
+#: The rules whose forced rerun (``--forcerun``, ``-R``) starts the run over (:meth:`Plan.starts_over`).
+START_OVER_RULES = ("validate_inputs", "serve_coordinator")
+
+#: Config ``image: auto`` (the default): the checkout's own image under ``--sdm apptainer``, else none.
+AUTO_IMAGE = "auto"
+#: The image ``container/build.sh`` makes (README, container/README.md), below the checkout.
+DEFAULT_IMAGE = os.path.join("container", "allocstack.sif")
 
 
 @dataclass(frozen=True)
@@ -35,10 +44,12 @@ class Plan:
     :param shape: the allocation's shape.
     :param use_image: components run in config ``image`` (Charliecloud: whenever it is set;
         Apptainer: with ``--sdm apptainer``; allocstack uses no container directive, so
-        ``--sdm apptainer`` itself never needs apptainer).
+        ``--sdm apptainer`` itself never needs apptainer). ``image: auto`` is resolved by then
+        (:func:`image_in_use`).
     :param main_spec: config ``main``'s service spec: it runs once (``run_main``), not as a service job.
     :param images_on: images are switched on (as for ``use_image``, whether ``image`` is set or not):
         programs of yours run in their own images (allocstack/plan/programs.py).
+    :param image_written: config ``image`` as written (``auto``, a path, or None), before it was resolved.
     """
 
     config: Mapping[str, Any]
@@ -49,6 +60,12 @@ class Plan:
     images_on: bool = False
     #: config ``main``'s program (its service spec, taken out of ``services``), or None.
     main_spec: Mapping[str, Any] | None = None
+    image_written: str | None = AUTO_IMAGE
+
+    @property
+    def image(self) -> str | None:
+        """The image allocstack's own components run in (relative paths as written), None for none."""
+        return self.config["image"] if self.use_image else None
 
     @property
     def run(self) -> str:
@@ -150,8 +167,18 @@ class Plan:
         """The options of ``component``'s script, for the rule's ``wildcards`` (``run`` and its own)."""
         return argv.args(self, component, **wildcards)
 
-    def end_of_run(self, outcome: str, since: float) -> list[str]:
-        return argv.end_of_run(self, outcome, since)
+    def starts_over(self, forcerun: Iterable[str], forceall: bool) -> bool:
+        """A forced rerun of what makes the results (``--forcerun serve_coordinator``, or validate_inputs, also as a
+        module's ``PREFIX_serve_coordinator``; ``--forceall``) is a clean start: a fresh journal, every task computed."""
+        return self.builtin_coordinator and (forceall or any(rule.endswith(START_OVER_RULES) for rule in forcerun))
+
+    def started_over(self, aside: str | os.PathLike[str]) -> str:
+        """The one line that says a run starts over and where its earlier journal is kept."""
+        return (f"allocstack: run {self.run} starts over (a forced rerun): every task is computed again; the earlier "
+                f"journal is kept as {os.fspath(aside)}")
+
+    def end_of_run(self, outcome: str, since: float, command: str = "") -> list[str]:
+        return argv.end_of_run(self, outcome, since, command)
 
     @property
     def decision_summary(self) -> str:
@@ -162,6 +189,19 @@ class Plan:
     def tasks_input(self) -> list[str]:
         """The task document, when the built-in coordinator runs."""
         return [self.config["tasks"]] if self.builtin_coordinator else []
+
+    def program_files(self) -> list[str]:
+        """The files under the project that worker.command names (``apps/sq.py``): inputs of validate_inputs, so
+        that a changed program reruns the stack, and part of the run's identity (:mod:`allocstack.common.identity`)."""
+        return identities.named_files(self.config["worker"]["command"], self.facts.cwd)
+
+    def image_sidecar(self) -> list[str]:
+        """The image's ``.sha256`` sidecar, when the run uses an image and it exists: an image rebuilt in place
+        reruns the stack (before the image is built, a dry run still plans; validate_inputs names it missing)."""
+        if self.image is None:
+            return []
+        sidecar = f"{self.image.rstrip('/')}.sha256"
+        return [sidecar] if self.facts.is_file(sidecar) else []
 
     def expected_input(self) -> list[str]:
         """The expected document, when verification compares against one."""
@@ -211,6 +251,30 @@ class Plan:
         return [self.files(run).node_gate(node) for node in range(2, self.nodes + 1)]
 
 
+
+def image_in_use(config: Mapping[str, Any], facts: Facts) -> str | None:
+    """The image the components run in (relative paths as written), or None.
+
+    ``auto``: with ``--sdm apptainer`` (the Slurm profile) and runtime apptainer, this checkout's
+    ``container/allocstack.sif`` when something runs in it (the built-in coordinator, or a program of
+    yours without an image of its own); otherwise none (a stack whose every program has its own image
+    runs allocstack's own parts beside them, on the host). A path: with runtime apptainer under ``--sdm
+    apptainer``, with runtime charliecloud always. null: none, whatever the deployment method.
+    The default lives in config/config.yaml and the schema, not in a profile: a ``--config`` on the
+    command line replaces a profile's ``config:`` list, and with it the image, unsaid.
+    """
+    image, runtime = config["image"], config["runtime"]
+    apptainer = "apptainer" in facts.deployment
+    if image == AUTO_IMAGE:
+        if runtime != "apptainer" or not apptainer:
+            return None
+        if not config["tasks"] and all(spec.get("image") for _, spec in parts_of_yours(config)):
+            return None
+        checkout = os.path.join(facts.scripts, os.pardir, os.pardir)
+        return os.path.normpath(os.path.join(checkout, DEFAULT_IMAGE))
+    return image if image and (runtime == "charliecloud" or apptainer) else None
+
+
 def load(config: Mapping[str, Any], facts: Facts) -> Plan:
     """The plan of ``config`` (as Snakemake read it: not changed) in the world ``facts`` describes.
 
@@ -228,6 +292,8 @@ def load(config: Mapping[str, Any], facts: Facts) -> Plan:
     except DependencyCycle as error:
         raise PlanError("config", f"services: {error}") from error
     shape = allocation(complete)
+    written = complete["image"]
+    complete["image"] = image_in_use(complete, facts)  # auto resolved: programs of yours fall back on it too
     on = images_on(complete, facts.deployment)
     use_image = bool(complete["image"]) and on
     refusals.refuse_missing_inputs(complete, facts)
@@ -245,4 +311,4 @@ def load(config: Mapping[str, Any], facts: Facts) -> Plan:
         refusals.refuse_bad_main(complete, spelled)
         main_spec = complete["services"].pop(complete["main"])
         order = [name for name in order if name != complete["main"]]
-    return Plan(complete, facts, tuple(order), shape, use_image, on, main_spec)
+    return Plan(complete, facts, tuple(order), shape, use_image, on, main_spec, written)

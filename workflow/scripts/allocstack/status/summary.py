@@ -20,6 +20,8 @@ from typing import Any
 from ..common import jsonio, names
 from ..common.errors import LINE_PREFIX
 from ..common.events import read_events
+from ..coordinator.endrecord import failed_count
+from ..coordinator.journal import acknowledged
 from ..plan import layout
 
 #: The files of ``results/<run>/`` a summary reads (any may be missing).
@@ -232,6 +234,14 @@ def hint(line: str | None) -> str | None:
     return next((what for needle, what in HINTS if line and needle in line), None)
 
 
+def _holds_files(directory: Path) -> bool:
+    """``directory`` holds a file (an earlier command's records, when none is this command's)."""
+    try:
+        return any(path.is_file() for path in directory.iterdir())
+    except OSError:
+        return False
+
+
 def _n(value: Any) -> str:
     """A count with thousands separators (anything else as it is)."""
     return f"{value:,}" if isinstance(value, int) else str(value)
@@ -297,36 +307,21 @@ def quoted_failure(failures: list[Failure]) -> list[str]:
     return lines
 
 
-def render_finished(records: RunRecords, *, failed: bool | None = None, wall_seconds: float | None = None,
-                    errors: list[tuple[str, Path]] | None = None, failures: list[Failure] | None = None) -> str:
-    """The summary of a run that is not running: verdict, counts, times, where things are.
-
-    :param failed: the outcome when the caller knows it (Snakemake's onsuccess/onerror);
-        ``None`` = from the marker alone.
-    :param errors: the run's allocstack error lines and the log each is in (failed runs).
-    :param failures: the components that failed (:func:`failed_components`): quoted when there is no error line.
-    """
-    marker, end, gate = records.get("marker"), records.get("end"), records.get("gate")
-    verified = isinstance(marker, dict) and marker.get("status") == "success"
-    failed = not verified if failed is None else failed
-    where = records.directory
-    if not failed:
-        lines = [f"allocstack: run {records.run} VERIFIED: {verdict(records)}"]
-    else:
-        lines = [f"allocstack: run {records.run} FAILED" + ("" if records.exists else f": nothing was written to {where}/")]
-        for line, path in (errors or [])[:5]:
-            lines += [f"  {line}", f"      (in {path})"]
-            if hint(line):
-                lines.append(f"      hint: {hint(line)}")
-        if errors is not None and not errors:
-            lines += quoted_failure(failures or [])
+def details(records: RunRecords, wall_seconds: float | None, interrupted: bool = False) -> list[str]:
+    """The summary's lines under its verdict: tasks, the journal, services, workers, wall time."""
+    end, gate = records.get("end"), records.get("gate")
+    lines = []
     if isinstance(end, dict):
         lines.append(f"  tasks       {_n(end.get('resultCount', '?'))} of {_n(end.get('taskCount', '?'))} done, "
-                     f"{_n(len(end.get('failedTasks') or {}))} failed; {_n(end.get('expiredLeases', 0))} leases expired "
+                     f"{_n(failed_count(end))} failed; {_n(end.get('expiredLeases', 0))} leases expired "
                      f"and requeued; {_n(end.get('restored', 0))} restored from the journal")
-        if end.get("status") != "completed":
-            lines.append(f"  coordinator ended {end.get('status')} ({end.get('reason')}): acknowledged results stay "
-                         "in the journal; run the same command again to resume")
+        aside = end.get("journalSetAside")
+        if isinstance(aside, dict):
+            lines.append(f"  journal     started afresh: {aside.get('because')}; the earlier one is kept as "
+                         f"{aside.get('path')}")
+        if end.get("status") != "completed" and not interrupted:
+            lines.append(f"  coordinator ended {end.get('status')} ({end.get('reason')}): its acknowledged results "
+                         "stay in the journal, and a rerun of the same program resumes from them")
     services = services_line(records)
     if services:
         lines.append(f"  services    {services}")
@@ -340,6 +335,58 @@ def render_finished(records: RunRecords, *, failed: bool | None = None, wall_sec
         times.append(f"the stack {_seconds(stack)} ({ready}{first} to last event)")
     if times:
         lines.append(f"  wall time   {'; '.join(times)}")
+    return lines
+
+
+def render_interrupted(records: RunRecords, *, wall_seconds: float | None = None, command: str = "",
+                       journal: Path | None = None) -> str:
+    """The summary of a run Ctrl-C stopped: INTERRUPTED, what was done, and the one command that resumes it.
+
+    Snakemake removes the outputs of the jobs the interruption ended (the coordinator's end record among them):
+    what was done is what the run's ``journal`` holds, of the task count validation recorded.
+    """
+    inputs = _read(records.directory / RECORDS["inputs"])
+    total = inputs.get("taskCount") if isinstance(inputs, dict) else None
+    if type(total) is int:
+        done_count = (acknowledged(journal) if journal is not None else None) or 0
+        kept = f", kept in the journal ({journal})" if done_count else ""
+        done = f": {_n(done_count)} of {_n(total)} tasks done{kept}; {_n(total - done_count)} to do"
+    elif records.exists or isinstance(inputs, dict):
+        done = ": the stack was stopped"
+    else:
+        done = ": before the stack started"
+    lines = [f"allocstack: run {records.run} INTERRUPTED{done}", *details(records, wall_seconds, interrupted=True)]
+    if command:
+        lines.append(f"  resume      {command}")
+        lines.append("              (the same command: what is done is not done again)")
+    return "\n".join(lines)
+
+
+def render_finished(records: RunRecords, *, failed: bool | None = None, wall_seconds: float | None = None,
+                    errors: list[tuple[str, Path]] | None = None, failures: list[Failure] | None = None) -> str:
+    """The summary of a run that is not running: verdict, counts, times, where things are.
+
+    :param failed: the outcome when the caller knows it (Snakemake's onsuccess/onerror);
+        ``None`` = from the marker alone.
+    :param errors: the run's allocstack error lines and the log each is in (failed runs).
+    :param failures: the components that failed (:func:`failed_components`): quoted when there is no error line.
+    """
+    marker = records.get("marker")
+    verified = isinstance(marker, dict) and marker.get("status") == "success"
+    failed = not verified if failed is None else failed
+    where = records.directory
+    if not failed:
+        lines = [f"allocstack: run {records.run} VERIFIED: {verdict(records)}"]
+    else:
+        lines = [f"allocstack: run {records.run} FAILED" + ("" if records.exists or _holds_files(where)
+                                                           else f": nothing was written to {where}/")]
+        for line, path in (errors or [])[:5]:
+            lines += [f"  {line}", f"      (in {path})"]
+            if hint(line):
+                lines.append(f"      hint: {hint(line)}")
+        if errors is not None and not errors:
+            lines += quoted_failure(failures or [])
+    lines += details(records, wall_seconds)
     if not failed:
         lines.append(f"  marker      {where / RECORDS['marker']}")
         for label, name in (("timeline", layout.TIMELINE), ("decisions", layout.DECISION_RECORD)):

@@ -11,7 +11,18 @@ import sys
 import time
 
 from ..plan.layout import is_service_file
+from . import interrupt
 
+#: Snakemake's log events about a job that ended with an error (its rule, its log): after an interruption, a
+#: job the interruption stopped.
+STOPPED_JOB_EVENTS = {"job_error", "group_error"}
+#: What Snakemake says, after an interruption, about the jobs it stopped and its own end.
+STOPPED_JOB_MESSAGES = (
+    "RuleException", "Error in rule", "Removing output files of failed job", "Shutting down, this might take",
+    "Will exit after finishing currently running jobs", "Terminating processes on user request",
+    "Exiting because a job execution failed", "WorkflowError:\nAt least one job did not complete",
+    "At least one job did not complete successfully",
+)
 #: Seconds the "Waiting at most ..." message of a service's consumer waits for its service file.
 SERVICE_FILE_WAIT = 0.5
 
@@ -28,6 +39,10 @@ class TerminalFilter(logging.Filter):
     * The coordinator draws a live progress line on a terminal (it ends in no newline):
       Snakemake's next message erases it first instead of being glued to its end; the
       coordinator redraws it below within half a second.
+    * Once the command was interrupted (Ctrl-C, :mod:`allocstack.status.interrupt`), what
+      Snakemake says about the jobs the interruption ended is dropped (each job's error and
+      log, its traceback, "Shutting down", the final WorkflowError): they did not fail, they
+      were stopped, and the end-of-run summary says so once.
     """
 
     clear_line = sys.stderr.isatty() and sys.stdout.isatty()
@@ -35,6 +50,8 @@ class TerminalFilter(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
         message = record.getMessage()
         services = [line.removesuffix(" (missing locally)") for line in message.splitlines()[1:]]
+        if interrupt.STATE.interrupted and self.after_interruption(record, message):
+            return False
         if message.startswith("Waiting at most") and all(map(is_service_file, services)):
             deadline = time.monotonic() + SERVICE_FILE_WAIT
             while time.monotonic() < deadline and not all(os.path.exists(path) for path in services):
@@ -44,3 +61,9 @@ class TerminalFilter(logging.Filter):
             sys.stderr.write("\r\033[K")
             sys.stderr.flush()
         return True
+
+    @staticmethod
+    def after_interruption(record: logging.LogRecord, message: str) -> bool:
+        """A record about the jobs an interruption ended, or about Snakemake ending because of them."""
+        event = str(getattr(getattr(record, "event", None), "value", getattr(record, "event", "")))
+        return event in STOPPED_JOB_EVENTS or message.lstrip().startswith(STOPPED_JOB_MESSAGES)

@@ -9,7 +9,9 @@ A command handler runs an argv list (never a shell string) once per task: the
 payload arrives as JSON on stdin (and, above 64 KiB, in a file named by
 ``$ALLOCSTACK_PAYLOAD_FILE`` with empty stdin), ``$ALLOCSTACK_TASK_ID`` names the
 task, stdout is the output; a non-zero exit or a timeout fails the task with the
-tail of its stderr.
+tail of its stderr. A program that cannot be started at all (no such file, not
+executable) fails no task: the first attempt ends the run with one ``config`` line
+naming ``worker.command``.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 from ..common import names
 from ..common.errors import AllocstackError
 from ..common.jsonio import msgspec
-from ..launch.program import ProgramError, run_program
+from ..launch.program import CannotStart, ProgramError, run_program, why_not_started
 
 if TYPE_CHECKING:
     from ..common.taskset import TaskSet
@@ -115,6 +117,15 @@ class TaskFailure(Exception):
     """A task's handler failed; the message says why (it is reported to the coordinator)."""
 
 
+def cannot_start(argv: list[str], error: CannotStart) -> AllocstackError:
+    """``worker.command`` cannot be started at all: the run ends at once with this ONE line (``config``: no other
+    task, worker or attempt would start it either), instead of every task failing ``max_attempts`` times."""
+    where = os.environ.get("ALLOCSTACK_CONTAINER")
+    inside = f" inside the image {where}" if where else ""
+    return AllocstackError("config", f"worker.command {json.dumps(argv)} cannot be started{inside}: "
+                                     f"{why_not_started(argv, error.errno)}; fix worker.command in your config")
+
+
 INLINE_PAYLOAD_BYTES = 64 * 1024
 STDERR_TAIL = 2000
 
@@ -134,6 +145,8 @@ def command_handler(argv: list[str], timeout: float | None, scratch: str | None)
             env["ALLOCSTACK_PAYLOAD_FILE"], data = payload_file, b""
         try:
             done = run_program(argv, env, stdin=data, timeout=timeout)
+        except CannotStart as exc:
+            raise cannot_start(argv, exc) from exc
         except ProgramError as exc:
             raise TaskFailure(str(exc)) from exc
         finally:

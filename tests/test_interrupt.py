@@ -1,0 +1,249 @@
+"""Interrupted is not failed: Ctrl-C ends a run with INTERRUPTED, what was done and the one command that
+resumes it; no job's error, no traceback, exit 130, nothing left running; the same command resumes.
+
+Real Snakemake runs and real signals: SIGINT to the process group (as a terminal sends it; the real terminal
+is in test_terminal.py), SIGINT to Snakemake's pid alone (``kill -INT PID``: its jobs get nothing from the
+terminal), a second one, your own stack (services and long-running workers), and allocstack used as a
+Snakemake module (no rerun-incomplete there). The handler itself with stand-ins for Snakemake
+(allocstack/status/interrupt.py).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from test_faults import journaled, slow_run, wait_for
+
+from conftest import pids_mentioning, write_json
+from workflow_helpers import SNAKEMAKE, copy_project, snakemake
+
+#: What Snakemake says about the jobs the interruption ended, and never may after Ctrl-C.
+NOISE = ("Error in rule", "RuleException", "CalledProcessError", "Traceback", "WorkflowError", "Removing output files",
+         "Exiting because a job execution failed", "FAILED")
+
+
+def started(project: Path, *args: str) -> subprocess.Popen:
+    """Snakemake in its own process group, as a terminal starts a command (no ``timeout`` around it: it would pass
+    a SIGINT to its group on to Snakemake a second time). Each test ends it within its own bounds."""
+    return subprocess.Popen([SNAKEMAKE, *args], cwd=project, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, start_new_session=True, env={**os.environ, "TMPDIR": str(project / "tmp")})
+
+
+def assert_interrupted(output: str, code: int, run: str, command: str) -> None:
+    assert code == 130, output[-4000:]
+    lines = output.splitlines()
+    assert ("allocstack: interrupted (Ctrl-C): stopping the run's jobs; what is done stays done, and the same command "
+            "resumes") in lines, output[-3000:]
+    verdict = next(line for line in lines if line.startswith(f"allocstack: run {run} "))
+    assert verdict.startswith(f"allocstack: run {run} INTERRUPTED"), verdict
+    assert f"  resume      {command}" in lines, output[-2000:]
+    for noise in NOISE:
+        assert noise not in output, (noise, output[-4000:])
+
+
+def nothing_left(project: Path) -> None:
+    """No process of the run is left once Snakemake exited (timeout's children included)."""
+    left = pids_mentioning(str(project))
+    assert not left, [Path(f"/proc/{pid}/cmdline").read_bytes() for pid in left]
+
+
+@pytest.mark.parametrize("to", ["group", "snakemake alone", "twice"])
+def test_an_interrupted_run_says_interrupted_and_the_same_command_resumes(project, to):
+    """The process group (a terminal's Ctrl-C), Snakemake's pid alone (its jobs hear only what allocstack passes
+    on), and a second SIGINT while the first one's stop is under way."""
+    config = slow_run(project, "stop", tasks=24, seconds=0.3)
+    args = ("--cores", "4", "--configfile", str(config))
+    proc = started(project, *args)
+    try:
+        pid = proc.pid
+        wait_for(lambda: journaled(project, "stop") >= 4)
+        if to == "group":
+            os.killpg(proc.pid, signal.SIGINT)
+        else:
+            os.kill(pid, signal.SIGINT)
+            if to == "twice":
+                time.sleep(0.2)
+                os.kill(pid, signal.SIGINT)
+        output, _ = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert_interrupted(output, proc.returncode, "stop", f"{SNAKEMAKE} {' '.join(args)}")
+    if to == "twice":
+        assert "allocstack: interrupted already: waiting for the run's jobs to stop" in output
+    nothing_left(project)
+    done = journaled(project, "stop")
+    assert (f"allocstack: run stop INTERRUPTED: {done} of 24 tasks done, kept in the journal "
+            f"(state/stop/journal.jsonl); {24 - done} to do") in output
+    assert not (project / "results/stop/result.json").exists()
+    logs = "".join(path.read_text() for path in (project / "logs").rglob("*.log"))
+    assert "Traceback" not in logs
+
+    rerun = snakemake(project, *args)
+    assert rerun.returncode == 0, (rerun.stdout + rerun.stderr)[-3000:]
+    assert json.loads((project / "results/stop/coordinator.json").read_text())["restored"] == done
+
+
+OWN_STACK = """\
+run: own
+tasks: null
+expected: null
+workers: 2
+services:
+  web:
+    command: [python3, -m, http.server, --bind, 127.0.0.1, "${ALLOCSTACK_WEB_PORT}"]
+    readiness: {mode: tcp}
+worker:
+  mode: long-running
+  command: [python3, -c, "import time; time.sleep(120)"]
+verify:
+  command: [python3, -c, "pass"]
+"""
+
+
+def test_your_own_stack_is_interrupted_too(project):
+    """Services of yours and long-running workers (no built-in coordinator): SIGINT to Snakemake alone stops them
+    all, and the run says INTERRUPTED; the summary names no task count it does not have."""
+    (project / "config/own.yaml").write_text(OWN_STACK)
+    args = ("--cores", "4", "--configfile", "config/own.yaml")
+    proc = started(project, *args)
+    try:
+        pid = proc.pid
+        wait_for(lambda: len(pids_mentioning("time.sleep(120)")) >= 2)
+        os.kill(pid, signal.SIGINT)
+        output, _ = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert_interrupted(output, proc.returncode, "own", f"{SNAKEMAKE} {' '.join(args)}")
+    assert "allocstack: run own INTERRUPTED: the stack was stopped" in output
+    nothing_left(project)
+
+
+OUTER = '''\
+configfile: "config.yaml"
+
+
+module allocstack:
+    snakefile:
+        "../allocstack/Snakefile"
+    config:
+        config["allocstack"]
+
+
+use rule * from allocstack as allocstack_*
+'''
+
+
+def test_as_a_module_ctrl_c_then_the_same_command_resumes(tmp_path):
+    """A workflow of yours that uses allocstack as a module has no rerun-incomplete (allocstack's profile is not
+    its): Snakemake ends the jobs the interruption stopped as it ends failed ones, so the rerun finds no
+    incomplete files (before: IncompleteFilesException) and resumes from the journal."""
+    allocstack = copy_project(tmp_path / "allocstack")
+    outer = tmp_path / "outer"
+    outer.mkdir()
+    (outer / "tmp").mkdir()
+    config = slow_run(allocstack, "mine", tasks=24, seconds=0.3)
+    (outer / "data").mkdir()
+    for name in ("inputs/mine.json", "expected/mine.json"):
+        (outer / "data" / Path(name).name.replace("mine", Path(name).parent.name)).write_bytes((allocstack / name).read_bytes())
+    text = config.read_text().replace("inputs/mine.json", "data/inputs.json").replace("expected/mine.json",
+                                                                                      "data/expected.json")
+    (outer / "config.yaml").write_text("allocstack:\n" + "".join(f"  {line}\n" for line in text.splitlines()))
+    (outer / "Snakefile").write_text(OUTER)
+    args = ("--cores", "4")
+    proc = started(outer, *args)
+    try:
+        wait_for(lambda: journaled(outer, "mine") >= 4)
+        os.killpg(proc.pid, signal.SIGINT)
+        output, _ = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 130, output[-3000:]
+    assert "Error in rule" not in output and "Traceback" not in output
+    done = journaled(outer, "mine")
+    rerun = snakemake(outer, *args)
+    output = rerun.stdout + rerun.stderr
+    assert rerun.returncode == 0, output[-3000:]
+    assert "IncompleteFilesException" not in output
+    assert json.loads((outer / "results/mine/coordinator.json").read_text())["restored"] == done
+    assert not pids_mentioning(str(tmp_path))
+
+
+# -- the handler, with stand-ins for Snakemake -------------------------------------------------------------------
+
+@pytest.fixture
+def fresh_state(monkeypatch):
+    from allocstack.status import interrupt
+
+    monkeypatch.setattr(interrupt, "STATE", interrupt.Interruption())
+    monkeypatch.setattr(sys, "exit", sys.exit)
+    return interrupt
+
+
+def test_the_first_sigint_passes_on_and_stops_scheduling_the_next_ones_only_say_so(fresh_state):
+    interrupt = fresh_state
+    job = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    stopped, written = threading.Event(), []
+    try:
+        snakemake = interrupt.Snakemake(jobs=lambda: [job.pid, 999_999_999], scheduling=lambda: True,
+                                        stop=stopped.set, local=lambda: True)
+        on_sigint = interrupt.handler(snakemake, write=lambda fd, data: written.append(data) or len(data),
+                                      clock=lambda: 1234.5)
+        on_sigint(signal.SIGINT, None)
+        assert stopped.wait(10) and job.wait(10) == -signal.SIGINT  # the job got SIGINT; a gone pid is skipped
+        assert interrupt.STATE.at == 1234.5 and interrupt.STATE.count == 1
+        on_sigint(signal.SIGINT, None)  # no second KeyboardInterrupt: it would land in Snakemake's cleanup
+        assert interrupt.STATE.count == 2 and interrupt.STATE.at == 1234.5
+        assert [data.decode().lstrip("\r\x1b[K") for data in written] == [interrupt.FIRST, interrupt.AGAIN]
+        # Snakemake's exit(1) (jobs did not complete: the interrupted ones) is 130; the hook is used once
+        with pytest.raises(SystemExit) as ended:
+            sys.exit(1)
+        assert ended.value.code == 130
+        with pytest.raises(SystemExit) as ended:
+            sys.exit(1)
+        assert ended.value.code == 1
+    finally:
+        job.kill()
+        job.wait()
+
+
+@pytest.mark.parametrize("local, scheduling", [(False, True), (True, False)])
+def test_snakemakes_own_ctrl_c_where_it_must_run(fresh_state, local, scheduling):
+    """Jobs submitted elsewhere (Slurm: Snakemake cancels them) or no scheduler yet (nothing runs): its own
+    KeyboardInterrupt, once; then the same one line and nothing else."""
+    interrupt = fresh_state
+    snakemake = interrupt.Snakemake(jobs=lambda: pytest.fail("no job is signalled"), scheduling=lambda: scheduling,
+                                    stop=lambda: pytest.fail("no graceful stop"), local=lambda: local)
+    on_sigint = interrupt.handler(snakemake, write=lambda fd, data: len(data))
+    with pytest.raises(KeyboardInterrupt):
+        on_sigint(signal.SIGINT, None)
+    on_sigint(signal.SIGINT, None)
+    assert interrupt.STATE.count == 2
+
+
+def test_the_summary_of_an_interrupted_run(tmp_path):
+    from allocstack.status.summary import read_run, render_interrupted
+
+    (tmp_path / "results/r").mkdir(parents=True)
+    journal = tmp_path / "journal.jsonl"
+    journal.write_text('{"kind":"header"}\n' + '{"kind":"result"}\n' * 7 + '{"kind":"res')  # a torn last line
+    write_json(tmp_path / "results/r/inputs.json", {"taskCount": 10})
+    text = render_interrupted(read_run(tmp_path / "results", "r"), wall_seconds=3.2, command="snakemake --cores 4",
+                              journal=journal)
+    assert text.splitlines() == [
+        f"allocstack: run r INTERRUPTED: 7 of 10 tasks done, kept in the journal ({journal}); 3 to do",
+        "  wall time   3.2 s for this command",
+        "  resume      snakemake --cores 4",
+        "              (the same command: what is done is not done again)"]
+    assert render_interrupted(read_run(tmp_path / "results", "none")).startswith(
+        "allocstack: run none INTERRUPTED: before the stack started")
