@@ -32,6 +32,11 @@ rule all:
     localrule: True
 
 
+# A run (not a dry run) of what cannot run here: one line (more than one node outside Slurm).
+onstart:
+    refuse_what_cannot_run()
+
+
 # The verdict, counts, wall time and where the marker and report are, on the terminal.
 onsuccess:
     end_of_run_summary("success")

@@ -105,6 +105,7 @@ STACK_ENV = "../envs/stack.yaml"
 wildcard_constraints:
     run=r"[A-Za-z0-9][A-Za-z0-9._-]*",
     worker=r"worker-[0-9]+",
+    step=r"workers-[0-9]+",
     service="|".join(re.escape(name) for name in PLAN.services) or "(?!)",
     node=r"[0-9]+",
 
@@ -164,6 +165,10 @@ def worker_records(wildcards):
     return PLAN.worker_records(wildcards.run)
 
 
+def step_cpus(wildcards):
+    return PLAN.step_cpus(wildcards.step)
+
+
 def check_inputs(wildcards):
     return PLAN.check_inputs(wildcards.run)
 
@@ -174,6 +179,14 @@ def check_records(wildcards):
 
 def node_gates(wildcards):
     return PLAN.node_gates(wildcards.run)
+
+
+def refuse_what_cannot_run():
+    """Snakemake's onstart (a run, not a dry run): what the plan refuses only to run, ONE line and its exit code."""
+    try:
+        PLAN.before_running()
+    except plan.PlanError as refusal:
+        sys.exit(errors.report(refusal))
 
 
 def end_of_run_summary(outcome):

@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from . import argv, decisions, placement, refusals
+from . import argv, connections, decisions, placement, refusals
 from .config import migrate_service_block, nulls_from_command_line, schema, validate
 from .facts import Facts
 from .layout import Layout
@@ -35,6 +35,8 @@ class Plan:
     :param use_image: components run in config ``image`` (Charliecloud: whenever it is set;
         Apptainer: with ``--sdm apptainer``; allocstack uses no container directive, so
         ``--sdm apptainer`` itself never needs apptainer).
+    :param steps: the job steps of several workers (:func:`placement.steps`), in node order; empty when each
+        worker is its own step (``per_step`` 1, the seed's shape).
     """
 
     config: Mapping[str, Any]
@@ -42,6 +44,7 @@ class Plan:
     order: tuple[str, ...]
     shape: Shape
     use_image: bool
+    steps: tuple[placement.Step, ...] = ()
 
     @property
     def run(self) -> str:
@@ -73,6 +76,32 @@ class Plan:
     @property
     def workers(self) -> list[str]:
         return placement.worker_ids(self.config["workers"])
+
+    @property
+    def grouped(self) -> bool:
+        """A job step runs several workers (config ``worker.per_step``, or derived): rule ``run_workers``, one job
+        per step; else rule ``run_worker``, one job per worker."""
+        return bool(self.steps)
+
+    def step(self, name: str) -> placement.Step:
+        """The job step ``name`` (``workers-01``)."""
+        return self.steps[placement.step_index(name)]
+
+    @property
+    def step_names(self) -> list[str]:
+        return [step.name for step in self.steps]
+
+    def step_cpus(self, name: str) -> int:
+        """CPUs the job of step ``name`` asks for: its workers' with one node, none with more (the coordinator's
+        job carries the CPUs per node)."""
+        return self.shape.worker_cpus * self.step(name).count
+
+    @property
+    def coordinator_connections(self) -> int:
+        """Connections the coordinator takes at once (:mod:`.connections`)."""
+        if self.grouped:
+            return connections.coordinator_cap(0, len(self.steps))
+        return connections.coordinator_cap(self.config["workers"], 0)
 
     @property
     def python(self) -> str:
@@ -167,7 +196,18 @@ class Plan:
         return [self.files(run).service_gate(name) for name in self.services]
 
     def worker_records(self, run: str) -> list[str]:
-        return [self.files(run).worker_record(worker) for worker in self.workers]
+        """What the workers' jobs produce: each worker's record, or each job step's directory of them."""
+        files = self.files(run)
+        if self.grouped:
+            return [files.step_records(step.name) for step in self.steps]
+        return [files.worker_record(worker) for worker in self.workers]
+
+    def worker_record_files(self, run: str) -> list[str]:
+        """Every worker's own record (in its step's directory when a step runs several)."""
+        files = self.files(run)
+        if self.grouped:
+            return [files.worker_record(worker, step.name) for step in self.steps for worker in step.workers]
+        return [files.worker_record(worker) for worker in self.workers]
 
     def worker_inputs(self, run: str) -> list[str]:
         """What keeps the services alive while a worker runs: the coordinator's and your services' files."""
@@ -185,6 +225,14 @@ class Plan:
     def node_gates(self, run: str) -> list[str]:
         """Every other node's gate record (none with one node)."""
         return [self.files(run).node_gate(node) for node in range(2, self.nodes + 1)]
+
+    def before_running(self) -> None:
+        """What only a run is refused, not a dry run (the adapter asks at Snakemake's ``onstart``): a plan of more
+        than one node may be reviewed anywhere, but runs only inside an allocation or submitted to Slurm.
+
+        :raises PlanError: the refusal, ONE line.
+        """
+        refusals.refuse_without_allocation(self.config, self.facts)
 
 
 def load(config: Mapping[str, Any], facts: Facts) -> Plan:
@@ -214,4 +262,9 @@ def load(config: Mapping[str, Any], facts: Facts) -> Plan:
     refusals.refuse_unverified(complete)
     refusals.refuse_missing_runtime(complete, use_image, facts)
     refusals.refuse_unusable_tmpdir(complete, facts)
-    return Plan(complete, facts, tuple(order), shape, use_image)
+    refusals.refuse_shared_steps(complete)
+    worker = complete["worker"]
+    size = placement.per_step(complete["workers"], complete["nodes"], worker["per_step"],
+                              one_each=worker["mode"] == "long-running" or worker["gpus"] > 0)
+    steps = placement.steps(complete["workers"], complete["nodes"], size) if size > 1 else []
+    return Plan(complete, facts, tuple(order), shape, use_image, tuple(steps))
