@@ -282,7 +282,8 @@ def many_workers_line(records: RunRecords) -> str:
     killed = sorted(name for name, record in records.workers.items() if record.get("status") == "killed")
     counts = [record.get("tasksCompleted") or 0 for record in records.workers.values()
               if record.get("status") != "killed"]
-    steps = f" in {_n(len(records.steps))} job steps" if records.steps else ""
+    count = len(records.steps)
+    steps = f" in {_n(count)} job step{'' if count == 1 else 's'}" if count else ""
     line = f"{_n(len(records.workers))}{steps}: {_n(len(counts))} ended"
     if counts:
         line += f" (fewest {_n(min(counts))} tasks, most {_n(max(counts))})"
