@@ -39,14 +39,14 @@ from urllib.parse import urlsplit
 import h11
 
 from ..common.endpoint import Endpoint
-from ..common.jsonio import dumps_compact, loads_bytes
+from ..common.jsonio import dumps_compact, loads_bytes, msgspec
 from ..common.tls import client_context
 from ..coordinator.api import BATCHED
 from ..coordinator.httpserver import HttpServer, Limits, Request, Response
 from .httpclient import READ_CHUNK, Answer
 
 #: Requests one /batch carries at most.
-MAX_BATCH = 256
+MAX_BATCH = 32
 #: Body bytes one /batch carries at most (a request larger than that goes alone).
 MAX_BATCH_BYTES = 8 << 20
 #: Local connections the relay takes beyond two per worker (the status command, a reconnect, a stranger's few).
@@ -97,6 +97,19 @@ def answer_of(answer: Answer) -> Response:
                     headers={name: value for name, value in headers.items() if value})
 
 
+if msgspec is not None:
+    class _Part(msgspec.Struct, gc=False):
+        status: int
+        body: msgspec.Raw
+
+    class _Parts(msgspec.Struct, gc=False):
+        responses: list[_Part]
+
+    _PARTS = msgspec.json.Decoder(_Parts)
+else:
+    _PARTS = None
+
+
 def split_answers(answer: Answer, count: int) -> list[Response]:
     """A /batch answer's responses, in order.
 
@@ -108,13 +121,15 @@ def split_answers(answer: Answer, count: int) -> list[Response]:
     if answer.status != 200:
         raise ConnectionResetError(f"the coordinator answered the batch {answer.status}")
     try:
-        document = loads_bytes(answer.body)
-        responses = document["responses"]
-        if not isinstance(responses, list) or len(responses) != count:
-            raise ValueError("responses")
-        return [Response(int(part["status"]), dumps_compact(part["body"])) for part in responses]
-    except (ValueError, KeyError, TypeError) as exc:
+        if _PARTS is not None:  # each body as the coordinator wrote it, not decoded
+            parts = [(part.status, bytes(part.body)) for part in _PARTS.decode(answer.body).responses]
+        else:
+            parts = [(int(part["status"]), dumps_compact(part["body"])) for part in loads_bytes(answer.body)["responses"]]
+        if len(parts) != count:
+            raise ValueError(f"{len(parts)} answers to {count} requests")
+    except (ValueError, KeyError, TypeError, RecursionError) as exc:  # msgspec's errors are ValueErrors
         raise ConnectionResetError(f"the coordinator's answer to a batch is not one: {exc}") from exc
+    return [Response(status, body) for status, body in parts]
 
 
 class _Stale(Exception):
@@ -254,8 +269,12 @@ class Relay:
     async def start(self) -> int:
         """Listen on the node's loopback; return the port."""
         port = await self.server.start("127.0.0.1", 0)
-        self.tasks = [asyncio.create_task(self.carry(connection)) for connection in self.connections]
+        self.start_carrying()
         return port
+
+    def start_carrying(self) -> None:
+        """Start the loop of each connection to the coordinator (what :meth:`handle` hands them is carried)."""
+        self.tasks = [asyncio.create_task(self.carry(connection)) for connection in self.connections]
 
     async def close(self) -> None:
         await self.server.close()
