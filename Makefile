@@ -9,6 +9,9 @@
 #                make bench BENCH_ARGS=--full adds the million-task rows
 PYTHON ?= python3
 BENCH_ARGS ?=
+# Test processes: most of the suite waits (for Slurm's status checks, a time limit, a gate),
+# so more processes than CPUs; the multi-node tests run one after another on one of them.
+TEST_PROCESSES ?= 4
 VENV := .venv
 STAMP := $(VENV)/.installed
 
@@ -17,9 +20,14 @@ STAMP := $(VENV)/.installed
 run: $(STAMP)
 	$(VENV)/bin/snakemake --cores 4
 
+# The suite on $(TEST_PROCESSES) processes, then the tests that change what the whole machine shares
+# (marker `serial`), alone; pytest's exit code 5 says there were none.
 test: $(STAMP) lint
 	bash tests/cluster/prepare.sh
-	. tests/cluster/env.sh && $(VENV)/bin/pytest -c tests/pytest.ini --durations=25 tests
+	. tests/cluster/env.sh && $(VENV)/bin/pytest -c tests/pytest.ini -n $(TEST_PROCESSES) --dist loadgroup \
+		-m "not serial" --durations=25 tests
+	. tests/cluster/env.sh && $(VENV)/bin/pytest -c tests/pytest.ini -m serial tests; code=$$?; \
+		[ $$code -eq 0 ] || [ $$code -eq 5 ]
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

@@ -30,11 +30,17 @@
    bridge with TLS, and once without) against 6 workers on 1 node, batch 1 and
    batch k; and what TLS costs per request, on loopback and between nodes.
 
+6. ``compose``: the importer on the 31 real Compose files of tests/compose_corpus (each in-process, and one
+   ``import_compose.py`` process end to end), and what starting a program of yours in its own image costs a
+   component (replica.py with ``true``): on the host, in the redis stack image under Apptainer, under
+   Charliecloud, and under Charliecloud with a read-only mount (its user namespace first); needs the stack
+   images (tests/cluster/prepare.sh) for the image rows.
+
 Numbers are measurements, not assertions: targets are printed beside them, with
 "met" or "NOT met". The default run takes about 8 minutes on 2 CPUs, ``--full``
 adds the million-task rows, batch 1 and Dask at 100,000 (about 6 minutes more),
 ``--quick`` is a smoke run. ``--parts cluster`` runs only part 4 (about 2 minutes),
-``--parts multinode`` only part 5 (about 8).
+``--parts multinode`` only part 5 (about 8), ``--parts compose`` only part 6 (about half a minute).
 """
 
 from __future__ import annotations
@@ -563,6 +569,79 @@ def multinode_part(args) -> None:
         print(f"| {label} | {rates[0]:,.0f} | {rates[1]:,.0f} |", flush=True)
 
 
+def compose_import_times() -> tuple[list[float], float]:
+    """Seconds to import each corpus file in-process (its .env, no environment), and one import_compose.py process
+    on the largest (the process's start, reading, mapping, the schema check, writing)."""
+    sys.path.insert(0, str(SCRIPTS))
+    import import_compose
+
+    from allocstack.compose.interpolation import Variables, read_env_file
+    from allocstack.compose.mapping import combine, import_stack
+
+    corpus = ROOT / "tests" / "compose_corpus"
+    times = []
+    for folder in sorted(path for path in corpus.iterdir() if path.is_dir()):
+        started = time.perf_counter()
+        dotenv = folder / ".env"
+        variables = Variables({"PWD": str(folder)}, [(".env", read_env_file(dotenv))] if dotenv.is_file() else [])
+        import_stack(combine([import_compose.load(folder / "compose.yaml")]), folder, ROOT, folder.name,
+                     variables=variables)
+        times.append(time.perf_counter() - started)
+    largest = max((path for path in corpus.glob("*/compose.yaml")), key=lambda path: path.stat().st_size)
+    with tempfile.TemporaryDirectory() as tmp:
+        started = time.perf_counter()
+        subprocess.run([PYTHON, str(SCRIPTS / "import_compose.py"), str(largest), "--output", f"{tmp}/x.yaml",
+                        "--project-dir", str(ROOT)], capture_output=True, check=False, cwd=ROOT, env={"PWD": tmp,
+                                                                                                        "PATH": os.environ["PATH"]})
+        process = time.perf_counter() - started
+    return times, process
+
+
+def program_start_cost(image: str | None, runtime: str, read_only: bool = False, runs: int = 5) -> float:
+    """Median seconds of replica.py running ``true``: on the host (``image`` None) or in ``image``."""
+    samples = []
+    with tempfile.TemporaryDirectory() as tmp:
+        (Path(tmp) / "scratch").mkdir(mode=0o700)
+        (Path(tmp) / "in").mkdir()
+        argv = [PYTHON, str(SCRIPTS / "replica.py"), "--worker-id", "worker-01", "--index", "0", "--workers", "1",
+                "--scratch", f"{tmp}/scratch", "--command-json", json.dumps(["true"])]
+        if image:
+            argv += ["--image", image, "--runtime", runtime]
+            if runtime == "apptainer":
+                argv += ["--runtime-arg=--cleanenv", "--runtime-arg=--contain"]
+            if read_only:
+                argv += ["--mounts-json", json.dumps([{"target": "/mnt", "source": f"{tmp}/in", "read_only": True}])]
+        environ = {**os.environ, "USER": os.environ.get("USER") or "root"}
+        for _ in range(runs):
+            started = time.perf_counter()
+            done = subprocess.run(argv, capture_output=True, check=False, env=environ, cwd=tmp)
+            samples.append(time.perf_counter() - started)
+            if done.returncode != 0:
+                return float("nan")
+    return statistics.median(samples)
+
+
+def print_compose() -> None:
+    print("\n## Compose: the importer, and a program's start in its own image", flush=True)
+    times, process = compose_import_times()
+    print(f"import, in-process, {len(times)} corpus files: median {statistics.median(times) * 1000:.1f} ms, "
+          f"max {max(times) * 1000:.1f} ms, all {sum(times):.2f} s", flush=True)
+    print(f"import_compose.py, one process on the largest file (start, map, schema check, write): {process:.2f} s",
+          flush=True)
+    stacks = os.environ.get("ALLOCSTACK_STACK_IMAGES", "")
+    stacks_ch = os.environ.get("ALLOCSTACK_STACK_IMAGES_CHARLIECLOUD", "")
+    rows = {"host (no image)": program_start_cost(None, "apptainer")}
+    if shutil.which("apptainer") and Path(stacks, "redis.sif").exists():
+        rows["Apptainer, redis.sif"] = program_start_cost(f"{stacks}/redis.sif", "apptainer")
+    if shutil.which("ch-run") and Path(stacks_ch, "redis").is_dir():
+        rows["Charliecloud, redis/ (directory)"] = program_start_cost(f"{stacks_ch}/redis", "charliecloud")
+        rows["Charliecloud, a read-only mount"] = program_start_cost(f"{stacks_ch}/redis", "charliecloud", True)
+    host = rows["host (no image)"]
+    print("a component running `true` in its program's own image (replica.py, median of 5):", flush=True)
+    for name, seconds in rows.items():
+        print(f"  {name:36} {seconds * 1000:7.0f} ms  (+{(seconds - host) * 1000:.0f} over the host)", flush=True)
+
+
 def machine() -> str:
     cpuinfo = Path("/proc/cpuinfo").read_text().splitlines()
     cpu = next((line.split(":", 1)[1].strip() for line in cpuinfo if line.startswith("model name")), "unknown CPU")
@@ -707,8 +786,8 @@ def main(argv: list[str] | None = None) -> int:
                       help="also the million-task rows, batch 1 and Dask at 100,000 (about 6 minutes more)")
     parser.add_argument("--batch", type=int, default=256, help="the batch size k compared with batch 1")
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "output")
-    parser.add_argument("--parts", nargs="+", choices=("local", "cluster", "multinode"),
-                        default=["local", "cluster", "multinode"],
+    parser.add_argument("--parts", nargs="+", choices=("local", "cluster", "multinode", "compose"),
+                        default=["local", "cluster", "multinode", "compose"],
                         help="local: throughput, memory, Snakemake overhead; cluster: the Slurm profile; "
                              "multinode: 3 nodes against 1, and what TLS costs (needs the 3-node test cluster)")
     parser.add_argument("--measure-requests", type=Path, nargs="+", metavar="ENDPOINT_FILE", help=argparse.SUPPRESS)
@@ -720,6 +799,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"machine: {machine()}; load average {Path('/proc/loadavg').read_text().split()[0]} at the start\n",
           flush=True)
     if "local" not in args.parts:
+        if "compose" in args.parts:
+            print_compose()
         if "cluster" in args.parts:
             print_cluster(1 if args.quick else CLUSTER_RUNS)
         if "multinode" in args.parts:
@@ -739,6 +820,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"\nplot: {args.out / 'benchmarks.png'}")
     if "multinode" in args.parts:
         multinode_part(args)
+    if "compose" in args.parts:
+        print_compose()
     return 0
 
 

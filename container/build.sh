@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Build an allocstack Apptainer image and its SHA-256 sidecar.
 #
-#   container/build.sh [--cache-dir DIR] [--mirror URL] DEF OUT.sif
+#   container/build.sh [--cache-dir DIR] [--mirror URL] [--oci CONFIG.json] DEF OUT.sif
 #
 # Writes OUT.sif and OUT.sif.sha256 (`sha256sum` format: "<hex>  <basename>"), which the
 # workflow checks before every run. Both are written to temporary files beside OUT and renamed
@@ -12,6 +12,11 @@
 #                  one). Rebuilds only when the definition changes.
 # --mirror URL     Debian mirror for definition files that use {{ MIRROR }} (container/test.def).
 #                  Default: $ALLOCSTACK_APT_MIRROR, else the main archive in /etc/apt.
+# --oci CONFIG     make the image as Docker Hub gives one (container/stacks/): DEF's root filesystem
+#                  with the image config CONFIG (ENTRYPOINT, CMD, EXPOSE, WORKDIR, ENV, VOLUME) as an
+#                  OCI image (container/oci.py), built into the SIF from `oci-archive://`, so the SIF
+#                  keeps that config and runs its ENTRYPOINT + CMD as a `docker://` one does. Needs
+#                  unsquashfs (squashfs-tools). The cache key covers CONFIG too.
 #
 # Definition files that use {{ BUILD_CA }} (container/test.def: pip fetches a pinned wheel in
 # %post) get a copy of this machine's CA bundle ($SSL_CERT_FILE, else the system bundle), so
@@ -30,6 +35,7 @@ readonly MIRROR_PATTERN='\{\{[[:space:]]*MIRROR[[:space:]]*\}\}'
 readonly BUILD_CA_PATTERN='\{\{[[:space:]]*BUILD_CA[[:space:]]*\}\}'
 
 cache_dir=""
+oci_config=""
 mirror="${ALLOCSTACK_APT_MIRROR:-}"
 def=""
 out=""
@@ -40,7 +46,7 @@ pending=()
 build_pid=""
 
 usage() {
-  echo "usage: $PROG [--cache-dir DIR] [--mirror URL] DEF OUT.sif" >&2
+  echo "usage: $PROG [--cache-dir DIR] [--mirror URL] [--oci CONFIG.json] DEF OUT.sif" >&2
   exit 2
 }
 
@@ -75,6 +81,7 @@ parse_args() {
     case $1 in
       --cache-dir) (($# >= 2)) || usage; cache_dir=$2; shift 2 ;;
       --mirror) (($# >= 2)) || usage; mirror=$2; shift 2 ;;
+      --oci) (($# >= 2)) || usage; oci_config=$2; shift 2 ;;
       -h | --help) usage ;;
       -*) fail "unknown option '$1'" ;;
       *) break ;;
@@ -90,6 +97,11 @@ check_prerequisites() {
     fail "apptainer not found on PATH: run 'module load apptainer' (or install Apptainer; on the test machine: tests/cluster/apptainer.sh install)"
   apptainer --version >/dev/null 2>&1 || fail "'apptainer --version' fails; check your apptainer installation"
   [[ -f $def && -r $def ]] || fail "definition file '$def' not found or not readable"
+  if [[ -n $oci_config ]]; then
+    [[ -f $oci_config && -r $oci_config ]] || fail "image config '$oci_config' not found or not readable"
+    command -v unsquashfs >/dev/null || fail "--oci needs unsquashfs (Debian: apt-get install squashfs-tools)"
+    command -v python3 >/dev/null || fail "--oci needs python3 (container/oci.py)"
+  fi
   [[ $out != */ && -n ${out##*/} ]] || fail "OUT must be a file name, not a directory: '$out'"
   [[ -d $(dirname -- "$out") ]] || fail "output directory '$(dirname -- "$out")' does not exist"
   [[ -w $(dirname -- "$out") ]] || fail "output directory '$(dirname -- "$out")' is not writable"
@@ -147,6 +159,7 @@ cache_key() {
   {
     cat -- "$def"
     if uses_mirror; then printf '\nMIRROR=%s\n' "$mirror"; fi
+    if [[ -n $oci_config ]]; then printf '\nOCI\n'; cat -- "$oci_config" "$(dirname -- "${BASH_SOURCE[0]}")/oci.py"; fi
   } | sha256sum | cut -d' ' -f1
 }
 
@@ -195,6 +208,26 @@ build_image() {
   wait "$build_pid" ||
     die "apptainer build failed for '$def'; see the messages above ($out left unchanged)"
   build_pid=""
+  if [[ -n $oci_config ]]; then
+    as_oci_image
+  fi
+}
+
+# $workdir/image.sif's root filesystem + $oci_config -> an OCI image layout -> $workdir/image.sif again, built
+# from oci-archive:// as Apptainer builds an image from Docker Hub.
+as_oci_image() {
+  local id
+  id=$(apptainer sif list "$workdir/image.sif" | awk -F'|' '/FS \(Squashfs/ { gsub(/ /, "", $1); print $1; exit }')
+  [[ -n $id ]] || die "no SquashFS partition in the image built from '$def'"
+  apptainer sif dump "$id" "$workdir/image.sif" >"$workdir/rootfs.sqfs"
+  unsquashfs -q -n -d "$workdir/rootfs" "$workdir/rootfs.sqfs" >/dev/null
+  python3 "$(dirname -- "${BASH_SOURCE[0]}")/oci.py" archive "$workdir/rootfs" "$oci_config" "$workdir/image.tar"
+  rm -rf -- "$workdir/rootfs" "$workdir/rootfs.sqfs" "$workdir/image.sif"
+  apptainer build "$workdir/image.sif" "oci-archive://$workdir/image.tar" >&2 &
+  build_pid=$!
+  wait "$build_pid" || die "apptainer build from the OCI image of '$def' failed ($out left unchanged)"
+  build_pid=""
+  rm -f -- "$workdir/image.tar"
 }
 
 # Seconds since START (an $EPOCHREALTIME value), e.g. "81.3".
@@ -227,7 +260,7 @@ main() {
   else
     build_image
     source="$workdir/image.sif"
-    how="built from $def"
+    how="built from $def${oci_config:+ with the image config $oci_config}"
     [[ -z $cached ]] || install_with_sidecar "$source" "$cached"
   fi
   install_with_sidecar "$source" "$out"

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 from container_helpers import assert_killed_launcher_leaves_nothing, assert_sigterm_drains, drain_probe
-from test_compose_stacks import STACK, check_stack_ran, import_test_stack
+from test_compose_stacks import STACK, check_stack_ran, import_test_stack, place_images
 from test_containers import make_image
 from test_faults import component_pids, journaled, slow_run, wait_for
 from test_slurm import TEST_RESOURCES, assert_a_completed_step_per_component, the_stack_job
@@ -375,10 +375,11 @@ def test_component_start_cost_against_apptainer_and_the_host(tmp_path, image):
 
 def test_an_imported_compose_stack_runs_in_the_charliecloud_image(project, image):
     """Your own Compose stack (its services, long-running workers, its check, a named volume) under ch-run."""
-    config = import_test_stack(project, "api")
+    config = import_test_stack(project, "api", "--runtime", "charliecloud")
+    images = place_images(project, config, image)  # python:3.11-slim: here the test image's directory
     done = snakemake(project, *charliecloud_run("--cores", "4", "--configfile", config, image=image))
     assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
     check_stack_ran(project, "api")
     provenance = json.loads((project / f"results/{STACK['api'][0]}/provenance.json").read_text())
     assert provenance["containerRuntime"]["name"] == "charliecloud"
-    assert all(component["container"] == image for component in provenance["components"].values())
+    assert all(component["container"] == str(project / images[0]) for component in provenance["components"].values())

@@ -11,6 +11,7 @@ import socket
 import sys
 import textwrap
 import time
+from pathlib import Path
 
 import pytest
 from test_slurm import TEST_RESOURCES, cluster_project, steps, the_stack_job  # noqa: F401 (a fixture)
@@ -33,7 +34,7 @@ def free_port() -> int:
         return probe.getsockname()[1]
 
 
-def import_test_stack(project, name: str) -> str:
+def import_test_stack(project, name: str, *extra: str) -> str:
     """Copy tests/stacks/NAME into the project, give it free ports, import it; return the config's path."""
     shutil.copytree(STACKS / name, project / "stacks" / name)
     compose = project / "stacks" / name / "compose.yaml"
@@ -41,10 +42,27 @@ def import_test_stack(project, name: str) -> str:
     for port in STACK[name][1]:
         text = text.replace(str(port), str(free_port()))
     compose.write_text(text)
-    done = run_script("import_compose.py", f"stacks/{name}/compose.yaml", "--output", f"config/{name}.yaml",
+    done = run_script("import_compose.py", f"stacks/{name}/compose.yaml", "--output", f"config/{name}.yaml", *extra,
                       cwd=project)
     assert done.returncode == 0 and "0 gap(s)" in done.stdout, done.stdout + done.stderr
     return f"config/{name}.yaml"
+
+
+def place_images(project, config: str, image: str) -> list[str]:
+    """Put ``image`` (the test image: python3, no ENTRYPOINT, as python:3.11-slim) where the imported config
+    expects each service's image, as a user would after building or pulling them; the config's image paths."""
+    import yaml
+
+    written = yaml.safe_load((project / config).read_text())
+    paths = {spec["image"] for spec in [*written["services"].values(), written["worker"], written["verify"]]
+             if spec["image"]}
+    digest = Path(f"{image}.sha256").read_text().split()[0]
+    for path in paths:
+        target = project / path
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.symlink_to(image, target_is_directory=Path(image).is_dir())
+        Path(f"{target}.sha256").write_text(f"{digest}  {target.name}{'/' if Path(image).is_dir() else ''}\n")
+    return sorted(paths)
 
 
 def events_of(project, run: str) -> list[dict]:
@@ -102,6 +120,7 @@ def test_an_imported_stack_runs_locally(project, name):
 def test_an_imported_stack_runs_on_the_cluster(cluster_project, name):  # noqa: F811
     project, image = cluster_project
     config = import_test_stack(project, name)
+    images = place_images(project, config, image)  # each service in its image: here all the test image
     done = snakemake(project, "--profile", "profiles/slurm", *TEST_RESOURCES, "runtime=10", "--configfile", config,
                      "--config", f"image={image}", timeout=600)
     output = done.stdout + done.stderr
@@ -116,7 +135,9 @@ def test_an_imported_stack_runs_on_the_cluster(cluster_project, name):  # noqa: 
         time.sleep(0.5)
     assert all(job_steps.get(step) == "COMPLETED" for step in wanted), job_steps
     provenance = json.loads((project / f"results/{STACK[name][0]}/provenance.json").read_text())
-    assert all(component["container"] == image for component in provenance["components"].values())
+    assert all(component["container"] in {str(project / path) for path in images}
+               for component in provenance["components"].values()), provenance["components"]
+    assert {facts["image"] for facts in provenance["programImages"].values()} == set(images)
 
 
 PYTHON = json.dumps(sys.executable)

@@ -2,6 +2,7 @@
 # Install Charliecloud's ch-run and make the directory image allocstack's Charliecloud tests run.
 #
 #   tests/cluster/charliecloud.sh install SIF    (root; SIF = the test image tests/cluster/prepare.sh built)
+#   tests/cluster/charliecloud.sh stacks DIR     (root; DIR = the stack images prepare.sh built, DIR/NAME.sif)
 #   tests/cluster/charliecloud.sh status
 #   tests/cluster/charliecloud.sh purge          (root; the images and the packages install added,
 #                                                 so that the next install is a first install)
@@ -19,6 +20,12 @@
 #
 # Cached: the directory is rebuilt only when the SIF, the mount point or this recipe changes
 # (~10 s), the SquashFS file only when the directory's digest does (~1-3 s), else ~0 s.
+#
+# stacks: each stack image (container/stacks/NAME.def + NAME.oci.json, built by container/build.sh --oci)
+# as a Charliecloud directory image, laid out as `ch-image pull` leaves an image from Docker Hub: the SIF's
+# root filesystem with /ch/config.pulled.json (the image config: ENTRYPOINT, CMD, EXPOSE, WORKDIR),
+# /ch/metadata.json and /ch/environment, each VOLUME's directory (container/oci.py charliecloud), this
+# checkout's top-level directory as a mount point, and the tree digest sidecar. Cached like the test image.
 #
 # Environment:
 #   ALLOCSTACK_CHARLIECLOUD_HOME   where the image goes (default /opt/allocstack-charliecloud)
@@ -38,6 +45,7 @@ readonly ROOT
 readonly CH_HOME="${ALLOCSTACK_CHARLIECLOUD_HOME:-/opt/allocstack-charliecloud}"
 readonly IMAGE="${ALLOCSTACK_TEST_CHARLIECLOUD_IMAGE:-$CH_HOME/images/allocstack-test}"
 readonly SQUASHFS="${ALLOCSTACK_TEST_CHARLIECLOUD_SQUASHFS:-$IMAGE.sqfs}"
+readonly STACK_IMAGES="${ALLOCSTACK_STACK_IMAGES_CHARLIECLOUD:-$CH_HOME/images/stacks}"
 # ch-run itself (it mounts SquashFS images with its own libsquashfuse); squashfs-tools:
 # unsquashfs unpacks the SIF's root filesystem, mksquashfs makes the SquashFS image.
 readonly PACKAGES=(charliecloud-runtime squashfs-tools)
@@ -46,7 +54,7 @@ readonly RECIPE=1
 
 log() { echo "$PROG: $*" >&2; }
 die() { log "$*"; exit 1; }
-usage() { echo "usage: $PROG install SIF | status | purge" >&2; exit 2; }
+usage() { echo "usage: $PROG install SIF | stacks DIR | status | purge" >&2; exit 2; }
 
 ensure_packages() {
   packages_install charliecloud "${PACKAGES[@]}"
@@ -130,6 +138,51 @@ cmd_install() {
   log "ready: ch-run $(USER=${USER:-root} ch-run --version 2>&1), images $IMAGE and $SQUASHFS after $((SECONDS - started)) s"
 }
 
+# The root filesystem of SIF ($1) unpacked into directory $2.
+unpack_sif() {
+  local sif=$1 dir=$2 id
+  id=$(apptainer sif list "$sif" | awk -F'|' '/FS \(Squashfs/ { gsub(/ /, "", $1); print $1; exit }')
+  [[ -n $id ]] || die "no SquashFS partition in $sif"
+  apptainer sif dump "$id" "$sif" >"$dir.sqfs"
+  unsquashfs -q -n -d "$dir" "$dir.sqfs" >/dev/null
+  rm -f -- "$dir.sqfs"
+}
+
+cmd_stacks() {
+  local dir=$1 sif name config key target tmp top started=$SECONDS
+  [[ $EUID -eq 0 ]] || { echo "$PROG: must run as root" >&2; exit 2; }
+  command -v apptainer >/dev/null || die "apptainer not on PATH (tests/cluster/apptainer.sh install)"
+  ensure_packages
+  mkdir -p -- "$STACK_IMAGES"
+  top=$(checkout_top)
+  for sif in "$dir"/*.sif; do
+    [[ -f $sif ]] || continue
+    name=$(basename -- "$sif" .sif)
+    config="$ROOT/container/stacks/$name.oci.json"
+    [[ -f $config && -f $sif.sha256 ]] || die "no image config $config (or sidecar $sif.sha256) for $sif"
+    key=$({ cut -d' ' -f1 "$sif.sha256"; cat -- "$config" "$ROOT/container/oci.py"; echo "$top $RECIPE"; } |
+      sha256sum | cut -d' ' -f1)
+    target="$STACK_IMAGES/$name"
+    if [[ -d $target && -f $target.sha256 && $(cat "$target.key" 2>/dev/null) == "$key" ]]; then
+      log "stack image $target is current"
+      continue
+    fi
+    tmp="$target.partial"
+    rm -rf -- "$tmp" "$tmp.rootfs"
+    unpack_sif "$sif" "$tmp.rootfs"
+    python3 "$ROOT/container/oci.py" charliecloud "$tmp.rootfs" "$config" "$tmp"
+    rm -rf -- "$tmp.rootfs"
+    [[ -d $tmp$top ]] || mkdir -m 0755 -- "$tmp$top"
+    chmod -R a+rX -- "$tmp"
+    rm -rf -- "$target" "$target.sha256"
+    mv -T -- "$tmp" "$target"
+    python3 "$ROOT/workflow/scripts/image_digest.py" "$target" >/dev/null
+    echo "$key" >"$target.key"
+    log "stack image $target made from $sif"
+  done
+  log "stack images ready in $STACK_IMAGES after $((SECONDS - started)) s"
+}
+
 cmd_status() {
   if command -v ch-run >/dev/null && [[ -d $IMAGE && -f $IMAGE.sha256 && -f $SQUASHFS && -f $SQUASHFS.sha256 ]]; then
     echo "installed: ch-run $(USER=${USER:-root} ch-run --version 2>&1), images $IMAGE and $SQUASHFS"
@@ -142,7 +195,7 @@ cmd_status() {
 cmd_purge() {
   [[ $EUID -eq 0 ]] || { echo "$PROG: must run as root (apt-get purge)" >&2; exit 2; }
   [[ $CH_HOME == /?*/?* ]] || die "refusing to remove suspicious ALLOCSTACK_CHARLIECLOUD_HOME '$CH_HOME'"
-  rm -rf -- "$CH_HOME" "$IMAGE" "$IMAGE".{sha256,key} "$SQUASHFS" "$SQUASHFS".{sha256,key}
+  rm -rf -- "$CH_HOME" "$IMAGE" "$IMAGE".{sha256,key} "$SQUASHFS" "$SQUASHFS".{sha256,key} "$STACK_IMAGES"
   packages_purge charliecloud
   log "purged: the next install is a first install"
 }
@@ -150,6 +203,7 @@ cmd_purge() {
 main() {
   case ${1:-} in
     install) (($# == 2)) || usage; cmd_install "$2" ;;
+    stacks) (($# == 2)) || usage; cmd_stacks "$2" ;;
     status) (($# == 1)) || usage; cmd_status ;;
     purge) (($# == 1)) || usage; cmd_purge ;;
     *) usage ;;

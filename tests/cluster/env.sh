@@ -9,4 +9,7 @@ fi
 export ALLOCSTACK_TEST_IMAGE="${ALLOCSTACK_TEST_IMAGE:-$apptainer_home/images/allocstack-test.sif}"
 export ALLOCSTACK_TEST_CHARLIECLOUD_IMAGE="${ALLOCSTACK_TEST_CHARLIECLOUD_IMAGE:-${ALLOCSTACK_CHARLIECLOUD_HOME:-/opt/allocstack-charliecloud}/images/allocstack-test}"
 export ALLOCSTACK_TEST_CHARLIECLOUD_SQUASHFS="${ALLOCSTACK_TEST_CHARLIECLOUD_SQUASHFS:-$ALLOCSTACK_TEST_CHARLIECLOUD_IMAGE.sqfs}"
+# The stack images (container/stacks/): NAME.sif for Apptainer, NAME/ for Charliecloud.
+export ALLOCSTACK_STACK_IMAGES="${ALLOCSTACK_STACK_IMAGES:-$apptainer_home/images/stacks}"
+export ALLOCSTACK_STACK_IMAGES_CHARLIECLOUD="${ALLOCSTACK_STACK_IMAGES_CHARLIECLOUD:-${ALLOCSTACK_CHARLIECLOUD_HOME:-/opt/allocstack-charliecloud}/images/stacks}"
 unset apptainer_home

@@ -11,8 +11,11 @@
 #      (tests/cluster/slurm.sh start --nodes 3: the single-node tests keep the default node
 #      and partitions, the multinode tests use partition `multi`),
 #   2. the Apptainer toolbox (tests/cluster/apptainer.sh install),
-#   3. the test image, built from container/test.def and cached by its hash,
-#   4. Charliecloud's ch-run and the same image as a directory and a SquashFS file (charliecloud.sh),
+#   3. the test image, built from container/test.def and cached by its hash, and the stack images
+#      (container/stacks/NAME.def with NAME.oci.json: Redis, a Python application; built as Docker Hub
+#      gives images, build.sh --oci), cached the same way,
+#   4. Charliecloud's ch-run and the same images as directories (the test image also as a SquashFS
+#      file) (charliecloud.sh),
 #   5. Debian's chromium, for the live status page test; tmux, a real terminal for the tests of
 #      what a run prints on one; tcpdump, for the capture on the multi-node cluster's bridge.
 # Each step prints the seconds since the start when it is done.
@@ -25,6 +28,7 @@ here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 root=$(cd "$here/../.." && pwd)
 apptainer_home=${ALLOCSTACK_APPTAINER_HOME:-/opt/allocstack-apptainer}
 image=${ALLOCSTACK_TEST_IMAGE:-$apptainer_home/images/allocstack-test.sif}
+stack_images=${ALLOCSTACK_STACK_IMAGES:-$apptainer_home/images/stacks}
 # The second local user the tests make for "nobody else gets in" (tests/conftest.py OTHER_USER).
 readonly OTHER_USER=allocstack-other
 # shellcheck source=tests/cluster/packages.sh
@@ -45,7 +49,17 @@ start() {
   PATH="$apptainer_home/bin:$PATH" bash "$root/container/build.sh" \
     --cache-dir "$apptainer_home/images/cache" "$root/container/test.def" "$image"
   echo "prepare: test image $image ready after $((SECONDS - started)) s"
+  mkdir -p "$stack_images"
+  packages_install prepare squashfs-tools
+  local def name
+  for def in "$root"/container/stacks/*.def; do
+    name=$(basename "$def" .def)
+    PATH="$apptainer_home/bin:$PATH" bash "$root/container/build.sh" --cache-dir "$apptainer_home/images/cache" \
+      --oci "${def%.def}.oci.json" "$def" "$stack_images/$name.sif"
+  done
+  echo "prepare: stack images in $stack_images ready after $((SECONDS - started)) s"
   PATH="$apptainer_home/bin:$PATH" bash "$here/charliecloud.sh" install "$image"
+  PATH="$apptainer_home/bin:$PATH" bash "$here/charliecloud.sh" stacks "$stack_images"
   echo "prepare: Charliecloud and its test image ready after $((SECONDS - started)) s"
   packages_install prepare chromium tcpdump tmux
   echo "prepare: $(chromium --version), $(tcpdump --version 2>&1 | head -1), $(tmux -V) ready after $((SECONDS - started)) s"

@@ -32,6 +32,19 @@ SERVICES = ("services:\n"
 OWN_STACK = ("tasks: null\nexpected: null\nworker: {mode: long-running, command: [python3, w.py], environment: {A: b}}\n"
              "verify: {command: [python3, c.py], environment: {X: y}}\nvolumes: [data]\n")
 
+#: Your own stack, each program in its own image (as import_compose.py writes it): no command (the image's own),
+#: an entrypoint, mounts, a working directory, a port from the image's EXPOSE, a command gate in the image.
+IMAGES = ("tasks: null\nexpected: null\nvolumes: [work]\n"
+          "worker: {mode: long-running, image: images/app.sif, mounts: [{target: /work, volume: work}],"
+          " working_dir: /code}\n"
+          "verify: {image: images/app.sif, command: [check.py], mounts: [{target: /work, volume: work,"
+          " read_only: true}, {target: /code, source: config, read_only: true}]}\n"
+          "services:\n"
+          "  redis: {image: images/redis-7.sif, command: [redis-server, --save, ''], port: image,"
+          " readiness: {mode: command, command: [redis-cli, ping]}}\n"
+          "  api: {image: images/api.sif, entrypoint: [python3, -m, api], port: 8080, depends_on: [redis],"
+          " readiness: {mode: started}}\n")
+
 #: name -> (config, facts): between them every option the plan can give.
 STACKS = {
     "the baseline": ("", {}),
@@ -48,6 +61,11 @@ STACKS = {
         ("image: img\nruntime: charliecloud\nvolumes: [cache]\nverify: {command: [python3, c.py]}\nscratch: /scratch\n"
         "state_dir: st\ncoordinator: {stop_claims_before_end: false}\ncharliecloud: {args: [--set-env=A=1], binds: [x]}"),
         INSTALLED),
+    "your own stack, each program in its own image (Apptainer)": (IMAGES, {"deployment": frozenset({"apptainer"}),
+                                                                           **INSTALLED}),
+    "your own stack, each program in its own image (Charliecloud)": (IMAGES + "runtime: charliecloud\n", INSTALLED),
+    "per-task workers in worker.image": ("worker: {image: w.sif}\n", {"deployment": frozenset({"apptainer"}),
+                                                                      **INSTALLED}),
     "no job steps, the older service block": ("slurm: {job_steps: false}\nservice: {command: [python3, app.py]}",
                                               {"environ": IN_STEP}),
     "many workers on one node": ("workers: 40\nworker: {command: [python3, x.py], task_timeout: 5}", {}),
@@ -190,3 +208,36 @@ def test_a_step_of_several_workers_gives_each_its_own_id_record_log_and_events(w
                                       for i in range(8, 15)]
     coordinator = parse("coordinator.py", planned.args("coordinator", run="baseline"))
     assert coordinator.max_connections == 512 + 3 * 4  # a few connections a step, not two a worker
+
+
+def test_programs_of_yours_run_in_their_images_and_their_supervisors_beside_them(workdir):
+    """Each program's image, mounts, working directory and entrypoint reach its supervisor; the supervisor itself
+    (and a service's gate) runs beside the image, not in ``image``; validate_inputs gets every image to check."""
+    planned = plan_of(IMAGES, deployment=frozenset({"apptainer"}), **INSTALLED)
+    service = parse("app_service.py", planned.args("service", run="r", service="redis"))
+    assert service.image.endswith("images/redis-7.sif") and service.port_from_image and service.command_json == [
+        "redis-server", "--save", ""]
+    api = parse("app_service.py", planned.args("service", run="r", service="api"))
+    assert api.entrypoint_json == ["python3", "-m", "api"] and api.command_json is None and api.port == 8080
+    gate = parse("readiness.py", planned.args("service_gate", run="r", service="redis"))
+    assert gate.image.endswith("images/redis-7.sif") and gate.ready_command_json == ["redis-cli", "ping"]
+    replica = parse("replica.py", planned.args("worker", run="r", worker="worker-01"))
+    assert replica.command_json is None and replica.working_dir == "/code"
+    assert replica.mounts_json == [{"target": "/work", "volume": "work", "read_only": False}]  # the default filled in
+    check = parse("check.py", planned.args("check", run="r"))
+    assert check.image.endswith("images/app.sif") and check.mounts_json[1]["read_only"] is True
+    for component, wildcards in (("service", {"service": "redis"}), ("service_gate", {"service": "redis"}),
+                                 ("worker", {"worker": "worker-01"}), ("check", {})):
+        assert not any(part.startswith("--image") for part in planned.launch(component, run="r", **wildcards)), component
+    inputs = parse("validate_inputs.py", planned.args("validate_inputs", run="r"))
+    assert {entry["what"]: (entry["image"], entry["command"], entry["port"]) for entry in inputs.program_images_json} == {
+        "services.redis": ("images/redis-7.sif", False, True), "services.api": ("images/api.sif", False, False),
+        "worker": ("images/app.sif", True, False), "verify": ("images/app.sif", False, False)}
+    # per-task workers run allocstack's worker.py IN worker.image
+    per_task = plan_of("worker: {image: w.sif}\n", deployment=frozenset({"apptainer"}), **INSTALLED)
+    launch = parse("launch.py", [*per_task.launch("worker", run="r", worker="worker-01")[2:], "worker.py"])
+    assert launch.image.endswith("w.sif")
+    # and a job step of several: its supervisor and relay run in worker.image with its workers
+    grouped = plan_of("workers: 40\nworker: {image: w.sif}\n", deployment=frozenset({"apptainer"}), **INSTALLED)
+    launch = parse("launch.py", [*grouped.launch("workers", run="r", step="workers-01")[2:], "worker_block.py"])
+    assert launch.image.endswith("w.sif")

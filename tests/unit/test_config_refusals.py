@@ -58,6 +58,17 @@ BAD = {
                                                "worker.mode is long-running but worker.command is not set"),
     "tasks null with per-task workers": ("tasks: null\nexpected: null\nverify: {command: [x]}",
                                          "tasks is null (no built-in coordinator) but worker.mode is per-task"),
+    "a port from the image without an image": ("services: {db: {command: [x], port: image}}",
+                                               ("services.db.port is image (the port its image EXPOSEs) but it runs "
+                                               "without an image")),
+    "a mount's volume not one of volumes": ("services: {db: {command: [x], mounts: [{target: /d, volume: nope}]}}",
+                                            "services.db.mounts: /d: volume nope is not one of `volumes`"),
+    "per-task workers with mounts": ("worker: {mounts: [{target: /d, source: config}]}",
+                                     "worker.mounts is for long-running workers (your own stack)"),
+    "${env:NAME} unset": ("services: {db: {command: [x, '${env:ALLOCSTACK_TEST_UNSET}']}}",
+                          "services.db: ${env:ALLOCSTACK_TEST_UNSET} is not set in the environment snakemake runs in"),
+    "a mount a schema refuses (relative target)": ("services: {db: {command: [x], mounts: [{target: d, source: c}]}}",
+                                                   "services.db.mounts.0.target"),
     "tasks null with expected": ("tasks: null\nworker: {mode: long-running, command: [x]}",
                                  "expected is set but tasks is null: there are no task results to compare"),
 }
@@ -104,7 +115,8 @@ def test_the_older_service_block_is_the_service_app_with_the_services_defaults()
     planned = plan_of("service: {command: [python3, app.py], readiness: {mode: tcp}}")
     assert "service" not in planned.config  # migrated once: nothing after reads it
     assert planned.services == {"app": {
-        "command": ["python3", "app.py"], "port": None, "depends_on": [], "cpus": 1, "environment": {},
+        "command": ["python3", "app.py"], "image": None, "entrypoint": None, "working_dir": None, "mounts": [],
+        "port": None, "depends_on": [], "cpus": 1, "environment": {},
         "stop_grace_period": 10,
         "readiness": {"mode": "tcp", "path": "/health", "expect": {}, "command": None, "timeout": None,
                       "interval": None, "probe_timeout": 1}}}
@@ -117,3 +129,28 @@ def test_a_modules_skip_validation_skips_the_schema_and_its_defaults():
     assert plan.load(config, world(skip_validation=True)).config["workers"] == 0
     with pytest.raises(KeyError):
         plan.load({"run": "x", "tasks": None, "workers": 1}, world(skip_validation=True))
+
+
+#: Your own stack whose programs have no command: in their images they run the image's own.
+OWN_COMMANDS = ("tasks: null\nexpected: null\nworker: {mode: long-running, image: app.sif}\n"
+                "verify: {image: app.sif}\nservices: {db: {image: db.sif, port: image}}\n")
+
+
+def test_programs_without_a_command_run_their_images_own_and_without_images_are_refused():
+    """With images on (--sdm apptainer, or runtime charliecloud) a program of yours without a command runs its
+    image's own, and a port may come from the image; without images the same config is one line."""
+    installed = {"which": lambda program: f"/usr/bin/{program}"}
+    planned = plan_of(OWN_COMMANDS, deployment=frozenset({"apptainer"}), **installed)
+    assert planned.images_on and not planned.use_image  # no top-level image: allocstack's own run on the host
+    assert plan_of(OWN_COMMANDS + "runtime: charliecloud\n", **installed).images_on
+    refused = refusal(OWN_COMMANDS)
+    assert "services.db.command is not set" in refused.message and "run it in its image" in refused.message
+    missing = refusal(OWN_COMMANDS, deployment=frozenset({"apptainer"}))
+    assert missing.diag == "prerequisite" and "apptainer is not on PATH" in missing.message
+
+
+def test_a_mount_source_that_does_not_exist_and_a_set_env_reference():
+    refused = refusal("services: {db: {command: [x], mounts: [{target: /d, source: no/such/dir}]}}")
+    assert refused.diag == "input" and "services.db.mounts: /d: its source no/such/dir does not exist" in refused.message
+    planned = plan_of("services: {db: {command: [x, '${env:DB_PASSWORD}']}}", environ={"DB_PASSWORD": "s3cret"})
+    assert planned.services["db"]["command"] == ["x", "${env:DB_PASSWORD}"]  # read when it starts, not here

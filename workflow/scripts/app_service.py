@@ -10,6 +10,10 @@ then runs your command with the variables of its dependencies and its own
 allocstack/launch/program.py), and publishes ``SCRATCH/services/<name>.json``
 (``{"schemaVersion": 1, "endpoint", "token"}``, mode 0600) for its gate and its users.
 Your service must listen on ``$ALLOCSTACK_<NAME>_HOST`` at that port (and may require the token).
+With an image of its own (``--image``) this supervisor runs beside it on the node and starts it
+in the image (allocstack/launch/program.py ``prepare``): the image's own command when ``--command-json``
+is not given, its mounts at their targets, its working directory; ``--port-from-image`` takes
+the port the image EXPOSEs.
 
 SIGTERM/SIGINT/SIGHUP are passed on; when the stack is done Snakemake stops it,
 and it stops by itself if its launcher is gone. A service still running
@@ -42,6 +46,7 @@ from allocstack.common.cli import (
     ArgumentParser,
     add_gate_arguments,
     add_network_options,
+    add_placement_arguments,
     add_program_arguments,
     non_negative_float,
     run,
@@ -61,7 +66,15 @@ from allocstack.common.events import append_event
 from allocstack.common.jsonio import atomic_write_json
 from allocstack.common.network import plan_listener
 from allocstack.common.scratch import make_private, private_level
-from allocstack.launch.program import await_gates, expand_argv, program_environment, service_problem
+from allocstack.launch.program import (
+    Placement,
+    await_gates,
+    describe,
+    image_meta,
+    prepare,
+    program_environment,
+    service_problem,
+)
 from allocstack.launch.supervise import Outcome, Supervised
 from allocstack.launch.tunnel import relay_to_loopback
 
@@ -97,8 +110,11 @@ def end_status(outcome: Outcome) -> str:
 def parse_args(argv: list[str] | None):
     parser = ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--name", default="app", help="the service's name (config services.<name>)")
-    add_program_arguments(parser, "your service")
+    add_program_arguments(parser, "your service", required=False)
+    add_placement_arguments(parser)
     parser.add_argument("--port", type=int, default=0, help="the port it listens on (0 = a free one)")
+    parser.add_argument("--port-from-image", action="store_true",
+                        help="the port its image EXPOSEs (config port: image; needs --image)")
     add_gate_arguments(parser)
     parser.add_argument("--stop-grace", type=non_negative_float, default=10.0,
                         help="seconds it may take to stop after SIGTERM before it is killed")
@@ -109,7 +125,21 @@ def parse_args(argv: list[str] | None):
         parser.error("--scratch (or $ALLOCSTACK_SCRATCH) is required")
     if not 0 <= args.port <= 65535:
         parser.error("--port must be in 0..65535")
+    if args.port_from_image and not args.image:
+        parser.error("--port-from-image needs --image")
     return args
+
+
+def image_port(placement: Placement, name: str) -> int:
+    """The port ``name``'s image EXPOSEs (its lowest TCP port).
+
+    :raises AllocstackError: ``config`` when it EXPOSEs none.
+    """
+    exposed = image_meta(placement).exposed
+    if not exposed:
+        raise AllocstackError("config", f"services.{name}.port is image, but its image {placement.image} EXPOSEs no TCP "
+                                        f"port: set services.{name}.port, or give the service a healthcheck")
+    return exposed[0]
 
 
 def relay_for_other_nodes(args, name: str, port: int) -> tuple[str, str | None] | None:
@@ -144,13 +174,19 @@ def main(argv: list[str] | None = None) -> int:
         for stale in (published, ended, events):  # what a crashed earlier run left
             stale.unlink(missing_ok=True)
         await_gates(args.gate_record, args.gate_timeout, log)
-        port, token = take_port(args.port), secrets.token_urlsafe(32)
+        placement = Placement.from_args(args)
+        wanted = image_port(placement, name) if args.port_from_image else args.port
+        port, token = take_port(wanted), secrets.token_urlsafe(32)
         relayed = relay_for_other_nodes(args, name, port)
         endpoint = f"http://{LOOPBACK}:{port}"
         stack = {**services_environment(args.scratch, args.uses), **service_variables(name, endpoint, token)}
         env = program_environment(os.environ, stack, args.environment_json, f"services.{name}")
+        how = prepare(placement, args.command_json, env, set(args.environment_json),
+                      args.scratch / names.PROGRAMS / name, f"services.{name}")
+        if how.container:
+            log(f"in its image: {how.line()}")
         started = time.time()
-        pid = program.start(expand_argv(args.command_json, env, f"services.{name}"), env, args.stop_grace)
+        pid = program.start(how.argv, how.env, args.stop_grace, how.cwd, how.deliver)
     except AllocstackError as error:  # its gate reads this and fails at once, with the reason
         atomic_write_json(service_end_path(args.scratch, name), {
             "schemaVersion": SCHEMA_VERSION, "service": name, "status": "failed", "how": error.line(),
@@ -161,9 +197,9 @@ def main(argv: list[str] | None = None) -> int:
         url, fingerprint = relayed
         write_endpoint(args.network_endpoint_file, url, token, "", tls=fingerprint is not None, fingerprint=fingerprint)
         log(f"relayed to the other nodes on {url}")
-    append_event(events, "service-started", service=name, endpoint=endpoint, command=args.command_json[0],
-                 **runtime_facts())
-    log(f"{args.command_json[0]} started on {endpoint} (pid {pid})")
+    append_event(events, "service-started", service=name, endpoint=endpoint, command=how.shown[0],
+                 **{**runtime_facts(), **({"container": how.container} if how.container else {})})
+    log(f"{describe(how.shown)} started on {endpoint}{f' in {how.container}' if how.container else ''} (pid {pid})")
     outcome = program.wait()
     published.unlink(missing_ok=True)
     if relayed:
@@ -175,7 +211,7 @@ def main(argv: list[str] | None = None) -> int:
     append_event(events, "service-end", service=name, status=status, exitCode=outcome.code)
     problem = service_problem(name, record)
     if problem is None:
-        log(f"{args.command_json[0]} stopped cleanly")
+        log(f"{how.shown[0]} stopped cleanly")
         return 0
     report(AllocstackError("service-exit", problem))
     return outcome.code if outcome.code > 0 else DIAGNOSTICS["service-exit"][0]

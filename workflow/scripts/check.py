@@ -21,14 +21,14 @@ from pathlib import Path
 
 from allocstack import SCHEMA_VERSION
 from allocstack.common import names
-from allocstack.common.cli import ArgumentParser, add_program_arguments, run
+from allocstack.common.cli import ArgumentParser, add_placement_arguments, add_program_arguments, run
 from allocstack.common.endpoint import services_environment
 from allocstack.common.errors import EXIT_OK, EXIT_TEMPFAIL, AllocstackError, report
 from allocstack.common.events import append_event
 from allocstack.common.jsonio import atomic_write_json
 from allocstack.common.scratch import make_private
 from allocstack.launch.lifeline import watch_launcher
-from allocstack.launch.program import expand_argv, program_environment, run_check
+from allocstack.launch.program import Placement, prepare, program_environment, run_check
 
 
 def await_files(paths: list[Path], log) -> None:
@@ -48,7 +48,8 @@ def await_files(paths: list[Path], log) -> None:
 
 def parse_args(argv: list[str] | None):
     parser = ArgumentParser(description=__doc__.split("\n\n")[0])
-    add_program_arguments(parser, "your check")
+    add_program_arguments(parser, "your check", required=False)
+    add_placement_arguments(parser)
     parser.add_argument("--wait-for", type=Path, action="append", default=[],
                         help="a worker's record: run only once every one exists (repeatable)")
     parser.add_argument("--record", type=Path, required=True, help="the check record, written when it passed")
@@ -69,9 +70,13 @@ def main(argv: list[str] | None = None) -> int:
         await_files(args.wait_for, log)
         env = program_environment(os.environ, services_environment(args.scratch, args.uses),
                                   args.environment_json, "verify")
+        how = prepare(Placement.from_args(args), args.command_json, env, set(args.environment_json),
+                      args.scratch / names.PROGRAMS / "check", "verify")
+        if how.container:
+            log(f"in its image: {how.line()}")
         started = time.time()
-        append_event(events, "check-start")
-        run_check(expand_argv(args.command_json, env, "verify"), env)
+        append_event(events, "check-start", **({"container": how.container} if how.container else {}))
+        run_check(how.argv, how.env, how.cwd, how.shown)
     except AllocstackError as error:
         append_event(events, "check-end", status="failed")
         return report(error)

@@ -37,7 +37,7 @@ PROVENANCE_FIELDS = ("host", "python", "pythonVersion", "osRelease", "container"
 
 def container_runtime(summary: dict[str, Any]) -> dict[str, Any] | None:
     """The runtime that ran the image, and its version as this node reports it (None without an image)."""
-    if not summary.get("image"):
+    if not summary.get("image") and not summary.get("programImages"):
         return None
     from allocstack.launch.containers import runtime_environ
 
@@ -50,7 +50,7 @@ def cluster_facts(job: str | None, summary: dict[str, Any]) -> tuple[str | None,
     """Slurm's version, the job's steps as accounting records them, and the container runtime: three client
     programs at once (this runs in the job). Outside an allocation and without an image there is none to ask,
     and nothing of Slurm's or the runtimes' code is imported."""
-    if not job and not summary.get("image"):
+    if not job and not summary.get("image") and not summary.get("programImages"):
         return None, None, None
     from concurrent.futures import ThreadPoolExecutor
 
@@ -142,6 +142,8 @@ def main(argv: list[str] | None = None) -> int:
             "expectedSha256": summary.get("expectedSha256"),
             "image": summary.get("image"),
             "imageSha256": summary.get("imageSha256"),
+            # each image a program of yours ran in, checked against its sidecar before anything started
+            "programImages": summary.get("programImages", {}),
             "slurm": {
                 "version": slurm_version,
                 "jobId": job,

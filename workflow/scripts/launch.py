@@ -135,7 +135,7 @@ def component_binds(args, scratch: Path | None) -> list[str]:
 def component_env(args, scratch: Path | None, environ: Mapping[str, str]) -> dict[str, str]:
     """The component's whole environment inside the image, besides the image's own."""
     env = {"PYTHONDONTWRITEBYTECODE": "1"}
-    for name in PASSED_ENV:
+    for name in (*PASSED_ENV, *args.pass_env):
         if environ.get(name):
             env[name] = environ[name]
     if scratch is not None:
@@ -404,6 +404,9 @@ def parse_args(argv: list[str] | None):
                         help="argument for apptainer exec or ch-run (repeatable)")
     parser.add_argument("--runtime-hint", default="", help="how to get the runtime's program, named when it is missing")
     parser.add_argument("--bind", action="append", default=[], help="host path to bind at the same place (repeatable)")
+    parser.add_argument("--pass-env", action="append", default=[], metavar="NAME",
+                        help="a variable of this environment the component reads in the image: a ${env:NAME} of its "
+                             "program's command or environment (repeatable; its value never on a command line)")
     parser.add_argument("--job-steps", action="store_true", help="run as an srun job step inside a Slurm allocation")
     parser.add_argument("--step-arg", action="append", default=[], help="argument for srun (repeatable)")
     parser.add_argument("--cpus", type=positive_int, default=1, help="CPUs of the job step")

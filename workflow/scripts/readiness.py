@@ -38,7 +38,7 @@ from urllib.parse import urlsplit
 
 from allocstack import SCHEMA_VERSION
 from allocstack.common import names
-from allocstack.common.cli import ArgumentParser, argv_list, positive_float, run, runtime_facts
+from allocstack.common.cli import ArgumentParser, add_placement_arguments, argv_list, positive_float, run, runtime_facts
 from allocstack.common.endpoint import (
     Endpoint,
     read_endpoint,
@@ -51,7 +51,7 @@ from allocstack.common.errors import EXIT_OK, AllocstackError, report
 from allocstack.common.events import append_event, ensure_log_dir
 from allocstack.common.jsonio import atomic_write_json, read_json
 from allocstack.coordinator import endrecord
-from allocstack.launch.program import ProgramError, describe, expand_argv, program_environment, run_program
+from allocstack.launch.program import Placement, ProgramError, describe, prepare, program_environment, run_program
 from allocstack.worker.httpclient import HttpConnection, TransportError
 
 
@@ -176,12 +176,12 @@ def tcp_check(url: str) -> Check:
     return check
 
 
-def command_check(argv: list[str], env: dict[str, str], probe_timeout: float) -> Check:
+def command_check(argv: list[str], env: dict[str, str], probe_timeout: float, cwd: str | None = None) -> Check:
     """``argv`` exits 0 within ``probe_timeout`` (with ``env``: the service's variables, see allocstack/launch/program.py)."""
 
     def check(timeout: float) -> tuple[bool, str]:
         try:
-            done = run_program(argv, env, timeout=max(timeout, probe_timeout))
+            done = run_program(argv, env, timeout=max(timeout, probe_timeout), cwd=cwd)
         except ProgramError as exc:
             return False, str(exc)
         return done.returncode == 0, f"exit {done.returncode} {done.tail(120)}"
@@ -234,8 +234,13 @@ def make_check(args, get: Get, url: str) -> tuple[Check, str]:
         return tcp_check(url), f"a TCP connection to {url}"
     if args.mode == "command":
         env = command_environment(args, url)
-        argv = expand_argv(args.ready_command_json, env, f"services.{args.service or 'app'}.readiness")
-        return command_check(argv, env, args.probe_timeout), f"{describe(argv)} exiting 0"
+        # in the service's image, as Compose runs a healthcheck in the service's container
+        how = prepare(Placement.from_args(args), args.ready_command_json, env, set(),
+                      (args.scratch or Path(".")) / names.PROGRAMS / f"{args.service or 'app'}-readiness",
+                      f"services.{args.service or 'app'}.readiness", probe=True)
+        return command_check(how.argv, how.env, args.probe_timeout, how.cwd), f"{describe(how.shown)} exiting 0"
+    if args.mode == "started":
+        return (lambda timeout: (True, "started")), "its start"
     return health_check(get, url, args.task_count), f"{url}/health reporting taskCount {args.task_count}"
 
 
@@ -249,12 +254,14 @@ def parse_args(argv: list[str] | None):
     parser.add_argument("--service", help="with --scratch: gate your own service NAME (its endpoint and event file)")
     parser.add_argument("--uses", action="append", default=[],
                         help="command mode: a service whose variables the command also gets (repeatable)")
-    parser.add_argument("--mode", choices=["health", "http", "tcp", "command"], default="health",
+    parser.add_argument("--mode", choices=["health", "http", "tcp", "command", "started"], default="health",
                         help="what ready means: the seed's /health contract (default), an HTTP path with expected "
-                             "JSON fields, a TCP connection, or a command exiting 0")
+                             "JSON fields, a TCP connection, a command exiting 0 (in the service's image, see "
+                             "--image), or the service's start (Compose's service_started)")
     parser.add_argument("--path", default="/health", help="http mode: the path to GET")
     parser.add_argument("--expect-json", type=json.loads, default={}, help="http mode: JSON fields the answer must have")
     parser.add_argument("--ready-command-json", type=argv_list, default=None, help="command mode: a JSON argv list")
+    add_placement_arguments(parser)
     count = parser.add_mutually_exclusive_group()
     count.add_argument("--task-count", type=int, help="taskCount the coordinator must report")
     count.add_argument("--inputs-summary", type=Path, help="read taskCount from validate_inputs' summary")
@@ -371,8 +378,9 @@ def main(argv: list[str] | None = None) -> int:
         append_event(args.events, "gate-failed", reason=error.message, **named)
         return report(error)
     seconds = time.monotonic() - started
+    probed_in = {"container": args.image} if args.mode == "command" and args.image else {}  # its command's image
     event = append_event(args.events, "gate-passed", endpoint=url, secondsToReady=round(seconds, 4),
-                         attempts=attempts, **named, **runtime_facts())
+                         attempts=attempts, **named, **{**runtime_facts(), **probed_in})
     if args.record:
         atomic_write_json(args.record, {
             "schemaVersion": SCHEMA_VERSION, "status": "ready", "endpoint": url, "taskCount": args.task_count,

@@ -28,6 +28,7 @@ from allocstack.common import names
 from allocstack.common.cli import (
     ArgumentParser,
     add_gate_arguments,
+    add_placement_arguments,
     add_program_arguments,
     positive_int,
     run,
@@ -38,7 +39,7 @@ from allocstack.common.errors import EXIT_OK, AllocstackError, report
 from allocstack.common.events import append_event
 from allocstack.common.jsonio import atomic_write_json
 from allocstack.common.scratch import make_private
-from allocstack.launch.program import await_gates, describe, expand_argv, program_environment
+from allocstack.launch.program import Placement, await_gates, describe, prepare, program_environment
 from allocstack.launch.supervise import Supervised
 from allocstack.launch.tunnel import remote_services_environment
 
@@ -52,7 +53,8 @@ def parse_args(argv: list[str] | None):
     parser.add_argument("--worker-id", required=True, help="e.g. worker-01")
     parser.add_argument("--index", type=int, required=True, help="replica index, 0..workers-1")
     parser.add_argument("--workers", type=positive_int, required=True, help="how many replicas run")
-    add_program_arguments(parser, "your worker program")
+    add_program_arguments(parser, "your worker program", required=False)
+    add_placement_arguments(parser)
     parser.add_argument("--uses-coordinator", action="store_true",
                         help="also the built-in coordinator's variables (ALLOCSTACK_COORDINATOR_*)")
     add_gate_arguments(parser)
@@ -87,10 +89,14 @@ def main(argv: list[str] | None = None) -> int:
             services = services_environment(args.scratch, args.uses, args.uses_coordinator)
         stack = {**services, **replica_variables(worker, args.index, args.workers)}
         env = program_environment(os.environ, stack, args.environment_json, "worker")
-        argv = expand_argv(args.command_json, env, "worker")
+        how = prepare(Placement.from_args(args), args.command_json, env, set(args.environment_json),
+                      args.scratch / names.PROGRAMS / worker, "worker")
+        if how.container:
+            log(f"in its image: {how.line()}")
         started = time.time()
-        append_event(events, "worker-start", worker=worker, **runtime_facts())
-        program.start(argv, env)
+        append_event(events, "worker-start", worker=worker,
+                     **{**runtime_facts(), **({"container": how.container} if how.container else {})})
+        program.start(how.argv, how.env, cwd=how.cwd, deliver=how.deliver)
     except AllocstackError as error:
         append_event(events, "worker-end", worker=worker, status=error.diag)
         return report(error)
@@ -100,12 +106,12 @@ def main(argv: list[str] | None = None) -> int:
     append_event(events, "worker-end", worker=worker, status=status, exitCode=outcome.code)
     if outcome.code != 0:
         why = " (stopped by allocstack)" if outcome.stop_signal is not None else ""
-        return report(AllocstackError("worker-exit", f"{worker} ({describe(args.command_json)}) {outcome.how()}{why}"))
+        return report(AllocstackError("worker-exit", f"{worker} ({describe(how.shown)}) {outcome.how()}{why}"))
     if args.record:
         atomic_write_json(args.record, {"schemaVersion": SCHEMA_VERSION, "workerId": worker, "status": status,
                                         "mode": "long-running", "exitCode": 0, "startedAt": started,
                                         "endedAt": ended}, 0o644)
-    log(f"{describe(args.command_json)} exited 0 after {ended - started:.3f} s")
+    log(f"{describe(how.shown)} exited 0 after {ended - started:.3f} s")
     return EXIT_OK
 
 

@@ -4,7 +4,9 @@
 Checks the task document (schema, ids, payload bounds), the baseline payloads,
 the expected document (coverage, digests), and, when an image is used, that the
 runtime can run it and the image's SHA-256 sidecar (a file's digest, or a directory
-image's tree digest). Exit 0, a summary and (``--decision-record``) the run's decision
+image's tree digest); the same for each image a program of yours runs in
+(``--program-images-json``), and what the run takes from one: its own command where the
+config gives none, the port it EXPOSEs where the config says ``port: image``. Exit 0, a summary and (``--decision-record``) the run's decision
 record (render_decisions.py), or one line, a non-zero exit and neither.
 """
 
@@ -32,7 +34,7 @@ from allocstack.common.taskset import (
     load_tasks_and_digest,
     write_compact,
 )
-from allocstack.launch.containers import PROGRAMS, check_image_format
+from allocstack.launch.containers import PROGRAMS, Bind, check_image_format, check_mount_targets
 from allocstack.worker.handlers import check_baseline_tasks
 
 #: An expected document this large is checked in a second process while this one reads the task document
@@ -64,6 +66,9 @@ def parse_args(argv: list[str] | None):
     parser.add_argument("--run", default="", help="run name, in the decision record's title")
     parser.add_argument("--decisions-json", type=json.loads, default={}, help="config `decisions` as JSON")
     parser.add_argument("--facts-json", type=json.loads, default={}, help="run facts to list under its table")
+    parser.add_argument("--program-images-json", type=json.loads, default=[],
+                        help="the images your programs run in: [{what, image, command, port}] (command: it runs "
+                             "the image's own; port: it listens on the port the image EXPOSEs)")
     args = parser.parse_args(argv)
     if args.decision_record and not args.decisions_json:
         parser.error("--decision-record needs --decisions-json")
@@ -112,6 +117,39 @@ def check_tasks(args) -> dict[str, Any]:
             "expectedListingSha256": digests[1], "compactTasksSha256": compact_sha256, "outputBytes": output_bytes}
 
 
+def check_program_images(checks: list[dict[str, Any]], runtime: str) -> dict[str, dict[str, str]]:
+    """Each image a program of yours runs in: its format, its sidecar; its own command and its EXPOSE where the
+    run takes them from it. Returns config key -> {image, sha256} for the provenance.
+
+    :raises AllocstackError: ``integrity`` for a sidecar that does not match, ``prerequisite`` for an image that
+        is not there, ``config`` for an image that has no command of its own or EXPOSEs no port where one is needed.
+    """
+    from allocstack.common.images import program_argv
+    from allocstack.launch.program import Placement, image_meta
+
+    digests: dict[str, str] = {}
+    found = {}
+    for check in checks:
+        image = check["image"]
+        if image not in digests:
+            check_image_format(runtime, image)
+            digests[image] = check_sidecar(image, f"the image of {check['what']}")
+        found[check["what"]] = {"image": image, "sha256": digests[image]}
+        if runtime == "charliecloud":  # ch-run binds only onto paths a directory image has: say it now
+            check_mount_targets(image, [Bind(mount.get("source") or "/", mount["target"])
+                                        for mount in check.get("mounts", [])])
+        if not (check["command"] or check["port"]):
+            continue
+        meta = image_meta(Placement(image, runtime))
+        if check["command"] and not program_argv(meta, None, None):
+            raise AllocstackError("config", f"{check['what']}.command is not set and its image {image} has no "
+                                            f"command of its own ({meta.describe()}): set {check['what']}.command")
+        if check["port"] and not meta.exposed:
+            raise AllocstackError("config", f"{check['what']}.port is image but its image {image} EXPOSEs no TCP "
+                                            f"port: set {check['what']}.port")
+    return found
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     try:
@@ -121,6 +159,9 @@ def main(argv: list[str] | None = None) -> int:
             check_image_format(args.runtime, str(args.image))
             summary["image"], summary["runtime"] = str(args.image), args.runtime
             summary["imageSha256"] = check_sidecar(args.image, "image")
+        if args.program_images_json:
+            summary["programImages"] = check_program_images(args.program_images_json, args.runtime)
+            summary["runtime"] = args.runtime
         atomic_write_json(args.output, summary, 0o644)
         if args.decision_record:
             atomic_write_text(args.decision_record, render_decisions(args.run, args.decisions_json, args.facts_json),

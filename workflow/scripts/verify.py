@@ -21,13 +21,14 @@ from __future__ import annotations
 
 import os
 import sys
+import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 from allocstack import SCHEMA_VERSION
-from allocstack.common.cli import ArgumentParser, argv_list, json_object, run
+from allocstack.common.cli import ArgumentParser, add_placement_arguments, argv_list, json_object, run
 from allocstack.common.errors import EXIT_OK, AllocstackError, report
 from allocstack.common.events import gate_precedes_workers, read_events
 from allocstack.common.jsonio import (
@@ -59,7 +60,7 @@ from allocstack.common.taskset import (
     validated_summary,
 )
 from allocstack.coordinator import endrecord
-from allocstack.launch.program import expand_argv, program_environment, run_check, service_problem
+from allocstack.launch.program import Placement, prepare, program_environment, run_check, service_problem
 
 _RESULT_KEYS = {"taskId", "workerId", "output", "sha256"}
 #: Results written to the success marker per chunk.
@@ -339,14 +340,15 @@ def parse_args(argv: list[str] | None):
                         help="the record of verify.command run while the services were up (no --input)")
     parser.add_argument("--environment-json", type=json_object, default={},
                         help="more variables for --command-json (config verify.environment)")
+    add_placement_arguments(parser)
     parser.add_argument("--remove-scratch", action="store_true",
                         help="remove the job-scoped scratch ($ALLOCSTACK_SCRATCH) at the end: its volumes were needed here")
     parser.add_argument("--retire-journal", type=Path, help="delete this journal once the run is verified")
     args = parser.parse_args(argv)
     if (args.input is None) != (args.results is None):
         parser.error("--input and --results go together")
-    if args.input is not None and args.expected is None and args.command_json is None:
-        parser.error("give --expected, --command-json, or both")
+    if args.input is not None and args.expected is None and args.command_json is None and not args.image:
+        parser.error("give --expected, --command-json (or --image with a command of its own), or both")
     if args.input is None and args.check_record is None:
         parser.error("without --input, give --check-record: nothing else says the results are correct")
     return args
@@ -358,11 +360,17 @@ def verify_tasks(args) -> tuple[dict[str, Any], list[Any] | memoryview]:
     checked = verify_validated(args)
     if checked is None:
         checked = verify_one_by_one(args)
-    if args.command_json:
+    if args.command_json or args.image:
         env = program_environment(user_check_environment(args.input, args.results, args.expected), {},
                                   args.environment_json, "verify")
+        placement = Placement.from_args(args)
+        # in its own image it sees the documents it is told about where they are
+        documents = [str(Path(path).absolute().parent) for path in (args.input, args.results, args.expected) if path]
+        placement = Placement(**{**placement.__dict__, "binds": (*placement.binds, *documents)})
         try:
-            run_check(expand_argv(args.command_json, env, "verify"), env)
+            with tempfile.TemporaryDirectory(prefix="verify-", dir=os.environ.get("ALLOCSTACK_SCRATCH")) as private:
+                how = prepare(placement, args.command_json, env, set(args.environment_json), Path(private), "verify")
+                run_check(how.argv, how.env, how.cwd, how.shown)
         except BaseException:
             discard(checked[1])
             raise

@@ -49,8 +49,8 @@ def argv_list(text: str) -> list[str]:
         value = json.loads(text)
     except json.JSONDecodeError as exc:
         raise argparse.ArgumentTypeError(f"not JSON: {exc.msg}") from exc
-    if not isinstance(value, list) or not value or not all(isinstance(arg, str) and arg for arg in value):
-        raise argparse.ArgumentTypeError("must be a non-empty JSON list of non-empty strings")
+    if not isinstance(value, list) or not value or not all(isinstance(arg, str) for arg in value) or not value[0]:
+        raise argparse.ArgumentTypeError("must be a non-empty JSON list of strings, the first (the program) not empty")
     return value
 
 
@@ -68,13 +68,40 @@ def json_object(text: str) -> dict[str, Any]:
 def add_program_arguments(parser: argparse.ArgumentParser, what: str, required: bool = True) -> None:
     """The options of a component that runs a program of yours: a service, a worker, the check."""
     parser.add_argument("--command-json", type=argv_list, required=required, default=None,
-                        help=f"{what} as a JSON argv list (never a shell string)")
+                        help=f"{what} as a JSON argv list (never a shell string); none: its image's own")
     parser.add_argument("--environment-json", type=json_object, default={},
                         help="more variables for it, a JSON object (${ALLOCSTACK_...} in a value is expanded)")
     parser.add_argument("--uses", action="append", default=[],
                         help="a service of yours whose ALLOCSTACK_<NAME>_* variables it gets (repeatable)")
     parser.add_argument("--scratch", type=Path, default=os.environ.get("ALLOCSTACK_SCRATCH") or None,
                         help="job-scoped scratch (default $ALLOCSTACK_SCRATCH): endpoints, events, volumes")
+
+
+def add_placement_arguments(parser: argparse.ArgumentParser) -> None:
+    """Where a program of yours runs (allocstack/launch/program.py ``Placement``): its image, mounts, working directory."""
+    parser.add_argument("--image", default="", help="the program's image ('' = none: it runs on this machine)")
+    parser.add_argument("--runtime", choices=["apptainer", "charliecloud"], default="apptainer",
+                        help="the container runtime of --image")
+    parser.add_argument("--runtime-arg", action="append", default=[],
+                        help="argument for apptainer exec or ch-run (repeatable)")
+    parser.add_argument("--bind", action="append", default=[],
+                        help="a host path the program sees at the same place in its image (repeatable)")
+    parser.add_argument("--mounts-json", type=json_list, default=[],
+                        help="its mounts, a JSON list of {target, source or volume, read_only} (config mounts)")
+    parser.add_argument("--working-dir", default=None, help="its working directory in the image (config working_dir)")
+    parser.add_argument("--entrypoint-json", type=argv_list, default=None,
+                        help="Compose's entrypoint as a JSON argv list: replaces the image's ENTRYPOINT and CMD")
+
+
+def json_list(text: str) -> list[Any]:
+    """argparse type: a JSON list."""
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise argparse.ArgumentTypeError(f"not JSON: {exc.msg}") from exc
+    if not isinstance(value, list):
+        raise argparse.ArgumentTypeError("must be a JSON list")
+    return value
 
 
 def add_gate_arguments(parser: argparse.ArgumentParser) -> None:

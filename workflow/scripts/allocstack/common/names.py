@@ -24,6 +24,9 @@ SERVICES = "services"
 EVENTS_DIR = "events"
 #: In scratch: the named volumes, ``VOLUMES/<name>``.
 VOLUMES = "volumes"
+#: In scratch: each program of yours that runs in an image, ``PROGRAMS/<component>``: its variables for ch-run,
+#: Charliecloud's mount-point tree, the read-only views of its mounts.
+PROGRAMS = "programs"
 #: In scratch: the prefix of a large task payload handed to ``worker.command`` as a file.
 PAYLOAD_PREFIX = "payload-"
 #: In scratch: how each component's process ended, as its launcher saw it (``ENDED_DIR/<component>.json``).

@@ -1,17 +1,20 @@
 """A Compose file, as allocstack config: the mapping behind ``import_compose.py`` (pure, no I/O but reads of the
-files the Compose file names: env_file, and whether a bind source exists).
+files the Compose file names: ``.env``, ``env_file``, whether a bind source exists, and an image's metadata
+through the function the caller passes).
 
-Roles: the service the check waits for with ``service_completed_successfully`` (or,
-without a check, the one replicated service) is the workers (``worker.mode:
-long-running``, ``deploy.replicas`` -> ``workers``); the service that waits for it is the
-check (``verify.command``); every other service is one of ``services``, gated by its
-healthcheck (a command gate, ``interval`` x ``retries`` + ``start_period`` as its deadline) or,
-without one, by a TCP connection to its port. Strings are rewritten where the stack
-lives now: a mount's target path -> the bind's host path (relative to the project) or
-``${ALLOCSTACK_VOLUME_<NAME>}`` (named volumes are job-scoped scratch); a service's name
-used as a hostname -> ``${ALLOCSTACK_<NAME>_HOST}`` (loopback on one node); ``0.0.0.0`` in
-a service's own command -> its host. What cannot map is refused by name with the reason,
-never dropped; what maps with a difference is said in a note.
+Roles: the service the check waits for with ``service_completed_successfully`` (or, without a check, the one
+replicated service) is the workers (``worker.mode: long-running``, ``deploy.replicas`` -> ``workers``); the
+service that waits for it is the check (``verify.command``); every other service is one of ``services``, gated
+by its healthcheck (a command gate, ``interval`` x ``retries`` + ``start_period`` as its deadline), else by a TCP
+connection to its port (from ``ports``, ``expose``, ``name:PORT`` where others use it, or its image's EXPOSE),
+else, when nothing waits for it, by its start. Values are interpolated as Compose does
+(allocstack/compose/interpolation.py). Each service keeps its own image (``services.<name>.image``, ``worker.image``,
+``verify.image``: the file the import names, with how to get it), its mounts at the paths the Compose file
+writes (``mounts``), its ``working_dir``, and its ``entrypoint`` and ``command`` as written (none: the image's
+own); commands are left as written. Service names used as hostnames are rewritten to
+``${ALLOCSTACK_<NAME>_HOST}`` (allocstack/compose/hostnames.py, which the caller can switch off). What cannot map is
+refused by name with the reason, never dropped; what maps with a difference is said in a note; what is missing
+is a gap, written into the config so that the run stops with one line until it is filled.
 """
 
 from __future__ import annotations
@@ -20,62 +23,48 @@ import math
 import os
 import re
 import shlex
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..common.images import ImageMeta, parse_reference
 from ..common.names import SERVICE_NAME_PATTERN, variable_prefix, volume_variable
-from ..launch.containers import PROGRAMS
 from ..plan.config import completed, defaults, service_defaults
 from ..plan.order import DependencyCycle, start_order
+from ..plan.refusals import reserved
 from ..plan.shape import allocation
+from .hostnames import HostRewriter, named_hosts
+from .interpolation import Interpolator, Use, Variables, as_references, markers, read_env_file
 
 COMPLETED = "service_completed_successfully"
+CONDITIONS = ("service_started", "service_healthy", COMPLETED)
 
-#: Service keys that need what a Slurm allocation without a daemon and root does not have.
-REFUSED_KEYS: dict[str, str] = {
-    "privileged": "needs root: allocstack runs your program as you, with no privileged container",
-    "cap_add": "adds Linux capabilities: needs root; your programs run as you, with none",
-    "devices": "maps host devices into a container: needs root (GPUs for the workers: deploy.resources."
-               "reservations.devices with capabilities [gpu])",
-    "security_opt": "sets seccomp/AppArmor/SELinux profiles: needs root",
-    "sysctls": "sets kernel parameters: needs root",
-    "pid": "shares a PID namespace: there are no container namespaces here",
-    "ipc": "shares an IPC namespace: there are no container namespaces here",
-    "userns_mode": "maps user namespaces: needs a container daemon",
-    "user": "switches the user: your programs run as you (no root to switch)",
-    "group_add": "adds groups: needs root",
-    "extra_hosts": "edits /etc/hosts: needs root; use $ALLOCSTACK_<NAME>_HOST for a service's address",
-    "dns": "sets the resolver: needs root", "dns_search": "sets the resolver: needs root",
-    "dns_opt": "sets the resolver: needs root",
-    "external_links": "links to containers outside this file",
-    "volumes_from": "mounts another container's volumes: name the volumes instead",
-    "secrets": "not imported: mount the file with a bind instead (./secret.txt:/run/secrets/name:ro)",
-    "configs": "not imported: mount the file with a bind instead (./app.conf:/etc/app.conf:ro)",
-    "working_dir": "not imported: every program starts in the directory you run snakemake from; give "
-                   "absolute paths, or paths relative to it",
-    "ulimits": "sets resource limits: your center sets them, not each program",
-    "extends": "not imported: give the import every Compose file instead, in order (it merges them as Compose does)",
-    "network_mode": "shares another network namespace: there are no container namespaces here",
-    "runtime": "selects a container runtime: allocstack runs Apptainer (config image)",
-    "isolation": "selects container isolation: needs a daemon",
-    "cgroup_parent": "sets a cgroup: needs root", "cgroup": "sets a cgroup namespace: needs root",
-    "mac_address": "sets a MAC address: there is no container network here",
-    "domainname": "sets a domain name: there is no container network here",
-    "storage_opt": "sets storage driver options: needs a daemon",
-    "oom_kill_disable": "changes the OOM killer: needs root", "oom_score_adj": "changes the OOM killer: needs root",
-    "pids_limit": "sets a cgroup limit: your center sets limits", "cpuset": "pins CPUs: Slurm places the job steps",
-    "cpu_shares": "sets a cgroup weight: Slurm places the job steps", "cpu_quota": "sets a cgroup quota: use cpus",
-    "cpu_period": "sets a cgroup quota: use cpus", "cpu_count": "use cpus", "cpu_percent": "use cpus",
-    "cpu_rt_runtime": "real-time scheduling: needs root", "cpu_rt_period": "real-time scheduling: needs root",
-    "blkio_config": "sets I/O weights: needs root", "memswap_limit": "sets swap: your center sets memory",
-    "mem_swappiness": "sets swap: your center sets memory", "device_cgroup_rules": "device access: needs root",
-    "credential_spec": "Windows containers only", "develop": "docker compose watch: needs a daemon",
-    "post_start": "lifecycle hooks in the container: not imported; put it in the command",
-    "pre_stop": "lifecycle hooks in the container: not imported; put it in the command",
+#: Service keys that need what a Slurm allocation without a daemon and root does not have, and whether that
+#: is truly impossible here (root, host devices, the host's namespaces) or only not imported.
+REFUSED_KEYS: dict[str, tuple[str, bool]] = {
+    "privileged": ("needs root: allocstack runs your program as you, with no privileged container", True),
+    "cap_add": ("adds Linux capabilities: needs root; your programs run as you, with none", True),
+    "devices": (("maps host devices into a container: needs root (GPUs for the workers: deploy.resources."
+                 "reservations.devices with capabilities [gpu])"), True),
+    "device_cgroup_rules": ("device access: needs root", True),
+    "security_opt": ("sets seccomp/AppArmor/SELinux profiles: needs root", True),
+    "sysctls": ("sets kernel parameters: needs root", True),
+    "userns_mode": ("maps user namespaces: needs a container daemon", True),
+    "cgroup_parent": ("sets a cgroup: needs root", True),
+    "oom_kill_disable": ("changes the OOM killer: needs root", True),
+    "external_links": ("links to containers outside this file", False),
+    "volumes_from": ("mounts another container's volumes: name the volumes instead", False),
+    "extends": (("not imported: give the import every Compose file instead, in order (it merges them as Compose "
+                 "does)"), False),
+    "runtime": ("selects a container runtime of the daemon: allocstack runs Apptainer or Charliecloud", False),
+    "isolation": ("selects container isolation: needs a daemon", True),
+    "credential_spec": ("Windows containers only", True),
+    "post_start": ("lifecycle hooks in the container: not imported; put it in the command", False),
+    "pre_stop": ("lifecycle hooks in the container: not imported; put it in the command", False),
 }
 
-#: Service keys that have no effect here: said in a note, never dropped silently.
+#: Service keys that change nothing here: said in a note, never dropped silently.
 IGNORED_KEYS: dict[str, str] = {
     "container_name": "the job step is named after the service",
     "labels": "labels have no use without a container daemon",
@@ -86,19 +75,44 @@ IGNORED_KEYS: dict[str, str] = {
     "pull_policy": "images are built once, ahead (see what to build)",
     "mem_limit": "memory is the profile's mem_mb (profiles/slurm/config.yaml)",
     "mem_reservation": "memory is the profile's mem_mb (profiles/slurm/config.yaml)",
+    "memswap_limit": "memory is the profile's mem_mb", "mem_swappiness": "swap is the node's",
     "shm_size": "shared memory is the node's",
-    "read_only": "an Apptainer image is read-only anyway",
+    "read_only": "the image is mounted read-only anyway",
     "cap_drop": "no capabilities to drop: programs run as you",
-    "stop_signal": "",  # handled: SIGTERM only
     "annotations": "annotations have no use without a container daemon",
     "attach": "logs go to files anyway",
+    "user": "your programs run as you (no root to switch users); a program that insists on its own user may fail",
+    "group_add": "your programs run with your groups",
+    "ulimits": "the limits are those of your allocation (your center sets them)",
+    "pids_limit": "the limits are those of your allocation", "cpuset": "Slurm places the job steps",
+    "cpu_shares": "Slurm places the job steps", "cpu_quota": "CPUs are cpus (the job step's)",
+    "cpu_period": "CPUs are cpus (the job step's)", "cpu_count": "CPUs are cpus", "cpu_percent": "CPUs are cpus",
+    "cpu_rt_runtime": "no real-time scheduling", "cpu_rt_period": "no real-time scheduling",
+    "blkio_config": "I/O weights are the node's", "storage_opt": "there is no storage driver",
+    "oom_score_adj": "the OOM killer is the node's", "cgroup": "Slurm's cgroup applies",
+    "mac_address": "the node's network is used", "domainname": "the node's network is used",
+    "dns": "the node's resolver is used", "dns_search": "the node's resolver is used",
+    "dns_opt": "the node's resolver is used",
+    "extra_hosts": "the node's own /etc/hosts applies (services are reached through $ALLOCSTACK_<NAME>_HOST)",
+    "develop": "docker compose watch is for a developer's machine",
+    "restart": "",  # said below: which policy, and what allocstack does instead
 }
 
-TOP_LEVEL = {"services", "volumes", "name", "version", "networks"}
+TOP_LEVEL = {"services", "volumes", "name", "version", "networks", "secrets", "configs"}
+SERVICE_KEYS = {"command", "entrypoint", "environment", "env_file", "healthcheck", "ports", "expose", "depends_on",
+                "volumes", "tmpfs", "image", "build", "deploy", "scale", "cpus", "hostname", "networks", "profiles",
+                "stop_grace_period", "links", "gpus", "stop_signal", "network_mode", "working_dir", "secrets",
+                "configs", "pid", "ipc"}
+DEPLOY_KEYS = {"replicas", "resources", "restart_policy", "mode", "labels", "update_config", "rollback_config"}
+#: Daemon sockets: a bind of one asks a container daemon to act for the program (root on the node).
+DAEMON_SOCKETS = re.compile(r"(?:^|/)(?:docker|podman|containerd|crio|dockershim|cri-dockerd)\.sock$|"
+                            r"^/(?:var/)?run/(?:docker|podman|containerd|crio)(?:/|$)")
 SHELL = "/bin/sh"
 #: A healthcheck probes every `interval` (30 s by default) for Compose's status display; the gate holds
 #: everything back until it passes, so it probes at least this often (seconds).
 PROBE_EVERY = 0.25
+#: What each container runtime's image is, as a file name's ending (config ``runtime``).
+IMAGE_SUFFIX = {"apptainer": ".sif", "charliecloud": ""}
 
 
 @dataclass
@@ -106,12 +120,20 @@ class Report:
     """What the import says besides the config."""
 
     refusals: list[str] = field(default_factory=list)
+    impossible: list[str] = field(default_factory=list)  # the refusals of what cannot run here at all
     gaps: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     build: list[str] = field(default_factory=list)
+    _where: list[str] = field(default_factory=list, repr=False)
 
-    def refuse(self, where: str, reason: str) -> None:
+    def refuse(self, where: str, reason: str, impossible: bool = False) -> None:
+        """Refuse what is at ``where``, once: a place (or a part of it) refused already is not refused again."""
+        if any(where == done or where.startswith((f"{done}.", f"{done}[")) for done in self._where):
+            return
+        self._where.append(where)
         self.refusals.append(f"{where}: {reason}")
+        if impossible:
+            self.impossible.append(f"{where}: {reason}")
 
 
 # ---------------------------------------------------------------- values and durations
@@ -122,7 +144,7 @@ UNITS = {"us": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
 
 def seconds(value: Any, where: str, report: Report) -> float | None:
     """A Compose duration (``1m30s``, ``500ms``, a number of seconds) in seconds, or None (refused)."""
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value >= 0:
         return float(value)
     text = str(value).strip()
     parts = DURATION.findall(text)
@@ -138,8 +160,19 @@ def number(value: float) -> int | float:
     return int(value) if float(value).is_integer() else value
 
 
+def count(value: Any) -> int | None:
+    """A whole number written as a number or a string of digits, or None."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    if isinstance(value, str) and value.strip().isdigit():
+        return int(value.strip())
+    return None
+
+
 def words(value: Any, where: str, report: Report) -> list[str] | None:
-    """A command: a list (kept) or a string (split like Compose does, no shell)."""
+    """A command: a list (kept, empty words too) or a string (split like Compose does, no shell)."""
     if value is None:
         return None
     if isinstance(value, str):
@@ -148,7 +181,8 @@ def words(value: Any, where: str, report: Report) -> list[str] | None:
         except ValueError as exc:
             report.refuse(where, f"cannot split {value!r}: {exc}")
             return None
-    if isinstance(value, list) and all(isinstance(item, (str, int, float)) for item in value):
+    if isinstance(value, list) and all(isinstance(item, (str, int, float)) and not isinstance(item, bool)
+                                       for item in value):
         return [str(item) for item in value]
     report.refuse(where, "must be a string or a list of strings")
     return None
@@ -161,38 +195,46 @@ def scalar(value: Any) -> str:
     return str(value)
 
 
-# ---------------------------------------------------------------- interpolation
-
-TOKEN = re.compile(r"\$\$|\$\{(?P<braced>[^}]*)\}|\$(?P<bare>[A-Za-z_][A-Za-z0-9_]*)")
-
-
-def unescape(value: Any, where: str, report: Report) -> Any:
-    """Compose's variable interpolation, refused; ``$$`` -> ``$``; ``${ALLOCSTACK_...}`` kept (allocstack's own).
-
-    Compose fills ``${X}`` from your shell or ``.env`` when it runs; the import must give the
-    same config every time, so it never reads your environment.
-    """
+def mapping(value: Any, where: str, report: Report) -> dict[str, Any]:
+    """``value`` when it is a mapping (None: empty); anything else is refused."""
+    if value is None:
+        return {}
     if isinstance(value, dict):
-        return {key: unescape(item, f"{where}.{key}" if where else str(key), report) for key, item in value.items()}
-    if isinstance(value, list):
-        return [unescape(item, f"{where}[{index}]", report) for index, item in enumerate(value)]
-    if not isinstance(value, str):
         return value
-
-    def replace(match: re.Match[str]) -> str:
-        name = match.group("braced") if match.group("braced") is not None else match.group("bare")
-        if match.group(0) == "$$":
-            return "$"
-        if match.group("braced") is not None and re.fullmatch(r"ALLOCSTACK_[A-Z0-9_]+", name):
-            return match.group(0)
-        report.refuse(where, f"variable interpolation ${{{name}}}: Compose fills it from your shell or .env when "
-                             "it runs; write the value (the import never reads your environment)")
-        return match.group(0)
-
-    return TOKEN.sub(replace, value)
+    report.refuse(where, f"must be a mapping, not {type(value).__name__}")
+    return {}
 
 
-# ---------------------------------------------------------------- merging several files
+def listing(value: Any, where: str, report: Report) -> list[Any]:
+    """``value`` when it is a list (None: empty; a string: one item); anything else is refused."""
+    if value is None:
+        return []
+    if isinstance(value, list):
+        return value
+    if isinstance(value, (str, int)) and not isinstance(value, bool):
+        return [value]
+    report.refuse(where, f"must be a list, not {type(value).__name__}")
+    return []
+
+
+# ---------------------------------------------------------------- merging several files: Compose's merge, !reset, !override
+
+
+class Reset:
+    """``!reset``: the key is removed from what earlier files said (Compose's merge)."""
+
+    def __repr__(self) -> str:
+        return "!reset"
+
+
+RESET = Reset()
+
+
+@dataclass
+class Override:
+    """``!override VALUE``: VALUE replaces what earlier files said, not merged with it."""
+
+    value: Any
 
 
 def normalized(service: dict[str, Any]) -> dict[str, Any]:
@@ -200,13 +242,13 @@ def normalized(service: dict[str, Any]) -> dict[str, Any]:
     service = dict(service)
     environment = service.get("environment")
     if isinstance(environment, list):
-        pairs = {}
+        pairs: dict[str, Any] = {}
         for item in environment:
-            key, _, value = str(item).partition("=")
-            pairs[key] = value if "=" in str(item) else None
+            key, sep, value = str(item).partition("=")
+            pairs[key] = value if sep else None
         service["environment"] = pairs
     depends = service.get("depends_on")
-    if isinstance(depends, list):
+    if isinstance(depends, list) and all(isinstance(name, str) for name in depends):
         service["depends_on"] = {name: {"condition": "service_started"} for name in depends}
     return service
 
@@ -222,18 +264,35 @@ REPLACED = {"command", "entrypoint", "test"}
 
 
 def merge(base: Any, override: Any, key: str = "") -> Any:
-    """Compose's merge of one file over another (the subset allocstack imports)."""
+    """Compose's merge of one file over another (the subset allocstack imports), with ``!reset`` and ``!override``."""
+    if isinstance(override, Override):
+        return strip_tags(override.value)
     if isinstance(base, dict) and isinstance(override, dict):
         merged = dict(base)
         for name, value in override.items():
-            merged[name] = merge(base[name], value, name) if name in base else value
+            if value is RESET:
+                merged.pop(name, None)
+            else:
+                merged[name] = merge(base[name], value, str(name)) if name in base else strip_tags(value)
         return merged
     if isinstance(base, list) and isinstance(override, list) and key not in REPLACED:
+        override = strip_tags(override)
         if key == "volumes":
             targets = {mount_target(mount) for mount in override}
             return [mount for mount in base if mount_target(mount) not in targets] + override
         return base + [item for item in override if item not in base]
-    return override
+    return strip_tags(override)
+
+
+def strip_tags(value: Any) -> Any:
+    """``value`` with ``!override`` unwrapped and ``!reset`` keys removed (a file with no earlier one to act on)."""
+    if isinstance(value, Override):
+        return strip_tags(value.value)
+    if isinstance(value, dict):
+        return {key: strip_tags(item) for key, item in value.items() if item is not RESET}
+    if isinstance(value, list):
+        return [strip_tags(item) for item in value if item is not RESET]
+    return None if value is RESET else value
 
 
 def combine(documents: list[dict[str, Any]]) -> dict[str, Any]:
@@ -244,18 +303,30 @@ def combine(documents: list[dict[str, Any]]) -> dict[str, Any]:
             document["services"] = {name: normalized(spec) if isinstance(spec, dict) else spec
                                     for name, spec in document["services"].items()}
         combined = merge(combined, document)
-    return combined
+    return strip_tags(combined)
 
 
-# ---------------------------------------------------------------- mounts and rewriting
+# ---------------------------------------------------------------- mounts
 
 
 @dataclass
 class Mount:
+    """A path a program sees in its container: a host path (relative to the project) or a named volume."""
+
     target: str
-    replacement: str  # host path (relative to the project) or ${ALLOCSTACK_VOLUME_<NAME>}
-    kind: str  # bind, volume, anonymous, tmpfs
+    source: str | None = None  # a host path, for a bind, a secret or a config
+    volume: str | None = None  # a named volume (job-scoped scratch)
     read_only: bool = False
+
+    def as_config(self) -> dict[str, Any]:
+        entry: dict[str, Any] = {"target": self.target}
+        if self.volume:
+            entry["volume"] = self.volume
+        else:
+            entry["source"] = self.source
+        if self.read_only:
+            entry["read_only"] = True
+        return entry
 
 
 def host_path(source: str, compose_dir: Path, project_dir: Path) -> str:
@@ -273,98 +344,121 @@ def slug(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9]+", "-", text).strip("-").lower() or "root"
 
 
-def parse_mount(mount: Any, where: str, declared: dict[str, Any], owner: str, context: Context) -> Mount | None:
+def split_mount(text: str) -> tuple[str | None, str, str]:
+    """A short-syntax volume ``[SOURCE:]TARGET[:MODE]`` as (source, target, mode)."""
+    parts = text.split(":")
+    if len(parts) == 1:
+        return None, parts[0], ""
+    if len(parts) == 2:
+        return (None, parts[0], parts[1]) if parts[0].startswith("/") and not parts[1].startswith("/") \
+            else (parts[0], parts[1], "")
+    return parts[0], parts[1], ":".join(parts[2:])
+
+
+def parse_mount(mount: Any, where: str, owner: str, context: Context) -> Mount | None:
     """One entry of a service's ``volumes``."""
     report = context.report
     if isinstance(mount, dict):
         kind, source, target = mount.get("type", "volume"), mount.get("source"), mount.get("target")
-        read_only = bool(mount.get("read_only"))
+        read_only = mount.get("read_only") is True
+        if kind == "bind" and isinstance(mount.get("bind"), dict) and mount["bind"].get("create_host_path") is False:
+            context.report.notes.append(f"{owner}: {target}: bind.create_host_path false: the source must exist")
+    elif isinstance(mount, str):
+        source, target, mode = split_mount(mount)
+        read_only = "ro" in mode.split(",")
+        kind = "volume" if source is None or not source.startswith((".", "/", "~")) else "bind"
     else:
-        parts = str(mount).split(":")
-        if len(parts) == 1:
-            kind, source, target, read_only = "volume", None, parts[0], False
-        else:
-            source, target = parts[0], parts[1]
-            read_only = len(parts) > 2 and "ro" in parts[2].split(",")
-            kind = "bind" if source.startswith((".", "/", "~")) else "volume"
+        report.refuse(where, f"{mount!r} is not a volume (a string SOURCE:TARGET[:MODE] or a mapping)")
+        return None
     if not isinstance(target, str) or not target.startswith("/"):
         report.refuse(where, f"mount target {target!r} must be an absolute path")
         return None
-    target = target.rstrip("/") or "/"
+    target = os.path.normpath(target)
     if kind == "bind":
-        path = host_path(str(source), context.compose_dir, context.project_dir)
+        if not isinstance(source, str) or not source:
+            report.refuse(where, "a bind needs a source path")
+            return None
+        if DAEMON_SOCKETS.search(os.path.normpath(source)):
+            report.refuse(where, f"{source} is a container daemon's socket: there is no daemon in an allocation, and "
+                                 "access to one would be root on the node", impossible=True)
+            return None
+        path = host_path(source, context.compose_dir, context.project_dir)
         if not (context.project_dir / path).exists():
             report.gaps.append(f"{owner}: bind source {source} ({path}) does not exist: Compose would create an "
                                "empty directory; create it (or fix the path)")
-        return Mount(target, path, "bind", read_only)
+        return Mount(target, source=path, read_only=read_only)
     if kind == "volume" and source:
-        if source not in declared:
+        if not isinstance(source, str) or source not in context.declared:
             report.refuse(where, f"volume {source!r} is not declared under the top-level volumes")
             return None
         context.volumes.add(source)
-        return Mount(target, f"${{{volume_variable(source)}}}", "volume", read_only)
+        return Mount(target, volume=source, read_only=read_only)
     if kind in ("volume", "tmpfs"):
         name = f"{owner}-{slug(target)}"
         context.volumes.add(name)
-        report.notes.append(f"{owner}: {kind} {target} -> job-scoped scratch volume {name}")
-        return Mount(target, f"${{{volume_variable(name)}}}", "anonymous" if kind == "volume" else "tmpfs")
+        report.notes.append(f"{owner}: {'anonymous volume' if kind == 'volume' else 'tmpfs'} {target} -> job-scoped "
+                            f"scratch volume {name}")
+        return Mount(target, volume=name)
     report.refuse(where, f"mount type {kind!r} cannot map (bind, volume and tmpfs can)")
     return None
 
 
-def mount_pattern(mounts: list[Mount]) -> re.Pattern[str] | None:
-    """One regex for every mount target, longest first, matched on path boundaries."""
-    if not mounts:
-        return None
-    targets = sorted({m.target for m in mounts}, key=len, reverse=True)
-    alternatives = "|".join(re.escape(target) for target in targets)
-    return re.compile(rf"(?<![A-Za-z0-9_.~/-])(?:{alternatives})(?=/|$|[^A-Za-z0-9_.-])")
+def secret_mounts(name: str, spec: dict[str, Any], kind: str, context: Context) -> list[Mount]:
+    """``secrets:`` / ``configs:`` of a service: each file bound read-only where Compose puts it
+    (a secret at ``/run/secrets/<name>``, a config at its ``target``, default ``/<name>``)."""
+    report = context.report
+    declared = context.secrets if kind == "secrets" else context.configs
+    mounts = []
+    for index, entry in enumerate(listing(spec.get(kind), f"services.{name}.{kind}", report)):
+        where = f"services.{name}.{kind}[{index}]"
+        if isinstance(entry, dict):
+            source, target = entry.get("source"), entry.get("target")
+            for key in ("uid", "gid", "mode"):
+                if key in entry:
+                    report.notes.append(f"{name}: {kind} {source} {key} ignored: the file is yours, read-only")
+        else:
+            source, target = entry, None
+        if not isinstance(source, str) or source not in declared:
+            report.refuse(where, f"{source!r} is not declared under the top-level {kind}")
+            continue
+        path = declared[source]
+        if path is None:
+            continue  # refused where it is declared
+        if target is None:
+            target = f"/run/secrets/{source}" if kind == "secrets" else f"/{source}"
+        elif kind == "secrets" and not str(target).startswith("/"):
+            target = f"/run/secrets/{target}"
+        if not isinstance(target, str) or not target.startswith("/"):
+            report.refuse(where, f"target {target!r} must be an absolute path")
+            continue
+        mounts.append(Mount(os.path.normpath(target), source=path, read_only=True))
+    return mounts
 
 
-HOST_FLAGS = {"-h", "--host", "--hostname", "--server"}
-
-
-class Rewriter:
-    """Rewrites one service's strings: mount targets, other services' hostnames, its own 0.0.0.0."""
-
-    def __init__(self, mounts: list[Mount], hostnames: dict[str, str], own_host: str | None) -> None:
-        self.by_target = {m.target: m.replacement for m in mounts}
-        self.mounts = mount_pattern(mounts)
-        self.hostnames = hostnames  # hostname (a service name or alias) -> ${ALLOCSTACK_<NAME>_HOST}
-        names = "|".join(re.escape(name) for name in sorted(hostnames, key=len, reverse=True))
-        self.urls = re.compile(rf"(?:(?<=://)|(?<=@))(?:{names})(?![A-Za-z0-9_.-])") if hostnames else None
-        self.host_ports = re.compile(rf"(?:^|(?<=[\s=,'\"(\[]))(?:{names})(?=:\d)") if hostnames else None
-        self.own_host = own_host
-        self.done: set[str] = set()
-
-    def text(self, value: str, whole_is_host: bool = False) -> str:
-        if whole_is_host and value in self.hostnames:
-            self.done.add(f"{value} -> {self.hostnames[value]}")
-            return self.hostnames[value]
-        if self.mounts is not None:
-            value = self.mounts.sub(self._mount, value)
-        for pattern in (self.urls, self.host_ports):
-            if pattern is not None:
-                value = pattern.sub(self._host, value)
-        if self.own_host and re.search(r"(?<![\d.])0\.0\.0\.0(?![\d.])", value):
-            self.done.add(f"0.0.0.0 -> {self.own_host}")
-            value = re.sub(r"(?<![\d.])0\.0\.0\.0(?![\d.])", self.own_host, value)
-        return value
-
-    def _mount(self, match: re.Match[str]) -> str:
-        replacement = self.by_target[match.group(0)]
-        self.done.add(f"{match.group(0)} -> {replacement}")
-        return replacement
-
-    def _host(self, match: re.Match[str]) -> str:
-        self.done.add(f"{match.group(0)} (hostname) -> {self.hostnames[match.group(0)]}")
-        return self.hostnames[match.group(0)]
-
-    def argv(self, argv: list[str]) -> list[str]:
-        return [self.text(arg, index > 0 and argv[index - 1] in HOST_FLAGS) for index, arg in enumerate(argv)]
-
-    def environment(self, env: dict[str, str]) -> dict[str, str]:
-        return {key: self.text(value, whole_is_host=True) for key, value in env.items()}
+def declared_files(document: dict[str, Any], kind: str, context: Context) -> dict[str, str | None]:
+    """Top-level ``secrets:`` or ``configs:``: name -> the file's host path (None: refused)."""
+    report = context.report
+    files: dict[str, str | None] = {}
+    for name, options in mapping(document.get(kind), kind, report).items():
+        where = f"{kind}.{name}"
+        options = mapping(options, where, report)
+        if isinstance(options.get("file"), str):
+            path = host_path(options["file"], context.compose_dir, context.project_dir)
+            if not (context.project_dir / path).is_file():
+                report.gaps.append(f"{where}: file {options['file']} ({path}) does not exist: create it")
+            files[str(name)] = path
+            continue
+        files[str(name)] = None
+        if options.get("external"):
+            report.refuse(where, "external: made outside this file (a swarm's): give its file with file:")
+        elif "environment" in options:
+            report.refuse(where, "environment: a secret from a variable is not imported: give its file with file: "
+                                 "(or pass the variable in the service's environment)")
+        elif "content" in options:
+            report.refuse(where, "content: written inline: put it in a file and give it with file:")
+        else:
+            report.refuse(where, "has no file: to bind")
+    return files
 
 
 # ---------------------------------------------------------------- the whole stack
@@ -375,10 +469,12 @@ class Context:
     compose_dir: Path
     project_dir: Path
     report: Report
+    declared: dict[str, Any] = field(default_factory=dict)
+    secrets: dict[str, str | None] = field(default_factory=dict)
+    configs: dict[str, str | None] = field(default_factory=dict)
     volumes: set[str] = field(default_factory=set)
-    binds: set[str] = field(default_factory=set)
-    images: dict[str, list[str]] = field(default_factory=dict)
-    read_only: list[str] = field(default_factory=list)
+    interpolator: Interpolator = field(default_factory=lambda: Interpolator(Variables({}, [])))
+    images: dict[str, tuple[str, list[str]]] = field(default_factory=dict)  # file -> (what it is made from, users)
 
 
 @dataclass
@@ -388,33 +484,51 @@ class Roles:
     services: list[str]
 
 
+def conditions(spec: dict[str, Any]) -> dict[str, str]:
+    depends = spec.get("depends_on")
+    if not isinstance(depends, dict):
+        return {}
+    found = {}
+    for name, value in depends.items():
+        condition = value.get("condition", "service_started") if isinstance(value, dict) else "service_started"
+        found[str(name)] = condition if isinstance(condition, str) else "service_started"
+    return found
+
+
 def check_depends_on(name: str, spec: dict[str, Any], report: Report) -> None:
     """What a depends_on entry says besides its condition."""
-    for dependency, options in (spec.get("depends_on") or {}).items():
+    depends = spec.get("depends_on")
+    if depends is not None and not isinstance(depends, (dict, list)):
+        report.refuse(f"services.{name}.depends_on", "must be a list of service names or a mapping")
+        return
+    if isinstance(spec.get("depends_on"), list):  # (normalized turns a list of names into a mapping)
+        report.refuse(f"services.{name}.depends_on", "a list may hold only service names")
+        return
+    for dependency, options in (depends or {}).items():
+        if options is not None and not isinstance(options, dict):
+            report.refuse(f"services.{name}.depends_on.{dependency}", "must be a mapping (condition, restart, required)")
+            continue
         options = options or {}
         if options.get("restart"):
-            report.refuse(f"services.{name}.depends_on.{dependency}.restart", "restarts this service when "
-                                                                             f"{dependency} restarts: needs a daemon")
+            report.notes.append(f"{name}: depends_on {dependency} restart: true: not applied (a service that ends "
+                                "fails the run; restarts: issue 25)")
         if options.get("required") is False:
             report.notes.append(f"{name}: depends_on {dependency} required: false: allocstack starts {dependency} "
                                 "anyway and waits for its gate")
         condition = options.get("condition", "service_started")
-        if condition not in ("service_started", "service_healthy", COMPLETED):
-            report.refuse(f"services.{name}.depends_on.{dependency}.condition", f"{condition!r} is not a Compose "
-                                                                                "condition")
-
-
-def conditions(spec: dict[str, Any]) -> dict[str, str]:
-    depends = spec.get("depends_on") or {}
-    return {name: (value or {}).get("condition", "service_started") for name, value in depends.items()}
+        if condition not in CONDITIONS:
+            report.refuse(f"services.{name}.depends_on.{dependency}.condition",
+                          f"{condition!r} is not a Compose condition")
 
 
 def replicas(spec: dict[str, Any], where: str, report: Report) -> int:
-    count = (spec.get("deploy") or {}).get("replicas", spec.get("scale", 1))
-    if not isinstance(count, int) or isinstance(count, bool) or count < 1:
-        report.refuse(f"{where}.deploy.replicas", f"{count!r}: at least one replica must run")
+    deploy = spec.get("deploy") if isinstance(spec.get("deploy"), dict) else {}
+    value = deploy.get("replicas", spec.get("scale", 1))
+    replicas_count = count(value)
+    if replicas_count is None or replicas_count < 1:
+        report.refuse(f"{where}.deploy.replicas", f"{value!r}: at least one replica must run")
         return 1
-    return count
+    return replicas_count
 
 
 def assign_roles(services: dict[str, dict[str, Any]], counts: dict[str, int], report: Report) -> Roles:
@@ -422,131 +536,162 @@ def assign_roles(services: dict[str, dict[str, Any]], counts: dict[str, int], re
     for name, spec in services.items():
         for dependency in conditions(spec):
             if dependency not in services:
-                report.refuse(f"services.{name}.depends_on", f"{dependency!r} is not a service here")
-    waits = {name: [d for d, c in conditions(spec).items() if c == COMPLETED] for name, spec in services.items()}
+                report.refuse(f"services.{name}.depends_on", f"{dependency!r} is not a service here (or it is left "
+                                                             "out by its profiles)")
+    waits = {name: [d for d, c in conditions(spec).items() if c == COMPLETED and d in services]
+             for name, spec in services.items()}
     checks = [name for name, waited in waits.items() if waited]
     replicated = [name for name in services if counts[name] > 1]
     check = checks[0] if checks else None
-    for extra in checks[1:]:
-        report.refuse(f"services.{extra}.depends_on", f"a second service waits for another to complete ({checks[0]} "
-                                                      "already does): allocstack runs one check, after the workers")
+    if len(checks) > 1:
+        report.refuse(f"services.{checks[1]}.depends_on", f"{', '.join(checks)} each wait for a service to complete "
+                                                          f"({', '.join(sorted({w for c in checks for w in waits[c]}))}):"
+                                                          " allocstack runs one check, after the workers (init jobs "
+                                                          "that run before the services: issue 25)")
+        return Roles(None, None, list(services))
     workers = None
     if check:
         waited = waits[check]
         if len(waited) > 1:
-            report.refuse(f"services.{check}.depends_on", f"waits for {', '.join(waited)} to complete: allocstack runs "
-                                                          "one set of workers")
+            report.refuse(f"services.{check}.depends_on", f"waits for {', '.join(waited)} to complete: allocstack "
+                                                          "runs one set of workers")
         workers = waited[0]
     elif len(replicated) == 1:
         workers = replicated[0]
-    if workers is None and not report.refusals:
-        report.refuse("services", "no workers: allocstack runs a stack until its workers end; mark them with "
-                                  "deploy.replicas, or add a check that waits for them (condition: "
-                                  f"{COMPLETED})")
+    if workers is None and not replicated:
+        report.gaps.append("no workers: nothing here runs to an end (no replicated service, no service the check "
+                           f"waits for with {COMPLETED}); allocstack runs a stack until its workers end: give the "
+                           "program that uses the services as worker.command (in a config file of yours given after "
+                           "this one), or mark the service that does the work with deploy.replicas (a stack that "
+                           "only serves until it is stopped: issue 25)")
     for name in replicated:
         if name != workers:
-            report.refuse(f"services.{name}.deploy.replicas", f"a second replicated service ({workers} are the "
-                                                               "workers): allocstack replicates only the workers")
+            report.refuse(f"services.{name}.deploy.replicas", f"a second replicated service ({workers or replicated[0]} "
+                                                               "are the workers): allocstack replicates only the "
+                                                               "workers")
     rest = [name for name in services if name not in (workers, check)]
     for name in rest:
         for dependency in conditions(services[name]):
-            if dependency in (workers, check):
-                report.refuse(f"services.{name}.depends_on", f"a long-running service that waits for the "
-                                                             f"{'workers' if dependency == workers else 'check'}")
+            if dependency in (workers, check) and dependency is not None:
+                report.refuse(f"services.{name}.depends_on", f"a long-running service that waits for {dependency}, "
+                                                             f"which allocstack reads as the "
+                                                             f"{'workers' if dependency == workers else 'check'} "
+                                                             f"(it waits for {', '.join(waits[check]) if check else ''} "
+                                                             "to complete; init jobs that run before the services: "
+                                                             "issue 25)")
     if workers and check and check in conditions(services[workers]):
         report.refuse(f"services.{workers}.depends_on", "the workers wait for the check: it runs after them")
     return Roles(workers, check, rest)
 
 
-def port_of(name: str, spec: dict[str, Any], uses: dict[str, list[int]], report: Report) -> int | None:
-    """The port a service listens on: its ``ports`` (target), ``expose``, or ``name:PORT`` where others use it."""
-    candidates: list[int] = []
-    for index, entry in enumerate(spec.get("ports") or []):
+# ---------------------------------------------------------------- ports
+
+
+@dataclass
+class Ports:
+    """The ports a service listens on, as its Compose entries say; ``refused`` when one of them cannot map."""
+
+    listed: list[int] = field(default_factory=list)
+    refused: bool = False
+
+
+def port_number(value: Any) -> int | None:
+    text = str(value).strip() if isinstance(value, (str, int)) and not isinstance(value, bool) else ""
+    return int(text) if text.isdigit() and 0 < int(text) <= 65535 else None
+
+
+def listed_ports(name: str, spec: dict[str, Any], report: Report) -> Ports:
+    """``ports`` (the container's side) and ``expose``, as Compose parses them; each refused one named once."""
+    found = Ports()
+    for index, entry in enumerate(listing(spec.get("ports"), f"services.{name}.ports", report)):
         where = f"services.{name}.ports[{index}]"
         if isinstance(entry, dict):
             target, published, protocol = entry.get("target"), entry.get("published"), entry.get("protocol", "tcp")
-        else:
+        elif isinstance(entry, (str, int)) and not isinstance(entry, bool):
             text, _, protocol = str(entry).partition("/")
+            text = re.sub(r"^\[[0-9A-Fa-f:]*\]:", "", text)  # an IPv6 host address
             fields = text.split(":")
             target, published = fields[-1], fields[-2] if len(fields) > 1 else None
             protocol = protocol or "tcp"
-        if protocol != "tcp" or "-" in str(target):
-            report.refuse(where, f"{entry!r}: only single TCP ports map (a UDP port or a range cannot be gated or "
-                                 "tunnelled)")
+        else:
+            report.refuse(where, f"{entry!r} is not a port")
+            found.refused = True
             continue
-        candidates.append(int(target))
-        outside = published or target
-        report.notes.append(f"{name}: ports {entry!r} -> listens on loopback {target} on the node only (no port "
-                            f"publishing without a daemon); from your laptop: ssh -N -L {outside}:127.0.0.1:{target} "
+        port = port_number(target)
+        if protocol != "tcp" or port is None:
+            report.refuse(where, f"{entry!r}: only single TCP ports map (a UDP port, a range or a missing target "
+                                 "cannot be gated or tunnelled)")
+            found.refused = True
+            continue
+        found.listed.append(port)
+        outside = published if port_number(published) else port
+        report.notes.append(f"{name}: ports {entry!r} -> listens on loopback {port} on the node only (no port "
+                            f"publishing without a daemon); from your laptop: ssh -N -L {outside}:127.0.0.1:{port} "
                             "NODE (through the login node, if your center allows it)")
-    candidates += [int(str(port).partition("/")[0]) for port in spec.get("expose") or []]
-    candidates += uses.get(name, [])
-    if not candidates:
-        return None
-    port = candidates[0]
-    if len(set(candidates)) > 1:
-        report.notes.append(f"{name}: listens on {sorted(set(candidates))}; its gate and "
-                            f"$ALLOCSTACK_{variable_prefix(name)[11:]}PORT use {port}")
-    if port < 1024:
-        report.refuse(f"services.{name}", f"port {port} is privileged: listening on it needs root; make the "
-                                          "service listen on 1024 or above")
-        return None
-    return port
-
-
-def hostname_ports(document_text: str, names: list[str]) -> dict[str, list[int]]:
-    """``name:PORT`` wherever a service name is used as a hostname with a port (URLs, host:port)."""
-    found: dict[str, list[int]] = {}
-    for name in names:
-        for match in re.finditer(rf"(?:://|@|^|(?<=[\s=,'\"(\[])){re.escape(name)}:(\d+)", document_text, re.MULTILINE):
-            found.setdefault(name, []).append(int(match.group(1)))
+    for entry in listing(spec.get("expose"), f"services.{name}.expose", report):
+        port = port_number(str(entry).partition("/")[0]) if isinstance(entry, (str, int)) else None
+        if port is None or str(entry).partition("/")[2] not in ("", "tcp"):
+            report.notes.append(f"{name}: expose {entry!r} ignored: not a single TCP port")
+        else:
+            found.listed.append(port)
     return found
 
 
-def strings(value: Any) -> list[str]:
-    if isinstance(value, dict):
-        return [text for item in value.values() for text in strings(item)]
-    if isinstance(value, list):
-        return [text for item in value for text in strings(item)]
-    return [value] if isinstance(value, str) else []
+# ---------------------------------------------------------------- environment
 
 
 def environment(name: str, spec: dict[str, Any], context: Context) -> dict[str, str]:
-    """``env_file`` (resolved against the Compose file's directory) and then ``environment``."""
+    """``env_file`` (resolved against the Compose file's directory) and then ``environment``; a name without a
+    value takes it from the variables (the environment, .env), or is left out as Compose leaves it."""
+    report = context.report
     env: dict[str, str] = {}
-    files = spec.get("env_file") or []
-    for entry in [files] if isinstance(files, (str, dict)) else files:
+    files = spec.get("env_file")
+    for entry in [files] if isinstance(files, (str, dict)) else listing(files, f"services.{name}.env_file", report):
         path = entry.get("path") if isinstance(entry, dict) else entry
-        required = entry.get("required", True) if isinstance(entry, dict) else True
-        where = context.compose_dir / str(path)
+        required = entry.get("required", True) is not False if isinstance(entry, dict) else True
+        if not isinstance(path, str):
+            report.refuse(f"services.{name}.env_file", f"{path!r} is not a file name")
+            continue
+        where = context.compose_dir / path
         if not where.is_file():
             if required:
-                context.report.refuse(f"services.{name}.env_file", f"{path} does not exist")
+                report.gaps.append(f"{name}: env_file {path} does not exist: Compose stops there; create it and import "
+                                   "again (its variables are not in this config)")
             continue
-        for line in where.read_text(encoding="utf-8").splitlines():
-            line = line.strip()
-            if not line or line.startswith("#") or "=" not in line:
-                continue
-            key, _, value = line.removeprefix("export ").partition("=")
-            value = value.strip()
-            if len(value) > 1 and value[0] == value[-1] and value[0] in "'\"":
-                value = value[1:-1]
-            env[key.strip()] = value
-    for key, value in (spec.get("environment") or {}).items():
+        try:
+            env.update(read_env_file(where, context.interpolator.variables, path))
+        except (OSError, ValueError) as exc:
+            report.refuse(f"services.{name}.env_file", f"{path}: {exc}")
+    for key, value in mapping(spec.get("environment"), f"services.{name}.environment", report).items():
         if value is None:
-            context.report.refuse(f"services.{name}.environment.{key}", "has no value: Compose takes it from the "
-                                                                        "shell that runs it; write the value")
+            found = context.interpolator.variables.lookup(str(key))
+            if found is None:
+                report.notes.append(f"{name}: environment {key} has no value and is not set: left out (as Compose "
+                                    "leaves it unset)")
+                continue
+            value = context.interpolator.value_of(str(key), f"services.{name}.environment.{key}", found)
+        if isinstance(value, (dict, list)):
+            report.refuse(f"services.{name}.environment.{key}", "must be a string, a number or a boolean")
             continue
         env[str(key)] = scalar(value)
     return env
 
 
-def gate(name: str, spec: dict[str, Any], port: int | None, report: Report) -> dict[str, Any] | None:
-    """A service's readiness gate: its healthcheck as a command gate, else a TCP connection to its port."""
-    check = spec.get("healthcheck") or {}
+# ---------------------------------------------------------------- gates
+
+
+def gate(name: str, spec: dict[str, Any], port: int | str | None, waited: dict[str, str], report: Report
+         ) -> dict[str, Any] | None:
+    """A service's readiness gate: its healthcheck as a command gate, else a TCP connection to its port, else
+    (when nothing waits for it to be ready) its start. ``waited``: who waits for it, and with what condition."""
+    check = spec.get("healthcheck")
+    where = f"services.{name}.healthcheck"
+    if check is not None and not isinstance(check, dict):
+        report.refuse(where, "must be a mapping")
+        return None
+    check = check or {}
     test = check.get("test")
     disabled = check.get("disable") is True or (isinstance(test, list) and test[:1] == ["NONE"])
-    where = f"services.{name}.healthcheck"
     if test and not disabled:
         if isinstance(test, str):
             argv = [SHELL, "-c", test]
@@ -558,158 +703,102 @@ def gate(name: str, spec: dict[str, Any], port: int | None, report: Report) -> d
             report.refuse(f"{where}.test", f"{test!r} is not CMD, CMD-SHELL or a string")
             return None
         interval = seconds(check.get("interval", "30s"), f"{where}.interval", report) or 30.0
-        retries = check.get("retries", 3)
+        retries = count(check.get("retries", 3))
+        if retries is None:
+            report.refuse(f"{where}.retries", f"{check.get('retries')!r} is not a number of retries")
+            return None
         start = seconds(check.get("start_period", 0), f"{where}.start_period", report) or 0.0
         probe = seconds(check.get("timeout", "30s"), f"{where}.timeout", report) or 30.0
         if "start_interval" in check:
             report.notes.append(f"{name}: healthcheck.start_interval: the gate probes every "
                                 f"{min(interval, PROBE_EVERY):g} s from the start anyway")
-        timeout = number(start + interval * retries)
-        report.notes.append(f"{name}: healthcheck -> command gate, deadline {timeout:g} s (start_period {start:g} s + "
-                            f"interval {interval:g} s x retries {retries}), probing every {min(interval, PROBE_EVERY):g} s")
+        timeout = number(start + interval * max(retries, 1))
+        report.notes.append(f"{name}: healthcheck -> command gate (in its image), deadline {timeout:g} s (start_period "
+                            f"{start:g} s + interval {interval:g} s x retries {retries}), probing every "
+                            f"{min(interval, PROBE_EVERY):g} s")
         return {"mode": "command", "command": argv, "timeout": timeout, "interval": number(min(interval, PROBE_EVERY)),
-                "probe_timeout": number(probe)}
+                "probe_timeout": number(probe or 30.0)}
     if port is not None:
-        report.notes.append(f"{name}: no healthcheck -> ready when port {port} accepts a connection (tcp gate)")
+        said = "its image's EXPOSE, read when the stack starts" if port == "image" else f"port {port}"
+        report.notes.append(f"{name}: no healthcheck -> ready when {said} accepts a connection (tcp gate)")
         return {"mode": "tcp"}
-    report.refuse(f"services.{name}", "has no healthcheck and no port: allocstack gates every service before "
-                                      "what depends on it starts; add a healthcheck (or its port)")
-    return None
+    healthy = [other for other, condition in waited.items() if condition == "service_healthy"]
+    if healthy:
+        report.refuse(f"services.{name}", f"has no healthcheck and no port, but {', '.join(healthy)} wait(s) for it to "
+                                          "be healthy: add a healthcheck (or expose: its port)")
+        return None
+    if waited:
+        report.refuse(f"services.{name}", f"has no healthcheck, no port and no image that EXPOSEs one, but "
+                                          f"{', '.join(waited)} depend(s) on it: nothing would say when it is ready; "
+                                          "add a healthcheck (or expose: its port)")
+        return None
+    report.notes.append(f"{name}: no healthcheck and no port, and nothing waits for it: ready once started "
+                        "(Compose's service_started)")
+    return {"mode": "started"}
 
 
-def dependencies(name: str, spec: dict[str, Any], roles: Roles, hostnames: dict[str, str], uses: list[Any],
-                 report: Report) -> list[str]:
-    """Its depends_on, plus every service it names as a hostname (it needs that one's address to start)."""
-    listed = [d for d in conditions(spec) if d in roles.services]
-    text = "\n".join(strings(uses))
-    named = [other for other in roles.services if other != name and f"${{{variable_prefix(other)}HOST}}" in text]
-    for other in named:
-        if other not in listed:
-            report.notes.append(f"{name}: uses {other} as a hostname: starts after {other}'s gate (added to depends_on)")
-            listed.append(other)
-    return listed
+# ---------------------------------------------------------------- images
 
 
-def program(name: str, spec: dict[str, Any], report: Report) -> list[str] | None:
-    argv = (words(spec.get("entrypoint"), f"services.{name}.entrypoint", report) or []) + \
-        (words(spec.get("command"), f"services.{name}.command", report) or [])
-    return argv or None
-
-
-def image_source(spec: dict[str, Any]) -> str | None:
-    """What a service's image is made from: ``build: CONTEXT`` or ``image: NAME``."""
-    build = spec.get("build")
+def image_source(name: str, spec: dict[str, Any], project: str, report: Report) -> tuple[str, str] | None:
+    """(what the image is made from, its file's stem): ``image: REF`` or ``build: CONTEXT`` (None: refused)."""
+    image, build = spec.get("image"), spec.get("build")
+    ref = None
+    if image is not None:
+        ref = parse_reference(str(image)) if isinstance(image, str) else None
+        if ref is None:
+            if not any(f"{image!r} is not an image reference" in line for line in report.refusals):
+                report.refuse(f"services.{name}.image", f"{image!r} is not an image reference")
+            return None
     if build is not None:
         if isinstance(build, str):
-            return f"build: {build}"
-        details = [f"{key} {build[key]}" for key in sorted(build) if key != "context"]
-        return f"build: {build.get('context', '.')}" + (f" ({'; '.join(details)})" if details else "")
-    return f"image: {spec['image']}" if spec.get("image") else None
-
-
-def what_to_build(sources: dict[str, list[str]]) -> list[str]:
-    """How to get an Apptainer image for each image source, and that one image must hold every program."""
-    lines = []
-    for source, names in sources.items():
-        kind, _, value = source.partition(": ")
-        tag = slug(names[0])
-        if kind == "build":
-            how = (f"Apptainer does not read Dockerfiles: build where Docker or Podman runs (docker build -t {tag} "
-                   f"{value.split(' ')[0]}), then apptainer build {tag}.sif docker-daemon://{tag}:latest; or write "
-                   "an Apptainer definition file (container/README.md)")
+            context, details = build, ""
+        elif isinstance(build, dict):
+            context = str(build.get("context", "."))
+            details = "; ".join(f"{key} {build[key]}" for key in sorted(build) if key != "context")
         else:
-            how = f"apptainer build {slug(value)}.sif docker://{value}"
-        lines.append(f"{source} ({', '.join(names)}): {how}")
-    if len(sources) > 1:
-        lines.append("allocstack runs every component in one image (config image): build one that holds every "
-                     "program above")
+            report.refuse(f"services.{name}.build", "must be a context path or a mapping")
+            return None
+        # services built from the same context share one image: named after the project and the context
+        stem = ref.slug if ref else slug(project if os.path.normpath(context) == "." else f"{project}-{context}")
+        if details and not ref:
+            stem = f"{stem}-{slug(details)[:40]}"
+        return f"build: {context}" + (f" ({details})" if details else ""), stem
+    if ref is None:
+        report.refuse(f"services.{name}", "has neither image: nor build: (Compose needs one of them)")
+        return None
+    return f"image: {image}", ref.slug
+
+
+def what_to_build(images: dict[str, tuple[str, list[str]]], runtime: str) -> list[str]:
+    """How to get each image where the config expects it, with its SHA-256 sidecar."""
+    lines = []
+    for path, (source, users) in sorted(images.items()):
+        kind, _, value = source.partition(": ")
+        if kind == "image":
+            if runtime == "charliecloud":
+                how = (f"ch-image pull {value} && ch-convert {value} {path} (ch-image keeps the image's ENTRYPOINT, "
+                       f"CMD and EXPOSE in /ch/config.pulled.json; or where Docker runs: ch-convert -i docker {value} "
+                       f"{path}, which keeps none of them)")
+            else:
+                how = (f"apptainer build {path} docker://{value} (or where Docker runs: docker save {value} -o x.tar, "
+                       f"then apptainer build {path} docker-archive://x.tar)")
+        else:
+            context = value.split(" ")[0]
+            tag = Path(path).name.removesuffix(".sif")
+            if runtime == "charliecloud":
+                how = f"ch-image build -t {tag} {context} && ch-convert {tag} {path}"
+            else:
+                how = (f"where Docker or Podman runs: docker build -t {tag} {context} && docker save {tag} -o "
+                       f"{tag}.tar, then apptainer build {path} docker-archive://{tag}.tar (or an Apptainer "
+                       "definition file: container/README.md)")
+        sidecar = (f"python3 workflow/scripts/image_digest.py {path}" if runtime == "charliecloud"
+                   else f"sha256sum {path} > {path}.sha256")
+        lines.append(f"{source} ({', '.join(users)}) -> {path}: {how}; then {sidecar}")
     return lines
 
 
-#: Where a program's own files are not: paths of the operating system (in the image and on the node alike).
-SYSTEM_PATHS = ("/bin/", "/usr/", "/etc/", "/dev/", "/proc/", "/sys/", "/tmp/", "/lib", "/sbin/", "/run/")  # noqa: S108
-
-
-def image_paths(name: str, before: list[str], after: list[str], report: Report) -> None:
-    """Absolute paths no mount maps, in the first words of a command: they exist only in the image."""
-    found = [arg for arg, mapped in zip(before[:3], after[:3], strict=True)
-             if arg == mapped and arg.startswith("/") and not arg.startswith(SYSTEM_PATHS)]
-    if found:
-        report.notes.append(f"{name}: {', '.join(found)} is inside the image (no mount maps it): with the image it "
-                            "runs as is; without (a local run) it must exist on this machine")
-
-
-def ignored_keys(name: str, spec: dict[str, Any], report: Report) -> None:
-    for key in spec:
-        if key == "network_mode" and spec[key] in ("bridge", "default"):
-            report.notes.append(f"{name}: network_mode {spec[key]}: every service shares the node's loopback")
-        elif key in REFUSED_KEYS:
-            reason = REFUSED_KEYS[key]
-            if key == "network_mode" and spec[key] == "host":
-                reason = ("network_mode: host: the service would listen on the node's real interfaces; allocstack "
-                          "keeps every service on loopback")
-            report.refuse(f"services.{name}.{key}", reason)
-        elif IGNORED_KEYS.get(key):
-            report.notes.append(f"{name}: {key} ignored: {IGNORED_KEYS[key]}")
-        elif key not in KNOWN_KEYS and key not in IGNORED_KEYS and not key.startswith("x-"):
-            report.refuse(f"services.{name}.{key}", "not a Compose service key allocstack knows")
-    restart = spec.get("restart", "no")
-    if restart not in ("no", False):
-        report.refuse(f"services.{name}.restart", f"{restart!r} needs a daemon that restarts the program: allocstack "
-                                                  "runs each once, and a failure fails the run (a rerun resumes)")
-    signal_name = spec.get("stop_signal", "SIGTERM")
-    if signal_name not in ("SIGTERM", "TERM", 15):
-        report.refuse(f"services.{name}.stop_signal", f"{signal_name}: allocstack stops programs with SIGTERM")
-
-
-KNOWN_KEYS = {"command", "entrypoint", "environment", "env_file", "healthcheck", "ports", "expose", "depends_on",
-              "volumes", "tmpfs", "image", "build", "deploy", "scale", "cpus", "hostname", "networks", "profiles",
-              "restart", "stop_grace_period", "links", "gpus", "stop_signal", "network_mode"}
-DEPLOY_KEYS = {"replicas", "resources", "restart_policy", "mode", "labels", "update_config", "rollback_config"}
-
-
-def resources(name: str, spec: dict[str, Any], role: str, report: Report) -> tuple[int, int]:
-    """(cpus, gpus) from ``cpus``, ``deploy.resources`` and ``gpus``; refusals for what cannot map."""
-    deploy = spec.get("deploy") or {}
-    where = f"services.{name}.deploy"
-    for key in deploy:
-        if key not in DEPLOY_KEYS:
-            reason = {"placement": "placement constraints: the stack runs on one node",
-                      "endpoint_mode": "swarm service discovery: services are on loopback"}.get(key, "not imported")
-            report.refuse(f"{where}.{key}", reason)
-    if deploy.get("mode", "replicated") != "replicated":
-        report.refuse(f"{where}.mode", f"{deploy['mode']}: one copy per node of a swarm; the stack runs on one node")
-    policy = (deploy.get("restart_policy") or {}).get("condition", "none")
-    if policy != "none":
-        report.refuse(f"{where}.restart_policy", f"condition {policy} needs a daemon that restarts the program")
-    for key in ("update_config", "rollback_config", "labels"):
-        if key in deploy:
-            report.notes.append(f"{name}: deploy.{key} ignored: it only affects swarm updates")
-    limits = (deploy.get("resources") or {}).get("limits") or {}
-    cpus = spec.get("cpus", limits.get("cpus", service_defaults()["cpus"]))
-    if "memory" in limits:
-        report.notes.append(f"{name}: memory limit {limits['memory']} -> set mem_mb in profiles/slurm/config.yaml")
-    devices = ((deploy.get("resources") or {}).get("reservations") or {}).get("devices") or []
-    gpus = 0
-    for device in devices:
-        count = device.get("count", 1)
-        if "gpu" not in (device.get("capabilities") or []):
-            report.refuse(f"{where}.resources.reservations.devices", "only GPUs map (capabilities: [gpu])")
-        elif not isinstance(count, int) or isinstance(count, bool):
-            report.refuse(f"{where}.resources.reservations.devices", f"count {count!r}: say how many GPUs each "
-                                                                     "replica needs")
-        else:
-            gpus += count
-    if "gpus" in spec:
-        report.refuse(f"services.{name}.gpus", "say how many GPUs each replica needs with "
-                                               "deploy.resources.reservations.devices (count, capabilities: [gpu])")
-    if gpus and role != "workers":
-        report.refuse(f"services.{name}", "asks for GPUs: only the workers get GPUs (worker.gpus)")
-    try:
-        return max(1, math.ceil(float(cpus))), gpus
-    except (TypeError, ValueError):
-        report.refuse(f"services.{name}.cpus", f"{cpus!r} is not a number of CPUs")
-        return 1, gpus
+# ---------------------------------------------------------------- the stack
 
 
 @dataclass
@@ -717,186 +806,538 @@ class Imported:
     config: dict[str, Any]
     report: Report
     order: list[str]
+    variables: dict[str, Use] = field(default_factory=dict)
+
+
+def grouped(pairs: list[tuple[str, str]]) -> dict[str, list[str]]:
+    """(where, why) pairs as why -> every where, in order: one refusal per cause."""
+    found: dict[str, list[str]] = {}
+    for where, why in pairs:
+        found.setdefault(why, []).append(where)
+    return found
 
 
 def aliases(name: str, spec: dict[str, Any], report: Report) -> list[str]:
-    """Other hostnames of a service: ``hostname``, network aliases."""
-    names = [spec["hostname"]] if spec.get("hostname") else []
-    networks = spec.get("networks") or []
+    """Other hostnames of a service: ``hostname``, network aliases, links."""
+    names = [str(spec["hostname"])] if isinstance(spec.get("hostname"), (str, int)) and spec.get("hostname") else []
+    networks = spec.get("networks")
     if isinstance(networks, dict):
         for network, options in networks.items():
-            options = options or {}
-            names += options.get("aliases") or []
+            options = options if isinstance(options, dict) else {}
+            names += [str(alias) for alias in listing(options.get("aliases"), f"services.{name}.networks", report)
+                      if isinstance(alias, (str, int))]
             for fixed in ("ipv4_address", "ipv6_address", "mac_address", "link_local_ips"):
                 if fixed in options:
                     report.refuse(f"services.{name}.networks.{network}.{fixed}", "a fixed address: every service "
-                                                                                 "is on loopback")
+                                                                                 "is on the node's loopback")
     if networks:
         report.notes.append(f"{name}: networks: every service shares the node's loopback (networks do not isolate)")
-    for link in spec.get("links") or []:
+    for link in listing(spec.get("links"), f"services.{name}.links", report):
         alias = str(link).partition(":")[2]
         names += [alias] if alias else []
-    return names
+    return [alias for alias in names if re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", alias)]
 
 
-def import_stack(compose: dict[str, Any], compose_dir: Path, project_dir: Path, run: str) -> Imported:
-    """Map a (merged) Compose document to an allocstack config; refusals, gaps and notes in the report."""
+MetaReader = Callable[[str], "ImageMeta | None"]
+
+
+def import_stack(compose: dict[str, Any], compose_dir: Path, project_dir: Path, run: str,
+                 variables: Variables | None = None, images_dir: str = "images", runtime: str = "apptainer",
+                 image_meta: MetaReader | None = None, hostnames: bool = True) -> Imported:
+    """Map a (merged) Compose document to an allocstack config; refusals, gaps and notes in the report.
+
+    :param variables: what ``${VAR}`` reads (None: the ``.env`` beside the Compose file alone).
+    :param images_dir: where the config expects the images (relative to the project).
+    :param runtime: the container runtime the images are for (config ``runtime``): their files' kind.
+    :param image_meta: reads an image file's metadata (its EXPOSE ports) when it exists; None: never.
+    :param hostnames: rewrite service names used as hostnames (allocstack/compose/hostnames.py).
+    """
     report = Report()
-    context = Context(compose_dir, project_dir, report)
-    compose = unescape(compose, "", report)
+    if variables is None:
+        dotenv = compose_dir / ".env"
+        try:
+            variables = Variables({}, [(".env", read_env_file(dotenv))] if dotenv.is_file() else [])
+        except (OSError, ValueError) as exc:
+            report.refuse(".env", str(exc))
+            variables = Variables({}, [])
+    interpolator = Interpolator(variables)
+    compose = interpolator.document(compose)
+    for problem, places in grouped(interpolator.problems).items():
+        more = f" (and {len(places) - 1} more: {', '.join(places[1:4])}{', ...' if len(places) > 4 else ''})"
+        report.refuse(places[0] or "(top level)", problem + (more if len(places) > 1 else ""))
+    context = Context(compose_dir, project_dir, report, interpolator=interpolator)
     for key in compose:
         if key not in TOP_LEVEL and not str(key).startswith("x-"):
-            reason = {"secrets": REFUSED_KEYS["secrets"], "configs": REFUSED_KEYS["configs"],
-                      "include": "not imported: give the import every Compose file instead"}
-            report.refuse(str(key), reason.get(key, "not a top-level Compose key allocstack knows"))
+            reason = "not imported: give the import every Compose file instead" if key == "include" else \
+                "not a top-level Compose key allocstack knows"
+            report.refuse(str(key), reason)
     if "version" in compose:
         report.notes.append("version ignored (obsolete: Compose ignores it too)")
-    for network, options in (compose.get("networks") or {}).items():
-        if (options or {}).get("external"):
+    for network, options in mapping(compose.get("networks"), "networks", report).items():
+        if isinstance(options, dict) and options.get("external"):
             report.refuse(f"networks.{network}", "external: a network made outside this file, to reach containers "
                                                  "that are not in this stack")
         else:
             report.notes.append(f"networks.{network}: every service shares the node's loopback instead")
-    declared = compose.get("volumes") or {}
-    for volume, options in declared.items():
-        options = options or {}
+    context.declared = mapping(compose.get("volumes"), "volumes", report)
+    for volume, options in context.declared.items():
+        options = options if isinstance(options, dict) else {}
         if options.get("external"):
             report.refuse(f"volumes.{volume}", "external: a volume made outside this file; bind its data instead")
         elif options.get("driver", "local") != "local" or options.get("driver_opts"):
             report.refuse(f"volumes.{volume}", "driver options: bind the directory instead")
+    context.secrets = declared_files(compose, "secrets", context)
+    context.configs = declared_files(compose, "configs", context)
     services = compose.get("services")
     if not isinstance(services, dict) or not services:
-        report.refuse("services", "the Compose file has no services")
-        return Imported({}, report, [])
+        report.refuse("services", "the Compose file has no services (a mapping of them)")
+        return Imported({}, report, [], interpolator.uses)
     active: dict[str, dict[str, Any]] = {}
     for name, spec in services.items():
         if not SERVICE_NAME_PATTERN.match(str(name)):
             report.refuse(f"services.{name}", "the name must be letters, digits, '.', '_' or '-'")
+        elif spec is not None and not isinstance(spec, dict):
+            report.refuse(f"services.{name}", "must be a mapping")
         elif spec and spec.get("profiles"):
             report.notes.append(f"{name}: left out: it has profiles {spec['profiles']}, and `docker compose up` "
                                 "starts it only with --profile")
         else:
-            active[str(name)] = spec or {}
+            active[str(name)] = normalized(spec or {})
     for name, spec in active.items():
-        ignored_keys(name, spec, report)
+        service_keys(name, spec, report)
         check_depends_on(name, spec, report)
     counts = {name: replicas(spec, f"services.{name}", report) for name, spec in active.items()}
     roles = assign_roles(active, counts, report)
-    text = "\n".join(strings(active))
-    uses = hostname_ports(text, roles.services)
-    ports = {name: port_of(name, active[name], uses, report) for name in roles.services}
-    hostnames: dict[str, str] = {}
-    for name in roles.services:
-        for host in [name, *aliases(name, active[name], report)]:
-            hostnames[host] = f"${{{variable_prefix(name)}HOST}}"
-    config = assemble(active, roles, counts, ports, hostnames, declared, context)
+    programs = {name: Program.read(name, spec, context, run, f"{images_dir.rstrip('/')}/", IMAGE_SUFFIX[runtime])
+                for name, spec in active.items()}
+    names = {name: [name, *aliases(name, spec, report)] for name, spec in active.items()}
+    waited: dict[str, dict[str, str]] = {name: {} for name in active}
+    for name, spec in active.items():
+        for dependency, condition in conditions(spec).items():
+            if dependency in waited:
+                waited[dependency][name] = condition
+    allowed = host_edges(programs, active, roles, names, report) if hostnames else {}
+    ports = choose_ports(programs, roles, active, names, waited, image_meta, report)
+    config = assemble(active, programs, roles, counts, ports, allowed, names, waited, context, runtime, hostnames)
     config["run"] = run
+    rename_reserved(config, report)
+    secrets_by_name(config, report)
+    services = config["services"]
     try:
-        order = start_order({name: spec["depends_on"] for name, spec in config["services"].items()})
+        order = start_order({name: [d for d in spec["depends_on"] if d in services] for name, spec in services.items()})
     except DependencyCycle as cycle:
         report.refuse("services", str(cycle))
-        order = list(config["services"])
-    return Imported(config, report, order)
+        order = list(services)
+    return Imported(config, report, order, interpolator.uses)
 
 
-def assemble(active: dict[str, dict[str, Any]], roles: Roles, counts: dict[str, int], ports: dict[str, int | None],
-             hostnames: dict[str, str], declared: dict[str, Any], context: Context) -> dict[str, Any]:
+@dataclass
+class Program:
+    """One service's program as Compose describes it, before the roles place it."""
+
+    entrypoint: list[str] | None
+    command: list[str] | None
+    env: dict[str, str]
+    mounts: list[Mount]
+    working_dir: str | None
+    image: tuple[str, str] | None  # (what it is made from, the image file the config expects)
+
+    @classmethod
+    def read(cls, name: str, spec: dict[str, Any], context: Context, project: str, prefix: str,
+             suffix: str) -> Program:
+        report = context.report
+        mounts = [m for index, mount in enumerate(listing(spec.get("volumes"), f"services.{name}.volumes", report))
+                  if (m := parse_mount(mount, f"services.{name}.volumes[{index}]", name, context))]
+        for entry in listing(spec.get("tmpfs"), f"services.{name}.tmpfs", report):
+            mount = parse_mount({"type": "tmpfs", "target": str(entry).split(":")[0]}, f"services.{name}.tmpfs", name,
+                                context)
+            mounts += [mount] if mount else []
+        mounts += secret_mounts(name, spec, "secrets", context) + secret_mounts(name, spec, "configs", context)
+        targets: dict[str, Mount] = {}
+        for mount in mounts:
+            if mount.target in targets:
+                report.refuse(f"services.{name}.volumes", f"two mounts at {mount.target}")
+            targets[mount.target] = mount
+        working_dir = spec.get("working_dir")
+        if working_dir is not None and (not isinstance(working_dir, str) or not working_dir.startswith("/")):
+            report.refuse(f"services.{name}.working_dir", f"{working_dir!r} must be an absolute path in the container")
+            working_dir = None
+        image = image_source(name, spec, project, report)
+        return cls(words(spec.get("entrypoint"), f"services.{name}.entrypoint", report),
+                   words(spec.get("command"), f"services.{name}.command", report),
+                   environment(name, spec, context), mounts, working_dir,
+                   (image[0], f"{prefix}{image[1]}{suffix}") if image else None)
+
+
+
+def reaches(graph: dict[str, list[str]], start: str, goal: str) -> bool:
+    seen, stack = set(), [start]
+    while stack:
+        node = stack.pop()
+        if node == goal:
+            return True
+        if node not in seen:
+            seen.add(node)
+            stack += graph.get(node, [])
+    return False
+
+
+def host_edges(programs: dict[str, Program], active: dict[str, dict[str, Any]], roles: Roles,
+               names: dict[str, list[str]], report: Report) -> dict[str, set[str]]:
+    """Which services each program may name as hosts (rewritten, and for a service: started after them).
+
+    A service that names another one as a host needs that one's address before it starts, so it starts after
+    its gate; where that would close a cycle Compose does not have (the other one waits for this one), the
+    name is left as written and the import says so."""
+    graph = {name: [d for d in conditions(active[name]) if d in roles.services] for name in roles.services}
+    owner = {alias: name for name, aliases_ in names.items() for alias in aliases_ if name in roles.services}
+    allowed: dict[str, set[str]] = {}
+    for name, program in programs.items():
+        named = named_hosts(owner, [*(program.entrypoint or []), *(program.command or [])], program.env)
+        allowed[name] = set(names[name]) if name in roles.services else set()  # its own names (its healthcheck)
+        for alias in named:
+            other = owner[alias]
+            if other == name:
+                continue
+            if name in roles.services and other not in graph[name]:
+                if reaches(graph, other, name):
+                    report.notes.append(f"{name}: {alias} left as written (naming it as a host would make {name} "
+                                        f"wait for {other}, which waits for {name}); it resolves once each stack has "
+                                        "a network of its own (issue 32)")
+                    continue
+                graph[name].append(other)
+            allowed[name].add(alias)
+    return allowed
+
+
+def choose_ports(programs: dict[str, Program], roles: Roles, active: dict[str, dict[str, Any]],
+                 names: dict[str, list[str]], waited: dict[str, dict[str, str]], image_meta: MetaReader | None,
+                 report: Report) -> dict[str, Any]:
+    """Each service's port: its ``ports``/``expose``, else ``name:PORT`` where others use it, else its image's
+    EXPOSE (``image`` when the image is not there yet: read when the stack starts). Two services on one port are
+    refused naming both."""
+    owner = {alias: name for name, aliases_ in names.items() for alias in aliases_}
+    used: dict[str, list[int]] = {}
+    for program in programs.values():
+        for alias, numbers in named_hosts(owner, [*(program.entrypoint or []), *(program.command or [])],
+                                          program.env).items():
+            used.setdefault(owner[alias], []).extend(numbers)
+    chosen: dict[str, Any] = {}
+    for name in roles.services:
+        listed = listed_ports(name, active[name], report)
+        candidates = listed.listed + [port for port in used.get(name, []) if port not in listed.listed]
+        if listed.refused and not listed.listed:
+            chosen[name] = "refused"
+            continue
+        port: Any = candidates[0] if candidates else None
+        if len(set(candidates)) > 1:
+            report.notes.append(f"{name}: listens on {sorted(set(candidates))}; its gate and "
+                                f"${variable_prefix(name)}PORT use {port}")
+        image = programs[name].image
+        if port is None and not has_healthcheck(active[name]) and image and waited[name]:
+            meta = image_meta(image[1]) if image_meta else None
+            if meta is not None and meta.exposed:
+                port = meta.exposed[0]
+                report.notes.append(f"{name}: port {port} from its image's EXPOSE ({meta.source})")
+            elif meta is None:
+                port = "image"  # the image is not there yet: its EXPOSE is read when the stack starts
+        if isinstance(port, int) and port < 1024:
+            report.refuse(f"services.{name}", f"port {port} is privileged: listening on it needs root; make the "
+                                              "service listen on 1024 or above", impossible=True)
+            port = "refused"
+        chosen[name] = port
+    sharing: dict[int, list[str]] = {}
+    for name, port in chosen.items():
+        if isinstance(port, int):
+            sharing.setdefault(port, []).append(name)
+    for port, users in sharing.items():
+        if len(users) > 1:
+            report.refuse(f"services.{users[1]}", f"services {', '.join(users)} all listen on port {port}: on one "
+                                                  "node two services cannot share a port (and one's tcp gate could "
+                                                  "pass on the other's listener); give each its own port")
+    return chosen
+
+
+def has_healthcheck(spec: dict[str, Any]) -> bool:
+    check = spec.get("healthcheck")
+    return isinstance(check, dict) and bool(check.get("test")) and check.get("disable") is not True and \
+        not (isinstance(check.get("test"), list) and check["test"][:1] == ["NONE"])
+
+
+def assemble(active: dict[str, dict[str, Any]], programs: dict[str, Program], roles: Roles, counts: dict[str, int],
+             ports: dict[str, Any], allowed: dict[str, set[str]], names: dict[str, list[str]],
+             waited: dict[str, dict[str, str]], context: Context, runtime: str, hostnames: bool) -> dict[str, Any]:
     report = context.report
+    host_of = {alias: f"${{{variable_prefix(name)}HOST}}" for name in roles.services for alias in names[name]}
     services: dict[str, Any] = {}
     parts: dict[str, Any] = {}
     for name, spec in active.items():
+        program = programs[name]
         role = "workers" if name == roles.workers else "check" if name == roles.check else "service"
-        mounts = [m for index, mount in enumerate(spec.get("volumes") or [])
-                  if (m := parse_mount(mount, f"services.{name}.volumes[{index}]", declared, name, context))]
-        tmpfs = spec.get("tmpfs") or []
-        mounts.extend(parse_mount({"type": "tmpfs", "target": str(target).split(":")[0]}, f"services.{name}.tmpfs",
-                                  declared, name, context) for target in ([tmpfs] if isinstance(tmpfs, str) else tmpfs))
-        mounts = [m for m in mounts if m]
-        context.binds.update(m.replacement for m in mounts if m.kind == "bind")
-        if any(m.read_only for m in mounts):
-            context.read_only.append(f"{name} {', '.join(m.target for m in mounts if m.read_only)}")
-        rewriter = Rewriter(mounts, hostnames, hostnames.get(name) if role == "service" else None)
-        argv = program(name, spec, report)
+        rewriter = HostRewriter({alias: host_of[alias] for alias in allowed.get(name, set())},
+                                f"${{{variable_prefix(name)}HOST}}" if role == "service" and hostnames else None)
+        entrypoint = rewriter.argv(program.entrypoint) if program.entrypoint is not None else None
+        command = rewriter.argv(program.command) if program.command is not None else None
+        env = rewriter.environment(program.env)
         cpus, gpus = resources(name, spec, role, report)
-        env = rewriter.environment(environment(name, spec, context))
-        if argv:
-            argv, before = rewriter.argv(argv), argv
-            image_paths(name, before, argv, report)
-        source = image_source(spec)
-        if source:
-            context.images.setdefault(source, []).append(name)
+        image = program.image[1] if program.image else None
+        if program.image:
+            context.images.setdefault(image, (program.image[0], []))[1].append(name)
+        own = {"image": image, "entrypoint": entrypoint, "command": command, "working_dir": program.working_dir,
+               "mounts": [mount.as_config() for mount in program.mounts], "environment": env}
+        image_paths(name, [*(program.entrypoint or []), *(program.command or [])], program.mounts, report)
+        if not entrypoint and not command:
+            report.notes.append(f"{name}: no command: in its image it runs the image's own (ENTRYPOINT + CMD, or its "
+                                "runscript); a run without an image needs its command (set it in a config of yours)")
         if role == "service":
-            readiness = gate(name, spec, ports[name], report)
+            port = ports.get(name)
+            readiness = None if port == "refused" else gate(name, spec, port, waited[name], report)
             if readiness and readiness["mode"] == "command":
                 readiness["command"] = rewriter.argv(readiness["command"])
             grace = seconds(spec.get("stop_grace_period", "10s"), f"services.{name}.stop_grace_period", report)
-            services[name] = {"command": argv, "port": ports[name], "readiness": readiness or {},
-                              "depends_on": dependencies(name, spec, roles, hostnames,
-                                                         [argv, env, readiness], report),
-                              "cpus": cpus, "environment": env,
+            depends = [d for d in conditions(spec) if d in roles.services]
+            for added in sorted({service_of(alias, names) for alias in allowed.get(name, set())} - {name, *depends}):
+                report.notes.append(f"{name}: uses {added} as a hostname: starts after {added}'s gate (added to "
+                                    "depends_on)")
+                depends.append(added)
+            services[name] = {**own, "port": None if port == "refused" else port, "readiness": readiness or {},
+                              "depends_on": depends, "cpus": cpus,
                               "stop_grace_period": number(grace if grace is not None else 10)}
-            if not argv:
-                report.gaps.append(f"{name}: no command: Compose runs the image's own (its CMD); write it out as "
-                                   f"`command:` in the Compose file and import again, or set services.{name}.command")
         else:
             for key in ("healthcheck", "ports", "expose", "stop_grace_period"):
                 if key in spec:
                     report.notes.append(f"{name}: {key} ignored: the {role} are tracked as job steps, not gated")
-            parts[role] = {"command": argv, "environment": env, "cpus": cpus, "gpus": gpus, "replicas": counts[name]}
-            if not argv:
-                key = "worker.command" if role == "workers" else "verify.command"
-                report.gaps.append(f"{name}: no command: the {role} ({key}); Compose would run the image's own "
-                                   f"(its CMD); add `command:` to {name} in the Compose file and import again, or set "
-                                   f"{key} in a config file of yours given after this one")
+            parts[role] = {**own, "cpus": cpus, "gpus": gpus, "replicas": counts[name]}
         if rewriter.done:
             report.notes.append(f"{name}: rewritten: {'; '.join(sorted(rewriter.done))}")
-    return layout(services, parts, roles, context)
+    return layout(services, parts, roles, context, runtime)
 
 
-def layout(services: dict[str, Any], parts: dict[str, Any], roles: Roles, context: Context) -> dict[str, Any]:
+def service_of(alias: str, names: dict[str, list[str]]) -> str:
+    return next(name for name, aliases_ in names.items() if alias in aliases_)
+
+
+#: Where a program's own files are not: paths of the operating system (in the image and on the node alike).
+SYSTEM_PATHS = ("/bin/", "/usr/", "/etc/", "/dev/", "/proc/", "/sys/", "/tmp/", "/lib", "/sbin/", "/run/")  # noqa: S108
+
+
+def image_paths(name: str, argv: list[str], mounts: list[Mount], report: Report) -> None:
+    """Absolute paths no mount holds, in the first words of a command: they exist only in the image."""
+    targets = [mount.target for mount in mounts]
+    found = [arg for arg in argv[:3] if arg.startswith("/") and not arg.startswith(SYSTEM_PATHS)
+             and not any(arg == target or arg.startswith(target.rstrip("/") + "/") for target in targets)]
+    if found:
+        report.notes.append(f"{name}: {', '.join(found)} is inside the image (no mount holds it): with the image it "
+                            "runs as is; without (a local run) it must exist on this machine")
+
+
+def layout(services: dict[str, Any], parts: dict[str, Any], roles: Roles, context: Context,
+           runtime: str) -> dict[str, Any]:
     """The config, in the order a reader wants it."""
     default = defaults()
-    workers = parts.get("workers") or {**{key: default["worker"][key] for key in ("command", "environment", "cpus",
-                                                                                 "gpus")}, "replicas": 1}
-    check = parts.get("check") or {key: default["verify"][key] for key in ("command", "environment")}
+    empty = {key: default["verify"][key] for key in ("image", "entrypoint", "command", "working_dir", "mounts",
+                                                     "environment")}
+    workers = parts.get("workers") or {**empty, "cpus": default["worker"]["cpus"], "gpus": default["worker"]["gpus"],
+                                       "replicas": 1}
+    check = parts.get("check") or empty
     if roles.check is None:
         context.report.gaps.append("no check: nothing says whether the results are correct; add a service that "
                                    f"waits for the workers (condition: {COMPLETED}) with a command, or set "
                                    "verify.command")
-    context.report.build = what_to_build(context.images)
-    if context.read_only:
-        context.report.notes.append(f"read-only mounts ({'; '.join(context.read_only)}) are bound read-write: keep "
-                                    "them unchanged yourself")
+    context.report.build = what_to_build(context.images, runtime)
+    if any(m.get("source") and not m.get("volume") for program in [*services.values(), workers, check]
+           for m in program["mounts"]):
+        context.report.notes.append("mounts: with an image each is mounted at its path in the container (read-only "
+                                    "where the Compose file says :ro); a run without an image rewrites those paths in "
+                                    "commands, environment values and working_dir to where the sources are here")
     volumes = sorted(context.volumes)
     spellings: dict[str, str] = {}
     for volume in volumes:
         other = spellings.setdefault(volume_variable(volume), volume)
         if other != volume:
             context.report.refuse(f"volumes.{volume}", f"{other} and {volume} would both be ${{{volume_variable(volume)}}}")
-    return {
+    program = lambda part: {key: part[key] for key in empty}  # noqa: E731
+    config: dict[str, Any] = {
         "run": "",
         "tasks": None,
         "expected": None,
         "workers": max(1, workers["replicas"]),
-        "worker": {"mode": "long-running", "command": workers["command"], "environment": workers["environment"],
-                   "cpus": workers["cpus"], "gpus": workers["gpus"]},
+        "worker": {"mode": "long-running", **program(workers), "cpus": workers["cpus"], "gpus": workers["gpus"]},
         "services": services,
         "volumes": volumes,
-        "verify": {"command": check["command"], "environment": check["environment"]},
-        # The host paths your commands need, for whichever runtime the center has.
-        **{runtime: {"binds": sorted(context.binds)} for runtime in PROGRAMS},
+        "verify": program(check),
     }
+    if runtime != "apptainer":
+        config["runtime"] = runtime
+    return config
+
+
+def rename_reserved(config: dict[str, Any], report: Report) -> None:
+    """A service whose name is allocstack's own (``worker``, ``check``, ...: its job steps') is
+    ``<name>-service`` in the config: its key, the ``depends_on`` that name it, and its variables
+    (``${ALLOCSTACK_<NAME>_HOST}``, ...) wherever the import wrote them."""
+    services = config.get("services") or {}
+    renamed = {}
+    for name in list(services):
+        if reserved(name):
+            new = f"{name}-service"
+            while new in services or reserved(new):
+                new += "-service"
+            renamed[name] = new
+    if not renamed:
+        return
+    variables = {variable_prefix(old): variable_prefix(new) for old, new in renamed.items()}
+    pattern = re.compile(r"\$\{(" + "|".join(map(re.escape, variables)) + r")(HOST|PORT|ENDPOINT|TOKEN)\}")
+
+    def walk(node: Any) -> Any:
+        if isinstance(node, dict):
+            return {key: walk(value) for key, value in node.items()}
+        if isinstance(node, list):
+            return [walk(item) for item in node]
+        if isinstance(node, str):
+            return pattern.sub(lambda match: f"${{{variables[match.group(1)]}{match.group(2)}}}", node)
+        return node
+
+    config["services"] = {renamed.get(name, name): walk(spec) for name, spec in services.items()}
+    for spec in config["services"].values():
+        spec["depends_on"] = [renamed.get(name, name) for name in spec["depends_on"]]
+    for key in ("worker", "verify"):
+        config[key] = walk(config[key])
+    report.notes[:] = [pattern.sub(lambda match: f"${{{variables[match.group(1)]}{match.group(2)}}}", note)
+                       for note in report.notes]
+    for old, new in renamed.items():
+        report.notes.append(f"{old}: services.{new} in the config ({old} is the name of allocstack's own steps); its "
+                            f"variables are ${{{variable_prefix(new)}HOST}}, ...")
+
+
+def secrets_by_name(config: dict[str, Any], report: Report) -> None:
+    """Secrets from the environment (interpolation markers) become ``${env:NAME}`` in commands and environment
+    values, read when the program starts; anywhere else they cannot be (they would be written out): refused."""
+
+    def walk(node: Any, path: str, allowed: bool) -> Any:
+        if isinstance(node, dict):
+            return {key: walk(value, f"{path}.{key}" if path else str(key),
+                              allowed or key in ("command", "entrypoint", "environment")) for key, value in node.items()}
+        if isinstance(node, list):
+            return [walk(item, f"{path}[{index}]", allowed) for index, item in enumerate(node)]
+        if isinstance(node, str) and markers(node):
+            if allowed:
+                return as_references(node)
+            report.refuse(path, f"uses ${', $'.join(markers(node))} from your environment, whose name looks secret: "
+                                "allocstack reads such a value only in commands and environment values, when the "
+                                "program starts (never writing it in a file); give it in .env or an --env-file "
+                                "to have it written here")
+            return as_references(node)
+        return node
+
+    config.update(walk(config, "", False))
+
+
+def service_keys(name: str, spec: dict[str, Any], report: Report) -> None:
+    for key in spec:
+        if key == "network_mode":
+            mode = spec[key]
+            if mode in ("bridge", "default", "none") or (isinstance(mode, str) and mode.startswith("bridge")):
+                report.notes.append(f"{name}: network_mode {mode}: every service shares the node's loopback")
+            else:
+                report.refuse(f"services.{name}.network_mode", f"{mode}: shares the host's or another container's "
+                                                               "network namespace: there are no container namespaces "
+                                                               "here, and the host's real interfaces are not for a "
+                                                               "stack", impossible=True)
+        elif key in ("pid", "ipc"):
+            report.refuse(f"services.{name}.{key}", f"{spec[key]}: shares a {key.upper()} namespace: there are no "
+                                                    "container namespaces here", impossible=True)
+        elif key in REFUSED_KEYS:
+            reason, impossible = REFUSED_KEYS[key]
+            report.refuse(f"services.{name}.{key}", reason, impossible)
+        elif key in IGNORED_KEYS:
+            if IGNORED_KEYS[key]:
+                report.notes.append(f"{name}: {key} ignored: {IGNORED_KEYS[key]}")
+        elif key not in SERVICE_KEYS and not str(key).startswith("x-"):
+            report.refuse(f"services.{name}.{key}", "not a Compose service key allocstack knows")
+    restart = spec.get("restart", "no")
+    if restart not in ("no", False, None):
+        report.notes.append(f"{name}: restart {restart!r} not applied: allocstack starts it once and a program that "
+                            "ends before the stack is done fails the run (a rerun starts it again; restart policies: "
+                            "issue 25)")
+    signal_name = spec.get("stop_signal", "SIGTERM")
+    if signal_name not in ("SIGTERM", "TERM", 15):
+        report.notes.append(f"{name}: stop_signal {signal_name}: allocstack stops it with SIGTERM (then SIGKILL after "
+                            "its stop_grace_period): a program that ignores SIGTERM fails the run as not stopped cleanly")
+
+
+def resources(name: str, spec: dict[str, Any], role: str, report: Report) -> tuple[int, int]:
+    """(cpus, gpus) from ``cpus``, ``deploy.resources`` and ``gpus``; refusals for what cannot map."""
+    where = f"services.{name}.deploy"
+    deploy = mapping(spec.get("deploy"), where, report)
+    for key in deploy:
+        if key not in DEPLOY_KEYS:
+            reason = {"placement": "placement constraints: the stack runs on one node",
+                      "endpoint_mode": "swarm service discovery: services are on loopback"}.get(key, "not imported")
+            report.refuse(f"{where}.{key}", reason)
+    mode = deploy.get("mode", "replicated")
+    if mode != "replicated":
+        report.refuse(f"{where}.mode", f"{mode}: one copy per node of a swarm; the stack runs on one node")
+    policy = deploy.get("restart_policy")
+    condition = policy.get("condition", "any") if isinstance(policy, dict) else None
+    if condition not in (None, "none"):
+        report.notes.append(f"{name}: deploy.restart_policy condition {condition} not applied: a program that ends "
+                            "before the stack is done fails the run (restart policies: issue 25)")
+    for key in ("update_config", "rollback_config", "labels"):
+        if key in deploy:
+            report.notes.append(f"{name}: deploy.{key} ignored: it only affects swarm updates")
+    reserved = mapping(mapping(deploy.get("resources"), f"{where}.resources", report).get("reservations"),
+                       f"{where}.resources.reservations", report)
+    limits = mapping(mapping(deploy.get("resources"), f"{where}.resources", report).get("limits"),
+                     f"{where}.resources.limits", report)
+    if "memory" in limits:
+        report.notes.append(f"{name}: memory limit {limits['memory']} -> set mem_mb in profiles/slurm/config.yaml")
+    gpus = 0
+    devices = listing(reserved.get("devices"), f"{where}.resources.reservations.devices", report)
+    if role != "workers" and (devices or "gpus" in spec):
+        report.gaps.append(f"{name}: asks for GPUs, which a service of yours does not get yet (only the workers do, "
+                           "worker.gpus; GPUs for a service: issue 25): as imported it runs without one; move its work "
+                           "to the workers, or leave it out")
+        return cpus_of(name, spec, limits, report), 0
+    for device in devices:
+        device = device if isinstance(device, dict) else {}
+        device_count = count(device.get("count", 1))
+        capabilities = device.get("capabilities") if isinstance(device.get("capabilities"), list) else []
+        if "gpu" not in capabilities:
+            report.refuse(f"{where}.resources.reservations.devices", "only GPUs map (capabilities: [gpu])")
+        elif device_count is None:
+            report.refuse(f"{where}.resources.reservations.devices", f"count {device.get('count')!r}: say how many "
+                                                                     "GPUs each replica needs")
+        else:
+            gpus += device_count
+    if "gpus" in spec:
+        report.refuse(f"services.{name}.gpus", "say how many GPUs each replica needs with "
+                                               "deploy.resources.reservations.devices (count, capabilities: [gpu])")
+    return cpus_of(name, spec, limits, report), gpus
+
+
+def cpus_of(name: str, spec: dict[str, Any], limits: dict[str, Any], report: Report) -> int:
+    """``cpus`` (or ``deploy.resources.limits.cpus``), rounded up to whole CPUs of a job step."""
+    cpus = spec.get("cpus", limits.get("cpus", service_defaults()["cpus"]))
+    try:
+        return max(1, math.ceil(float(cpus)))
+    except (TypeError, ValueError, OverflowError):
+        report.refuse(f"services.{name}.cpus", f"{cpus!r} is not a number of CPUs")
+        return 1
 
 
 def draft_decisions(config: dict[str, Any], order: list[str], sources: str) -> dict[str, dict[str, str]]:
     """The seed's decision record, drafted from what the import did: review it, then keep or edit it."""
-    services, worker = config["services"], config["worker"]
-    cpus = allocation(completed(config)).cpus
-    gated = [f"{name} ({'its healthcheck' if spec['readiness'].get('mode') == 'command' else 'its port'})"
-             for name, spec in services.items()]
+    full = completed(config)  # every key the schema gives a default
+    services, worker = full["services"], full["worker"]
+    cpus = allocation(full).cpus
+    gate_of = {"command": "its healthcheck", "tcp": "its port", "started": "its start"}
+    gated = [f"{name} ({gate_of.get(spec['readiness'].get('mode'), 'its gate')})" for name, spec in services.items()]
     start = ", then ".join(gated) if gated else "no services"
     volumes = ", ".join(config["volumes"]) or "none"
-    binds = ", ".join(config["apptainer"]["binds"]) or "none"
+    programs = [*services.values(), worker, full["verify"]]
+    binds = sorted({m["source"] for program in programs for m in program["mounts"] if m.get("source")}) or ["none"]
+    images = sorted({program["image"] for program in programs if program["image"]}) or ["none"]
     ports = ", ".join(f"{name} on {spec['port']}" for name, spec in services.items() if spec["port"]) or "free ports"
     gpus = worker["gpus"]
     return {
@@ -909,7 +1350,8 @@ def draft_decisions(config: dict[str, Any], order: list[str], sources: str) -> d
             "up.")},
         "runtime_state": {"owner": "launch script", "how": (
             f"Named volumes ({volumes}) are job-scoped scratch (0700, $SLURM_TMPDIR or $TMPDIR), removed after the "
-            f"run; binds ({binds}) are directories of the project.")},
+            f"run, mounted where the Compose file says; binds ({', '.join(binds)}) are paths of the project; each "
+            f"program runs in its own image ({', '.join(images)}), checked against its SHA-256 sidecar first.")},
         "service_access": {"owner": "center configuration", "how": (
             f"Loopback only ({ports}, each with a per-run token in $ALLOCSTACK_<NAME>_TOKEN); published ports reach "
             "a laptop only through an SSH tunnel the center allows.")},
@@ -917,6 +1359,16 @@ def draft_decisions(config: dict[str, Any], order: list[str], sources: str) -> d
             f"{gpus} GPU(s) per worker: sbatch --gpus, srun --gpus per worker step, Apptainer --nv." if gpus else
             "None: the Compose file asks for no GPUs.")},
     }
+
+
+def variable_sources(uses: dict[str, Use]) -> str:
+    """Each variable the Compose file used and where its value came from, for the decision record."""
+    parts = []
+    for name, use in sorted(uses.items()):
+        source = (f"the environment, kept out of the config: ${{env:{name}}} is read when the program starts"
+                  if use.secret else use.source)
+        parts.append(f"{name} ({source})")
+    return "; ".join(parts) or "none"
 
 
 def unique(lines: list[str]) -> list[str]:

@@ -23,10 +23,13 @@ which is where launch.py sends the stop signals (:func:`forked_components`).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pwd
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from ..common.errors import AllocstackError
 
@@ -146,10 +149,10 @@ def whole_tops(binds: Iterable[str]) -> list[str]:
     return [Path(path).parts[1] for path in binds if len(Path(path).parts) == 2]
 
 
-def mount_tree_dirs(binds: list[str], cwd: str, mount_tree: Path) -> list[Path]:
+def mount_tree_dirs(binds: list[str], cwd: str | None, mount_tree: Path) -> list[Path]:
     """The directories to create in ``mount_tree`` before ch-run starts: each path's own, below its top."""
     whole = set(whole_tops(binds))
-    return [mount_tree / path.lstrip("/") for path in [*binds, cwd]
+    return [mount_tree / path.lstrip("/") for path in [*binds, *([cwd] if cwd else [])]
             if len(Path(path).parts) > 1 and Path(path).parts[1] not in whole]
 
 
@@ -234,3 +237,129 @@ def forked_components(pids: list[int]) -> list[int]:
     """
     program = PROGRAMS["charliecloud"]
     return [child for pid in pids if process_name(pid) == program for child in child_pids(pid)]
+
+
+# ---------------------------------------------------------------- a program of yours in its own image
+
+
+@dataclass(frozen=True)
+class Bind:
+    """A Compose mount of a program: ``host`` seen at ``target`` in its image, read-only or not."""
+
+    host: str
+    target: str
+    read_only: bool = False
+
+
+#: ``apptainer exec`` takes a program's variables from its own environment under this prefix (also with
+#: --cleanenv), so that no value (a token, a password) is ever on a command line other users can read.
+APPTAINER_ENV_PREFIX = "APPTAINERENV_"
+#: Run before ch-run when a mount must be read-only (ch-run binds read-write only): in a user and mount
+#: namespace of its own, each source is bound read-only onto a private path, which ch-run then binds.
+READ_ONLY_SCRIPT = ('while [ "$1" != -- ]; do mount --bind "$1" "$2" && mount -o remount,bind,ro "$2" || exit 69; '
+                    'shift 2; done; shift; exec "$@"')
+
+
+def program_prefix(runtime: str, image: str, args: list[str], binds: list[str], mounts: list[Bind],
+                   env: Mapping[str, str], cwd: str, private: Path, host_cwd: bool = False) -> tuple[list[str], dict[str, str]]:
+    """The argv that runs a program of yours in ``image`` (before its own argv), and what its runtime's process
+    needs in its environment besides ours.
+
+    The program sees ``binds`` at the same paths, each of ``mounts`` at its target (read-only where it says so,
+    and a write there fails), starts in ``cwd`` and has exactly ``env`` besides the image's own variables, none of
+    them on the command line: Apptainer takes them as ``APPTAINERENV_*`` from its own environment, ch-run from
+    a 0600 file in ``private`` (the program's directory in the run's scratch, which also holds Charliecloud's
+    mount-point tree and the read-only views of its mounts). ``host_cwd``: ``cwd`` is a path of this machine
+    (the directory snakemake runs in), not one of the image's, so Charliecloud needs a mount point for it.
+
+    :raises AllocstackError: ``prerequisite`` for a path the runtime cannot bind or a mount target a directory
+        image lacks, ``config`` for a value ch-run cannot pass unchanged.
+    """
+    for bind in mounts:
+        if any(char in f"{bind.host}{bind.target}" for char in ":,"):
+            raise AllocstackError("prerequisite", f"{bind.host} -> {bind.target}: a path with ':' or ',' cannot be "
+                                                  f"bound by {PROGRAMS[runtime]}")
+    unique = list(dict.fromkeys(binds))
+    if runtime == "apptainer":
+        argv = [PROGRAMS["apptainer"], "exec", *args, "--pwd", cwd]
+        for path in unique:
+            argv += ["--bind", f"{path}:{path}"]
+        for bind in mounts:
+            argv += ["--bind", f"{bind.host}:{bind.target}{':ro' if bind.read_only else ''}"]
+        return [*argv, image], {f"{APPTAINER_ENV_PREFIX}{name}": value for name, value in env.items()}
+    check_mount_targets(image, mounts)
+    private.mkdir(mode=0o700, parents=True, exist_ok=True)
+    tree = private / "mounts"
+    host_paths = [*unique, cwd] if host_cwd else list(unique)
+    check_mount_points(image, mount_tops(host_paths))
+    for directory in mount_tree_dirs(unique, cwd if host_cwd else None, tree):
+        directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+    env_file = private / "environment"
+    env_file.write_text("".join(f"{name}={charliecloud_value(name, value)}\n" for name, value in env.items()),
+                        encoding="utf-8")
+    env_file.chmod(0o600)
+    views: list[tuple[str, str]] = []
+    argv = [PROGRAMS["charliecloud"], "--unset-env=*", f"--set-env=PATH={BASE_PATH}"]
+    if Path(image).is_dir() and (Path(image) / "ch" / "environment").is_file():
+        argv.append(f"--set-env={Path(image) / 'ch' / 'environment'}")
+    argv += [*args, f"--set-env={env_file}", "--private-tmp", f"--cd={cwd}"]
+    for top in sorted(mount_tops(host_paths) - set(whole_tops(unique))):
+        argv.append(f"--bind={tree / top}:/{top}")
+    for path in sorted(unique):
+        argv.append(f"--bind={path}:{path}")
+    for index, bind in enumerate(mounts):
+        source = bind.host
+        if bind.read_only:
+            view = private / f"read-only-{index}"
+            if Path(bind.host).is_dir():
+                view.mkdir(mode=0o700, exist_ok=True)
+            else:
+                view.touch(mode=0o600, exist_ok=True)
+            views.append((bind.host, str(view)))
+            source = str(view)
+        argv.append(f"--bind={source}:{bind.target}")
+    argv += [image, "--"]
+    if views:
+        # ch-run inside a user namespace whose root is this user: it runs the program as this user again
+        argv[1:1] = [f"--uid={os.getuid()}", f"--gid={os.getgid()}"]
+        wrapper = ["unshare", "--user", "--map-root-user", "--mount", "--propagation", "private", "--",
+                   "/bin/sh", "-c", READ_ONLY_SCRIPT, "allocstack-read-only"]
+        argv = [*wrapper, *(part for view in views for part in view), "--", *argv]
+    return argv, {}
+
+
+def check_mount_targets(image: str, mounts: list[Bind]) -> None:
+    """A directory image must have each mount's target (ch-run binds only onto paths the image has, and
+    cannot create one in a read-only image); a SquashFS image cannot be looked into before ch-run mounts it.
+
+    :raises AllocstackError: ``prerequisite`` naming the missing path and the fix.
+    """
+    if not Path(image).is_dir():
+        return
+    for bind in mounts:
+        inside = Path(image) / bind.target.lstrip("/")
+        wanted_dir = Path(bind.host).is_dir()
+        if not (inside.is_dir() if wanted_dir else inside.is_file()):
+            kind = "directory" if wanted_dir else "file"
+            raise AllocstackError(
+                "prerequisite", f"image {image} has no {kind} {bind.target} to mount {bind.host} onto: ch-run binds "
+                                f"only onto paths the image has; create it in the image (as a Dockerfile's VOLUME "
+                                f"{bind.target} does), or run with Apptainer")
+
+
+def deliverer(runtime: str, image: str | None) -> Callable[[Any, int], None]:
+    """How a supervisor passes a stop signal to a program of yours that ``runtime`` runs in ``image``: to the
+    runtime's process, except a SquashFS image under ch-run, which stays as the image's server: to its child."""
+    forked = bool(image) and forks_component(runtime, image or "")
+
+    def deliver(child: Any, signum: int) -> None:
+        if forked:
+            targets = forked_components([child.pid])
+            for pid in targets:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signum)
+            if targets:
+                return
+        child.send_signal(signum)
+
+    return deliver

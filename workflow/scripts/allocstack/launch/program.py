@@ -11,8 +11,16 @@ What a program of yours gets in its environment, besides what it inherits:
 
 ``${ALLOCSTACK_...}`` in your commands and ``environment`` values is replaced by
 allocstack itself when it starts the program (no shell is involved), e.g.
-``http://${ALLOCSTACK_KV_HOST}:8080``; a name that is not set is an error, never an
-empty string.
+``http://${ALLOCSTACK_KV_HOST}:8080``, and so is ``${env:NAME}``, the variable NAME of the
+environment allocstack runs in (the import writes a secret from your environment that way,
+never its value); a name that is not set is an error, never an empty string.
+
+Where they run (:func:`prepare`): with an image of their own (``services.<name>.image``,
+``worker.image``, ``verify.image``, else ``image``) in it, started by this supervisor, which runs
+beside it on the node: the image's own command by Compose's rules when the config gives none
+(allocstack/common/images.py), its mounts at their targets, its working directory, and of the
+environment only allocstack's variables and the program's own; without an image on this machine,
+with the mounts' targets rewritten to their sources (allocstack/launch/mounts.py).
 
 How they are run: a program that lives as long as the stack (a service, a long-running
 worker) is supervised by :class:`allocstack.launch.supervise.Supervised`, the one supervisor
@@ -24,20 +32,22 @@ program that runs to its end (``worker.command`` per task, a readiness ``command
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from ..common.errors import AllocstackError
 from ..common.jsonio import read_json
-from ..common.names import VOLUMES, volume_variable
+from ..common.names import VOLUME_PREFIX, VOLUMES, volume_variable
 from ..common.scratch import make_private
 
-REFERENCE = re.compile(r"\$\{(ALLOCSTACK_[A-Z0-9_]+)\}")
+REFERENCE = re.compile(r"\$\{(ALLOCSTACK_[A-Z0-9_]+)\}|\$\{env:([A-Za-z_][A-Za-z0-9_]*)\}")
 #: allocstack's own working directory: a program of yours is not given it (it holds the tokens).
 PRIVATE = ("ALLOCSTACK_SCRATCH",)
 
@@ -51,13 +61,21 @@ def volume_environment(scratch: Path, volumes: list[str]) -> dict[str, str]:
 
 
 def expand(text: str, env: Mapping[str, str], where: str) -> str:
-    """Replace every ``${ALLOCSTACK_...}`` in ``text`` with its value in ``env``.
+    """Replace every ``${ALLOCSTACK_...}`` in ``text`` with its value in ``env``, and every ``${env:NAME}`` with
+    NAME in the environment allocstack runs in.
 
     :raises AllocstackError: ``config`` naming ``where`` and the variable when it is not set.
     """
 
     def value(match: re.Match[str]) -> str:
         name = match.group(1)
+        if name is None:
+            outside = match.group(2)
+            if outside not in os.environ:
+                raise AllocstackError("config", f"{where}: ${{env:{outside}}} is not set in the environment allocstack "
+                                                f"runs in: export {outside} before snakemake (it is read when the "
+                                                "program starts, never written in a file)")
+            return os.environ[outside]
         if name not in env:
             raise AllocstackError("config", f"{where}: ${{{name}}} is not set for this program (is the service it "
                                             "names one of its depends_on, or the volume in `volumes`?)")
@@ -151,8 +169,8 @@ class Finished:
 
 
 def run_program(argv: list[str], env: Mapping[str, str] | None = None, stdin: bytes = b"",
-                timeout: float | None = None) -> Finished:
-    """Run ``argv`` (no shell) to its end with exactly ``env`` (None: ours) and ``stdin`` as its input.
+                timeout: float | None = None, cwd: str | None = None) -> Finished:
+    """Run ``argv`` (no shell) to its end with exactly ``env`` (None: ours) and ``stdin`` as its input (in ``cwd``).
 
     The one way allocstack runs a program of yours that is not supervised for the
     stack's life: ``worker.command`` per task, a readiness ``command``, ``verify.command``.
@@ -160,7 +178,7 @@ def run_program(argv: list[str], env: Mapping[str, str] | None = None, stdin: by
     :raises ProgramError: saying why it could not run, or that it timed out (it is killed).
     """
     try:
-        done = subprocess.run(argv, input=stdin, capture_output=True, timeout=timeout, check=False,
+        done = subprocess.run(argv, input=stdin, capture_output=True, timeout=timeout, check=False, cwd=cwd,
                               env=None if env is None else dict(env))
     except subprocess.TimeoutExpired as exc:
         raise ProgramError(f"timed out after {timeout:g} s") from exc
@@ -173,7 +191,7 @@ def run_program(argv: list[str], env: Mapping[str, str] | None = None, stdin: by
 CHECK_TIMEOUT = 3600.0
 
 
-def run_check(argv: list[str], env: Mapping[str, str]) -> None:
+def run_check(argv: list[str], env: Mapping[str, str], cwd: str | None = None, shown: list[str] | None = None) -> None:
     """``verify.command``: the application's own correctness check ("only your application can say").
 
     Runs ``argv`` (no shell) with ``env``; exit 0 means correct. Its last lines of output go to the log.
@@ -181,11 +199,135 @@ def run_check(argv: list[str], env: Mapping[str, str]) -> None:
     :raises AllocstackError: ``verification`` with the last line of its output otherwise.
     """
     try:
-        done = run_program(argv, env, timeout=CHECK_TIMEOUT)
+        done = run_program(argv, env, timeout=CHECK_TIMEOUT, cwd=cwd)
     except ProgramError as exc:
-        raise AllocstackError("verification", f"verify.command {argv[0]} could not run: {exc}") from exc
+        raise AllocstackError("verification", f"verify.command {(shown or argv)[0]} could not run: {exc}") from exc
     for line in done.text().strip().splitlines()[-20:]:
         print(f"verify.command: {line}", file=sys.stderr, flush=True)
     if done.returncode != 0:
         tail = done.tail(2000).splitlines()[-1:] or ["no output"]
         raise AllocstackError("verification", f"verify.command exited {done.returncode}: {tail[0][-300:]}")
+
+
+# ---------------------------------------------------------------- where a program of yours runs
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where and how a program of yours runs (its config's ``image``, ``entrypoint``, ``working_dir``, ``mounts``).
+
+    :param image: its image (None: on this machine); ``runtime`` runs it with ``runtime_args``.
+    :param binds: host paths it also sees at the same place (config ``apptainer.binds`` / ``charliecloud.binds``).
+    """
+
+    image: str | None = None
+    runtime: str = "apptainer"
+    runtime_args: tuple[str, ...] = ()
+    binds: tuple[str, ...] = ()
+    mounts: tuple[dict[str, Any], ...] = ()
+    working_dir: str | None = None
+    entrypoint: tuple[str, ...] | None = None
+
+    @classmethod
+    def from_args(cls, args: Any) -> Placement:
+        return cls(args.image or None, args.runtime, tuple(args.runtime_arg), tuple(args.bind),
+                   tuple(args.mounts_json), args.working_dir, None if args.entrypoint_json is None
+                   else tuple(args.entrypoint_json))
+
+
+@dataclass
+class Started:
+    """What to start: ``argv`` with ``env`` in ``cwd`` (None: ours); ``deliver`` passes it a stop signal."""
+
+    argv: list[str]
+    env: dict[str, str]
+    shown: list[str]  # the program's own argv, without its runtime's
+    cwd: str | None = None
+    container: str | None = None
+    deliver: Callable[[Any, int], None] | None = None
+    files: list[Path] = field(default_factory=list)
+
+    def line(self) -> str:
+        """The whole command, as its log shows it (no value of the environment is on it)."""
+        import shlex
+
+        return shlex.join(self.argv)
+
+
+#: What passes from a supervisor's environment into the image of a program of yours, besides allocstack's
+#: variables and the program's own (Compose passes nothing of the host's either).
+PASSED = ("SLURM_JOB_ID", "SLURM_JOB_END_TIME", "SLURMD_NODENAME", "SLURM_SUBMIT_HOST", "USER",
+          "CUDA_VISIBLE_DEVICES")
+
+
+def image_meta(placement: Placement):
+    """What the program's image says about how it runs (a SquashFS image read through ch-run).
+
+    :raises AllocstackError: ``prerequisite`` when the image cannot be read.
+    """
+    from ..common.images import read_meta
+
+    def read(path: str) -> str | None:
+        from .containers import runtime_environ
+
+        done = subprocess.run(["ch-run", "--unset-env=*", placement.image or "", "--", "cat", path],
+                              capture_output=True, text=True, timeout=60, check=False,
+                              env=runtime_environ(os.environ))
+        return done.stdout if done.returncode == 0 else None
+
+    try:
+        return read_meta(placement.image or "", read if placement.runtime == "charliecloud" else None)
+    except (OSError, ValueError) as exc:
+        raise AllocstackError("prerequisite", f"cannot read image {placement.image}: {exc}") from exc
+
+
+def prepare(placement: Placement, command: list[str] | None, env: dict[str, str], own: set[str], private: Path,
+            where: str, probe: bool = False) -> Started:
+    """How to start a program of yours (``command``, config ``command``; ``env``, from :func:`program_environment`,
+    ``own`` the names of its config ``environment``): in its image, or on this machine.
+
+    :raises AllocstackError: ``config`` when there is nothing to run (no command, and no image that has one of its
+        own) or a reference is not set; ``prerequisite`` for a mount or an image that is not there.
+    """
+    from ..common.images import program_argv
+    from .containers import deliverer
+    from .mounts import PathRewriter, resolve
+
+    binds = resolve(list(placement.mounts), env, where)
+    # the named volumes' directory at its own path too: ${ALLOCSTACK_VOLUME_<NAME>} names it in the image as well
+    volumes = sorted({str(Path(value).parent) for name, value in env.items() if name.startswith(VOLUME_PREFIX)})
+    entrypoint = list(placement.entrypoint) if placement.entrypoint is not None else None
+    if placement.image is None:
+        argv = [*(entrypoint or []), *(command or [])]
+        if not argv:
+            raise AllocstackError("config", f"{where}: no command, and it runs without an image whose own command "
+                                            "would run: set its command (or run it in its image)")
+        rewriter = PathRewriter(binds)
+        env = rewriter.environment(env, own)
+        argv = expand_argv(rewriter.argv(argv), env, where)
+        return Started(argv, env, argv, rewriter.directory(placement.working_dir))
+    from .containers import program_prefix, runtime_environ
+
+    meta = image_meta(placement)
+    # a probe (a healthcheck's test) runs as written, as `docker exec` runs it: no ENTRYPOINT before it
+    argv = list(command or []) if probe else program_argv(meta, entrypoint, command)
+    if not argv:
+        raise AllocstackError("config", f"{where}: no command, and its image {placement.image} has none of its own "
+                                        f"({meta.describe()}): set its command")
+    inside = {name: value for name, value in env.items()
+              if name in own or name in PASSED or (name.startswith("ALLOCSTACK_") and name != "ALLOCSTACK_LAUNCHER_PID")}
+    if placement.runtime == "charliecloud" and any("\n" in value for value in inside.values()):
+        bad = next(name for name, value in inside.items() if "\n" in value)
+        raise AllocstackError("config", f"{where}: environment {bad}: a value with a newline cannot pass into ch-run")
+    # its working directory: working_dir, else the image's WORKDIR, else (as allocstack's programs always start)
+    # the directory snakemake runs in, then bound at its own path so that relative paths there work
+    host_cwd = not (placement.working_dir or meta.workdir)
+    cwd = placement.working_dir or meta.workdir or os.getcwd()
+    prefix, runtime_env = program_prefix(placement.runtime, placement.image, list(placement.runtime_args),
+                                         [*placement.binds, *volumes, *([cwd] if host_cwd else [])], binds, inside,
+                                         cwd, private, host_cwd=host_cwd)
+    process_env = {**runtime_environ(os.environ), **runtime_env} if placement.runtime == "charliecloud" else \
+        {**os.environ, **runtime_env}
+    argv = expand_argv(argv, env, where)
+    return Started([*prefix, *argv], process_env, argv, None, placement.image,
+                   deliverer(placement.runtime, placement.image), [private])

@@ -134,14 +134,18 @@ class Supervised:
         forward_signals(self._forward)
         watch_launcher(lambda: self._forward(signal.SIGTERM, None))
 
-    def start(self, argv: list[str], env: Mapping[str, str], grace: float | None = None) -> int:
-        """Start ``argv`` with exactly ``env``; return its pid. ``grace``: seconds it may take to stop before SIGKILL.
+    def start(self, argv: list[str], env: Mapping[str, str], grace: float | None = None, cwd: str | None = None,
+              deliver: Deliver | None = None) -> int:
+        """Start ``argv`` with exactly ``env`` (in ``cwd``: None, ours); return its pid. ``grace``: seconds it may take
+        to stop before SIGKILL; ``deliver``: how a stop signal reaches it, if not as given to the constructor.
 
         :raises AllocstackError: ``prerequisite`` when it cannot be started.
         """
         self.grace = grace
+        if deliver is not None:
+            self._deliver = deliver
         try:
-            self.child = subprocess.Popen(argv, env=dict(env), preexec_fn=die_with_parent,
+            self.child = subprocess.Popen(argv, env=dict(env), preexec_fn=die_with_parent, cwd=cwd,
                                           stderr=subprocess.PIPE if self._keep_tail else None)
         except OSError as exc:
             raise AllocstackError("prerequisite", f"cannot start {self.label} ({argv[0]}): {exc.strerror}") from exc

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from . import connections, decisions, placement, timeouts
+from . import connections, decisions, placement, programs, timeouts
 
 if TYPE_CHECKING:
     from .stack import Plan
@@ -102,7 +102,12 @@ def launch(plan: Plan, component: str, run: str, gpus: int = 0, **wildcards: str
     config = plan.config
     how = launched(plan, component, run, **wildcards)
     in_step = config["slurm"]["job_steps"] and plan.facts.job_id
-    if how.one_shot and not (how.scratch or plan.use_image or in_step):
+    # A supervisor of a program of yours in an image runs beside it on the node, not in ``image``;
+    # per-task workers run in worker.image when it is set.
+    own = programs.own_image(plan, component)
+    in_image = ((plan.use_image or bool(own)) and plan.images_on
+                and not programs.beside(plan, component, wildcards.get("service", "")))
+    if how.one_shot and not (how.scratch or in_image or in_step):
         return [plan.python]
     # Absolute, like the component's own path when launch.py starts it as a child: a component that runs
     # in launch.py's process (outside an allocation, no image) is still found by its path.
@@ -120,17 +125,18 @@ def launch(plan: Plan, component: str, run: str, gpus: int = 0, **wildcards: str
         argv += options(*each("--step-arg", config["slurm"]["step_args"]))
         if gpus:
             argv += options(("--step-arg", f"--gpus={gpus}"))
-    if plan.use_image:
+    if in_image:
         runtime = config["runtime"]
         runtime_args = config[runtime]["args"]
-        argv += options(("--image", plan.facts.absolute(config["image"])), ("--runtime", runtime),
+        argv += options(("--image", plan.facts.absolute(own or config["image"])), ("--runtime", runtime),
                         *each("--runtime-arg", runtime_args))
         if gpus > 0 and runtime == "apptainer" and "--nv" not in runtime_args:
             # GPUs requested: expose the driver (Charliecloud: ch-fromhost --nvidia put it into the
             # image once, see container/README.md)
             argv += options(("--runtime-arg", "--nv"))
         argv += options(("--runtime-hint", config[runtime]["hint"]),
-                        *each("--bind", [*bind_paths(plan, run), *how.binds]))
+                        *each("--bind", [*bind_paths(plan, run), *how.binds]),
+                        *each("--pass-env", programs.env_references(config["worker"])))
     return [*argv, "--"]
 
 
@@ -154,10 +160,13 @@ def validate_inputs(plan: Plan, run: str) -> list[str]:
         pairs.append(("--expected", config["expected"]))
     pairs += [("--workers", config["workers"]), ("--handler", handler)]
     if plan.use_image:
-        pairs += [("--image", config["image"]), ("--runtime", config["runtime"])]
+        pairs.append(("--image", config["image"]))
+    # the runtime also reads the images of your programs (programImages: their sidecars, own commands, EXPOSE)
+    pairs.append(("--runtime", config["runtime"]))
     runtime = config["runtime"] if plan.use_image else None
     pairs += [("--output", files.inputs_summary), ("--run", run), ("--decisions-json", config["decisions"]),
               ("--facts-json", decisions.facts(config, files, plan.order, runtime)),
+              ("--program-images-json", programs.image_checks(plan)),
               ("--decision-record", files.decision_record)]
     return options(*pairs)
 
@@ -208,11 +217,14 @@ def node_gate(plan: Plan, run: str, node: str) -> list[str]:
 def service(plan: Plan, run: str, service: str) -> list[str]:
     """app_service.py: services.<service>, started once its dependencies' gates passed."""
     spec, files = plan.services[service], plan.files(run)
+    from_image = spec["port"] == "image"  # the port its image EXPOSEs, read when it starts
+    port = [] if from_image else [("--port", spec["port"] or 0)]
     return [*options(("--service-file", files.service_file(service)), ("--name", service),
-                     ("--command-json", spec["command"]), ("--environment-json", spec["environment"]),
-                     ("--port", spec["port"] or 0), ("--gate-timeout", timeouts.start_bound(plan.config, service)),
+                     *programs.options(plan, spec), ("--environment-json", spec["environment"]),
+                     *port, ("--gate-timeout", timeouts.start_bound(plan.config, service)),
                      ("--stop-grace", spec["stop_grace_period"]), *each("--uses", spec["depends_on"]),
-                     *each("--gate-record", map(files.service_gate, spec["depends_on"]))),
+                     *each("--gate-record", map(files.service_gate, spec["depends_on"])),
+                     flags=("--port-from-image",) if from_image else ()),
             *network(plan, files.shared_service_endpoint(service))]
 
 
@@ -228,6 +240,8 @@ def service_gate(plan: Plan, run: str, service: str) -> list[str]:
         pairs += [("--path", ready["path"]), ("--expect-json", ready["expect"])]
     if ready["mode"] == "command":
         pairs.append(("--ready-command-json", ready["command"]))
+        # in the service's image, as Compose runs a healthcheck in the service's container
+        pairs += [pair for pair in programs.options(plan, spec, with_command=False) if pair[0] != "--entrypoint-json"]
     return options(*pairs, ("--record", files.service_gate(service)))
 
 
@@ -246,10 +260,13 @@ def worker(plan: Plan, run: str, worker: str) -> list[str]:
 
 
 def program(plan: Plan) -> list[tuple[str, Any]]:
-    """A worker's own program (config worker.command, environment) and the services it uses."""
+    """A worker's own program (config worker.command, environment; a long-running one's image, mounts, working
+    directory and entrypoint) and the services it uses."""
     spec = plan.config["worker"]
     pairs = [("--environment-json", spec["environment"]), *each("--uses", plan.services)]
-    if spec["command"]:
+    if plan.long_running:
+        pairs += programs.options(plan, spec)
+    elif spec["command"]:
         pairs.append(("--command-json", spec["command"]))
     return pairs
 
@@ -313,7 +330,7 @@ def worker_network(plan: Plan, run: str, worker: str) -> list[str]:
 def check(plan: Plan, run: str) -> list[str]:
     """check.py: your check (verify.command) of your own stack, once every worker ended."""
     spec, files = plan.config["verify"], plan.files(run)
-    return options(("--command-json", spec["command"]), ("--environment-json", spec["environment"]),
+    return options(*programs.options(plan, spec), ("--environment-json", spec["environment"]),
                    *each("--uses", plan.services), *each("--wait-for", plan.worker_record_files(run)),
                    ("--record", files.check_record))
 
@@ -345,7 +362,7 @@ def verify(plan: Plan, run: str) -> list[str]:
         if config["expected"]:
             pairs.append(("--expected", config["expected"]))
         if config["verify"]["command"]:
-            pairs.append(("--command-json", config["verify"]["command"]))
+            pairs += programs.options(plan, config["verify"])
     else:
         pairs.append(("--check-record", files.check_record))
     pairs += [("--output", files.marker), ("--retire-journal", files.journal)]

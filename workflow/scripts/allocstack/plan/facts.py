@@ -46,6 +46,7 @@ class Facts:
     :param hostname: where it runs (inside an allocation: one of its nodes, or refused).
     :param which: ``shutil.which`` of this world (a container runtime's program).
     :param is_file: whether an input file exists.
+    :param exists: whether a path (a mount's source) exists.
     :param slurm_query: how Slurm is asked (:data:`allocstack.common.slurm.Query`, captured text in tests).
     :param tempdir: the temporary directory Snakemake's jobs get as $TMPDIR (``tempfile.gettempdir()``: Python
         silently skips a $TMPDIR it cannot use).
@@ -63,6 +64,7 @@ class Facts:
     hostname: str = ""
     which: Callable[[str], str | None] = nothing_on_path
     is_file: Callable[[str], bool] = os.path.isfile
+    exists: Callable[[str], bool] = os.path.exists
     slurm_query: slurm.Query = slurm_unreachable
     tempdir: str = ""
     statvfs: Callable[[str], os.statvfs_result] = no_filesystem

@@ -22,6 +22,7 @@ from ..common import names, slurm
 from ..common.errors import AllocstackError
 from ..launch.containers import PROGRAMS
 from .facts import Facts
+from .programs import check_command_set, env_references, parts_of_yours, program_image, program_images
 from .shape import Shape
 
 
@@ -31,6 +32,11 @@ class PlanError(AllocstackError):
 
 #: Names allocstack's own job steps and files use: a service may not take them.
 RESERVED_NAMES = {"readiness", "check", "verify", "collect", "worker"}
+
+
+def reserved(name: str) -> bool:
+    """``name`` is allocstack's own (a job step or a file of its own), whatever the stack."""
+    return name in RESERVED_NAMES or bool(re.fullmatch(r"worker-[0-9]+|.*-readiness", name))
 
 
 def refuse_missing_inputs(config: Mapping[str, Any], facts: Facts) -> None:
@@ -45,31 +51,44 @@ def refuse_missing_inputs(config: Mapping[str, Any], facts: Facts) -> None:
             raise PlanError("input", f"{key} file {path} does not exist (config key '{key}')")
 
 
-def refuse_bad_stack(config: Mapping[str, Any], spelled: Mapping[str, str]) -> None:
+def refuse_bad_stack(config: Mapping[str, Any], spelled: Mapping[str, str], images_on: bool = False) -> None:
     """What the schema cannot say about your own stack (services, workers, your check).
 
     :param spelled: how the config names a service, where not ``services.<name>`` (the older ``service:``).
+    :param images_on: programs run in their images (whose own command runs when they have none).
     """
     builtin = bool(config["tasks"])
     long_running = config["worker"]["mode"] == "long-running"
     prefixes: dict[str, str] = {}
     for name, spec in config["services"].items():
         key = spelled.get(name, f"services.{name}")
-        taken = name in RESERVED_NAMES or re.fullmatch(r"worker-[0-9]+|.*-readiness", name)
-        if taken or (builtin and name == "coordinator"):
+        if reserved(name) or (builtin and name == "coordinator"):
             why = "the built-in coordinator's (tasks is set)" if name == "coordinator" else "allocstack's own"
             raise PlanError("config", f"services.{name}: the name is {why}; rename the service")
         other = prefixes.setdefault(names.variable_prefix(name), name)
         if other != name:
             raise PlanError("config", f"services.{other} and services.{name} would both be "
                                       f"{names.variable_prefix(name)}*; rename one")
-        if not spec["command"]:
-            raise PlanError("config", f"services.{name}.command is not set: the service's program as an argv list")
+        in_image = program_image(config, images_on, spec)
+        if not spec["command"] and not spec["entrypoint"] and not in_image:
+            raise PlanError("config", f"services.{name}.command is not set: the service's program as an argv list "
+                                      "(or run it in its image, whose own command then runs)")
+        if spec["port"] == "image" and not in_image:
+            raise PlanError("config", f"services.{name}.port is image (the port its image EXPOSEs) but it runs "
+                                      f"without an image: set services.{name}.port, or run it in its image")
         if spec["readiness"]["mode"] == "command" and not spec["readiness"]["command"]:
             raise PlanError("config", f"{key}.readiness.mode is command but {key}.readiness.command is null")
-    if long_running and not config["worker"]["command"]:
+    worker = config["worker"]
+    if long_running and not worker["command"] and not worker["entrypoint"] and not program_image(config, images_on,
+                                                                                                  worker):
         raise PlanError("config", "worker.mode is long-running but worker.command is not set: the workers' program, "
-                                  "as an argv list")
+                                  "as an argv list (or run them in their image, whose own command then runs)")
+    if not long_running:
+        for key in ("entrypoint", "working_dir", "mounts"):
+            if worker[key]:
+                raise PlanError("config", f"worker.{key} is for long-running workers (your own stack): per-task "
+                                          "workers run allocstack's worker in worker.image (or image), which sees "
+                                          f"paths bound at the same place ({config['runtime']}.binds)")
     if not builtin:
         if not long_running:
             raise PlanError("config", "tasks is null (no built-in coordinator) but worker.mode is per-task: set "
@@ -77,6 +96,25 @@ def refuse_bad_stack(config: Mapping[str, Any], spelled: Mapping[str, str]) -> N
         if config["expected"]:
             raise PlanError("config", "expected is set but tasks is null: there are no task results to compare; "
                                       "set expected: null")
+
+
+def refuse_bad_programs(config: Mapping[str, Any], facts: Facts) -> None:
+    """Each program's mounts name a volume of ``volumes`` and a source that exists (relative to where
+    snakemake runs); every ``${env:NAME}`` is set in the environment snakemake runs in: the run reads it
+    when the program starts, on the node, where the job got this environment."""
+    for key, spec in parts_of_yours(config):
+        for mount in spec.get("mounts") or []:
+            if mount.get("volume") and mount["volume"] not in config["volumes"]:
+                raise PlanError("config", f"{key}.mounts: {mount['target']}: volume {mount['volume']} is not one of "
+                                          "`volumes`")
+            if mount.get("source") and not facts.exists(facts.absolute(mount["source"])):
+                raise PlanError("input", f"{key}.mounts: {mount['target']}: its source {mount['source']} does not "
+                                         "exist")
+        for name in env_references(spec):
+            if name not in facts.environ:
+                raise PlanError("config", f"{key}: ${{env:{name}}} is not set in the environment snakemake runs in: "
+                                          f"export {name} (it is read when the program starts, never written in a "
+                                          "file)")
 
 
 def refuse_bad_nodes(config: Mapping[str, Any], facts: Facts) -> None:
@@ -174,17 +212,18 @@ def refuse_foreign_host(config: Mapping[str, Any], facts: Facts) -> None:
                                         "command (or set slurm.job_steps: false)")
 
 
-def refuse_unverified(config: Mapping[str, Any]) -> None:
-    """Nothing would say whether the results are correct."""
-    if not config["expected"] and not config["verify"]["command"]:
+def refuse_unverified(config: Mapping[str, Any], images_on: bool = False) -> None:
+    """Nothing would say whether the results are correct (your check may run its image's own command)."""
+    if not config["expected"] and not check_command_set(config, images_on):
         raise PlanError("config", "expected is null and verify.command is not set: nothing would say whether the "
                                   "results are correct; set one of them")
 
 
-def refuse_missing_runtime(config: Mapping[str, Any], use_image: bool, facts: Facts) -> None:
-    """An image is switched on but its runtime's program is not on PATH."""
+def refuse_missing_runtime(config: Mapping[str, Any], use_image: bool, facts: Facts, images_on: bool = False) -> None:
+    """An image is switched on (allocstack's, or one a program of yours runs in) but its runtime's program is
+    not on PATH."""
     runtime = config["runtime"]
-    if use_image and facts.which(PROGRAMS[runtime]) is None:
+    if (use_image or program_images(config, images_on)) and facts.which(PROGRAMS[runtime]) is None:
         switch = "--sdm apptainer is on" if runtime == "apptainer" else f"runtime is {runtime}"
         raise PlanError("prerequisite", f"image is set and {switch}, but {PROGRAMS[runtime]} is not on PATH; "
                                         f"{config[runtime]['hint']}")

@@ -20,6 +20,7 @@ from .config import migrate_service_block, nulls_from_command_line, schema, vali
 from .facts import Facts
 from .layout import Layout
 from .order import DependencyCycle, UnknownDependency, start_order
+from .programs import images_on
 from .refusals import PlanError
 from .shape import Shape, allocation
 
@@ -37,6 +38,8 @@ class Plan:
         ``--sdm apptainer`` itself never needs apptainer).
     :param steps: the job steps of several workers (:func:`placement.steps`), in node order; empty when each
         worker is its own step (``per_step`` 1, the seed's shape).
+    :param images_on: images are switched on (as for ``use_image``, whether ``image`` is set or not):
+        programs of yours run in their own images (allocstack/plan/programs.py).
     """
 
     config: Mapping[str, Any]
@@ -45,6 +48,7 @@ class Plan:
     shape: Shape
     use_image: bool
     steps: tuple[placement.Step, ...] = ()
+    images_on: bool = False
 
     @property
     def run(self) -> str:
@@ -252,19 +256,21 @@ def load(config: Mapping[str, Any], facts: Facts) -> Plan:
     except DependencyCycle as error:
         raise PlanError("config", f"services: {error}") from error
     shape = allocation(complete)
-    use_image = bool(complete["image"]) and (complete["runtime"] == "charliecloud" or "apptainer" in facts.deployment)
+    on = images_on(complete, facts.deployment)
+    use_image = bool(complete["image"]) and on
     refusals.refuse_missing_inputs(complete, facts)
-    refusals.refuse_bad_stack(complete, spelled)
+    refusals.refuse_bad_stack(complete, spelled, on)
+    refusals.refuse_bad_programs(complete, facts)
     refusals.refuse_bad_nodes(complete, facts)
     refusals.refuse_too_many_cpus(complete, shape, facts)
     refusals.refuse_cluster_settings(shape, facts)
     refusals.refuse_foreign_host(complete, facts)
-    refusals.refuse_unverified(complete)
-    refusals.refuse_missing_runtime(complete, use_image, facts)
+    refusals.refuse_unverified(complete, on)
+    refusals.refuse_missing_runtime(complete, use_image, facts, on)
     refusals.refuse_unusable_tmpdir(complete, facts)
     refusals.refuse_shared_steps(complete)
     worker = complete["worker"]
     size = placement.per_step(complete["workers"], complete["nodes"], worker["per_step"],
                               one_each=worker["mode"] == "long-running" or worker["gpus"] > 0)
     steps = placement.steps(complete["workers"], complete["nodes"], size) if size > 1 else []
-    return Plan(complete, facts, tuple(order), shape, use_image, tuple(steps))
+    return Plan(complete, facts, tuple(order), shape, use_image, tuple(steps), on)
