@@ -12,8 +12,8 @@
    node's, not the coordinator's). 1,000,000 no-op tasks by default; tasks/s from the first claim to
    the last result acknowledged, 503 answers, the coordinator's peak memory, CPU and connections.
 
-``benchmarks/run.py --parts scale`` prints both tables (and, with the 3-node test cluster up, the
-steps per node of a real run there).
+``benchmarks/run.py --parts scale`` prints both tables. The steps per node of a real run on the 3-node test
+cluster (sacct) are checked by tests/test_multinode.py, not measured here.
 """
 
 from __future__ import annotations
@@ -70,16 +70,18 @@ def dry_run(work: Path, workers: int, nodes: int, per_step: int | None) -> dict[
 
 #: (workers, nodes, per_step) rows of the planning table; per_step 1 is the shape before (one job per worker).
 PLANNING = [(16, 1, None), (256, 1, None), (1024, 1, None), (4096, 64, None), (16384, 128, None),
-            (65536, 1024, None), (256, 1, 1), (512, 1, 1), (1024, 1, 1)]
+            (16384, 256, None), (256, 1, 1), (512, 1, 1), (1024, 1, 1)]
+#: ``--full`` adds the configured limits (about 8 minutes on 2 busy CPUs: Snakemake's DAG of 2,053 jobs).
+PLANNING_FULL = [(65536, 1024, None)]
 PLANNING_QUICK = [(16, 1, None), (1024, 1, None), (4096, 64, None), (256, 1, 1)]
 
 
-def planning_rows(quick: bool) -> list[dict]:
+def planning_rows(quick: bool, full: bool = False) -> list[dict]:
     work = planning_copy()
     try:
         dry_run(work, 2, 1, None)  # warm: bytecode compiled, the page cache filled
         rows = []
-        for workers, nodes, per_step in (PLANNING_QUICK if quick else PLANNING):
+        for workers, nodes, per_step in (PLANNING_QUICK if quick else PLANNING + (PLANNING_FULL if full else [])):
             rows.append({"workers": workers, "nodes": nodes, "per_step": per_step,
                          **dry_run(work, workers, nodes, per_step)})
         return rows
@@ -266,6 +268,45 @@ def simulated_run(tasks: int, workers: int, nodes: int, batch: int = 64) -> dict
         if coordinator.poll() is None:
             coordinator.kill()
         shutil.rmtree(work, ignore_errors=True)
+
+
+def verdict(met: bool) -> str:
+    return "met" if met else "NOT met"
+
+
+def print_part(quick: bool, full: bool) -> None:
+    """``benchmarks/run.py --parts scale``: the planning table, then the coordinator against simulated workers."""
+    print("\n| `snakemake --dry-run` | workers | nodes | job steps of workers | jobs in the DAG | wall | CPU | target |"
+          "\n|---|---|---|---|---|---|---|---|", flush=True)
+    sys.path.insert(0, str(SCRIPTS))
+    from allocstack.plan.placement import per_step, steps
+
+    for row in planning_rows(quick, full):
+        size = per_step(row["workers"], row["nodes"], row["per_step"])
+        row["steps"] = row["workers"] if size == 1 else len(steps(row["workers"], row["nodes"], size))
+        shape = "one per worker (`worker.per_step: 1`, the shape before)" if row["per_step"] == 1 else "as planned"
+        target = ""
+        if (row["workers"], row["nodes"], row["per_step"]) == (4096, 64, None):
+            target = f"<= 3 s: {verdict(row['wall'] <= 3)}"
+        print(f"| {shape} | {row['workers']:,} | {row['nodes']:,} | {row['steps']:,} | {row['jobs']:,} | "
+              f"{row['wall']:.1f} s | {row['cpu']:.1f} s | {target} |", flush=True)
+    tasks = 100_000 if quick else 1_000_000
+    print(f"\n| a real coordinator, {tasks:,} no-op tasks, batch 64 | workers | nodes | per step | connections held "
+          "(peak) | requests to the coordinator | 503 | tasks/s | of the 8-worker rate | coordinator peak RSS | "
+          "coordinator CPU | exactly once | target |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+          flush=True)
+    reference = None
+    for workers, nodes in ((8, 1), (4096, 64), (16384, 256)):
+        row = simulated_run(tasks, workers, nodes)
+        reference = reference or row["rate"]
+        ratio = row["rate"] / reference
+        target = "(reference)" if workers == 8 else (
+            f"0 x 503: {verdict(row['refused'] == 0)}; >= 0.8x: {verdict(ratio >= 0.8)}; "
+            f"peak <= 400 MB: {verdict(row['peak'] <= 400)}")
+        print(f"| {'each worker its own connection' if row['perStep'] == 1 else 'a relay per step'} | {workers:,} | "
+              f"{nodes} | {row['perStep']} | {row['sockets']} (cap {row['cap']:,}) | {row['coordinatorRequests']:,} | "
+              f"{row['refused']} | {row['rate']:,.0f} | {ratio:.2f} | {row['peak']:.0f} MB | {row['cpu']:.1f} s | "
+              f"{'yes' if row['exactlyOnce'] else 'NO'} | {target} |", flush=True)
 
 
 def main(argv: list[str]) -> int:
