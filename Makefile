@@ -24,7 +24,7 @@ run: $(STAMP)
 # (marker `serial`), alone; pytest's exit code 5 says there were none.
 test: $(STAMP) lint
 	bash tests/cluster/prepare.sh
-	. tests/cluster/env.sh && $(VENV)/bin/pytest -c tests/pytest.ini -n $(TEST_PROCESSES) --dist loadgroup \
+	. tests/cluster/env.sh && $(VENV)/bin/pytest -c tests/pytest.ini -n $(TEST_PROCESSES) --dist load \
 		-m "not serial" --durations=25 tests
 	. tests/cluster/env.sh && $(VENV)/bin/pytest -c tests/pytest.ini -m serial tests; code=$$?; \
 		[ $$code -eq 0 ] || [ $$code -eq 5 ]

@@ -21,12 +21,35 @@ PYTHON = sys.executable
 from make_tasks import expected_for, make_tasks  # noqa: E402, F401  (the users' command makes the tests' tasks too)
 
 
+def together_with_the_multinode_tests(nodeid: str) -> bool:
+    """The multi-node tests share three nodes that each of them needs idle (and some crash one): under ``pytest
+    -n`` (make test) they run one after another on one process, beside the rest. They are told by their id
+    (the process that hands out the tests sees ids only): their file or their name says ``multinode``."""
+    return "multinode" in nodeid.split("[", 1)[0]
+
+
 def pytest_collection_modifyitems(config, items):
-    """The multi-node tests share three nodes that each of them needs idle (and some crash one): under
-    ``pytest -n`` (make test) they run one after another on one process, beside the rest."""
-    for item in items:
-        if item.get_closest_marker("multinode"):
-            item.add_marker(pytest.mark.xdist_group("multinode"))
+    """A test marked multinode whose id does not say so would run beside the others: refused."""
+    strays = [item.nodeid for item in items
+              if item.get_closest_marker("multinode") and not together_with_the_multinode_tests(item.nodeid)]
+    if strays:
+        raise pytest.UsageError(f"marked multinode but 'multinode' is not in its file or name: {strays[0]}")
+    items.sort(key=lambda item: not together_with_the_multinode_tests(item.nodeid))  # the longest scope first
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """pytest-xdist's loadgroup reads its groups into the tests' ids, which pytest 9 no longer lets it change:
+    load scheduling, the multi-node tests as one scope (one process, one after another)."""
+    if config.getvalue("dist") not in ("load", "loadgroup"):
+        return None  # a distribution asked for by name: xdist's own
+    from xdist.scheduler import LoadScopeScheduling
+
+    class MultinodeTogether(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return "multinode" if together_with_the_multinode_tests(nodeid) else nodeid
+
+    return MultinodeTogether(config, log)
 
 
 def write_json(path: Path, document) -> Path:

@@ -55,7 +55,7 @@ LASTING = ("import sys; print('allocstack: error [config]: services.kv.port: 999
 PASSING = "import sys; print('allocstack: error [coordinator-exit]: gone', file=sys.stderr); sys.exit(70)"
 
 
-def launch(tmp_path: Path, code: str, command: str, *, job: str = "") -> subprocess.CompletedProcess:
+def launch(tmp_path: Path, code: str, command: str, *, job: str = "", component: str = "kv") -> subprocess.CompletedProcess:
     """One attempt's launcher of a component running ``code`` (its stderr a log file, as in a rule)."""
     ran = tmp_path / "ran"
     ran.unlink(missing_ok=True)
@@ -63,9 +63,11 @@ def launch(tmp_path: Path, code: str, command: str, *, job: str = "") -> subproc
     script.write_text(f"import pathlib; pathlib.Path({str(ran)!r}).touch()\n{code}\n")
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "ALLOCSTACK_"))}
     env[COMMAND_ENV] = command
+    if job:
+        env["SLURM_JOB_ID"] = job
     log = tmp_path / "component.log"
     with open(log, "w") as stderr:
-        done = subprocess.run([sys.executable, str(SCRIPTS / "launch.py"), "--component=kv", "--run=r",
+        done = subprocess.run([sys.executable, str(SCRIPTS / "launch.py"), f"--component={component}", "--run=r",
                                f"--scratch-root={tmp_path / 'root'}", f"--run-state={tmp_path / 'state'}", "--",
                                str(script)], cwd=tmp_path, stderr=stderr, env=env, timeout=60, check=False)
     done.stderr = log.read_text()
@@ -89,6 +91,17 @@ def test_a_later_attempt_ends_at_once_with_an_earlier_attempts_lasting_failure(t
     # Another command (the user fixed the cause and ran again) is not held back by it.
     fixed = launch(tmp_path, "", "login:200:9")
     assert fixed.returncode == 0 and fixed.ran
+
+
+def test_a_siblings_lasting_failure_in_the_same_attempt_is_not_called_an_earlier_attempts(tmp_path):
+    """Components of one attempt start side by side: the first to meet a lasting failure records it, and the
+    others meet it themselves (each says it in its own log), never "an earlier attempt" that was none."""
+    assert launch(tmp_path, LASTING, "login:100:5", job="41").returncode == 78
+    sibling = launch(tmp_path, "", "login:100:5", job="41", component="worker-01")
+    assert sibling.returncode == 0 and sibling.ran and "earlier attempt" not in sibling.stderr
+    retry = launch(tmp_path, "print('should not run')", "login:100:5", job="42", component="worker-01")
+    assert retry.returncode == 78 and not retry.ran  # the next allocation is another attempt: it ends at once
+    assert "an earlier attempt of this command (Slurm job 41 on " in retry.stderr
 
 
 def test_a_failure_another_attempt_may_not_meet_is_not_recorded(tmp_path):

@@ -336,7 +336,7 @@ def test_baseline_through_the_slurm_profile_without_apptainer(project, any_image
     assert provenance["slurm"]["jobId"] == job
     for name, component in provenance["components"].items():
         assert component["slurmJobId"] == job, name
-    assert_a_completed_step_per_component(job)
+    assert_a_completed_step_per_component(job, project)
     coordinator_log = (project / "logs/serve_coordinator/baseline.log").read_text()
     assert "srun --job-name=coordinator" in coordinator_log and " ch-run '--unset-env=*'" in coordinator_log
     # The end of every run: scancel --signal=TERM to the coordinator's step, through srun and ch-run (with a

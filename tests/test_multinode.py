@@ -223,8 +223,19 @@ def test_node_local_scratch_with_an_image_is_made_and_removed_on_each_node(multi
         assert not left_in_scratch(layout, node, "baseline")
         owned = Path(layout["scratchDirs"][node], f"allocstack-{os.getuid()}")
         assert owned.stat().st_mode & 0o777 == 0o700  # made by the run's steps there, private
-        assert sorted(os.listdir(layout["scratchDirs"][node])) in (before[node], sorted({*before[node], owned.name}))
+        assert listing_settles(layout["scratchDirs"][node], (before[node], sorted({*before[node], owned.name})))
     assert not here.exists() or not list(here.iterdir())
+
+
+def listing_settles(directory: str, expected: tuple[list[str], ...], seconds: float = 30) -> list[str]:
+    """The directory's listing once it is one of ``expected``: the job's own directory there (job-N, made by the
+    test cluster's prolog) goes with its epilog, which Slurm runs after the job ended, maybe after Snakemake did.
+    Fails naming what stayed."""
+    deadline = time.monotonic() + seconds
+    while (listing := sorted(os.listdir(directory))) not in expected and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert listing in expected, f"{directory} still holds {listing}, expected one of {expected}"
+    return listing
 
 
 def left_in_scratch(layout: dict, node: str, run: str) -> list[str]:

@@ -8,6 +8,7 @@ import re
 import signal
 import subprocess
 import time
+from pathlib import Path
 
 import pytest
 
@@ -59,14 +60,24 @@ def steps(job: str) -> dict[str, str]:
 COMPONENTS = ("coordinator", "readiness", "worker-01", "worker-02", "verify")
 
 
-def assert_a_completed_step_per_component(job: str) -> None:
+def assert_a_completed_step_per_component(job: str, project: Path) -> None:
+    """A step per component, each COMPLETED. The coordinator is a service Snakemake stops when its consumers
+    are done: its step ends on that signal, which srun passes on as a step signal; whether Slurm then records
+    it COMPLETED or CANCELLED depends on which it notes first (the coordinator exits within milliseconds, on a
+    loaded machine slurmstepd may see the signal first). Either is an orderly end when the coordinator says
+    it stopped on the signal, after draining."""
     for _ in range(20):  # accounting records a step when it ends; give slurmdbd a moment
         job_steps = steps(job)
         if set(COMPONENTS) <= set(job_steps):
             break
         time.sleep(0.5)
     for name in COMPONENTS:
-        assert job_steps.get(name) == "COMPLETED", f"step {name} of job {job}: {json.dumps(job_steps)}"
+        state = job_steps.get(name)
+        if name == "coordinator" and state == "CANCELLED":
+            log = (project / "logs/serve_coordinator/baseline.log").read_text()
+            assert "coordinator: stopped (signal:SIGTERM)" in log, f"step coordinator of job {job}: {log[-2000:]}"
+            continue
+        assert state == "COMPLETED", f"step {name} of job {job}: {json.dumps(job_steps)}"
 
 
 def job_state(job: str) -> str:
@@ -85,7 +96,7 @@ def test_baseline_is_one_sbatch_job_with_a_step_per_component(cluster_project):
     marker = json.loads((project / "results/baseline/result.json").read_text())
     assert marker["status"] == "success" and marker["taskCount"] == 4
     job = the_stack_job(output, project)  # exactly one sbatch job for the whole stack
-    assert_a_completed_step_per_component(job)
+    assert_a_completed_step_per_component(job, project)
     provenance = json.loads((project / "results/baseline/provenance.json").read_text())
     assert provenance["slurm"]["jobId"] == job and provenance["slurm"]["node"]
     assert provenance["slurm"]["version"].startswith("slurm")
@@ -259,7 +270,7 @@ def test_inside_an_allocation_you_hold_the_stack_runs_as_job_steps(cluster_proje
     [job] = re.findall(r"Granted job allocation (\d+)", output)
     assert not submitted_jobs(output) and "SLURM run ID" not in output  # the Slurm executor plugin is not used
     assert json.loads((project / "results/baseline/result.json").read_text())["status"] == "success"
-    assert_a_completed_step_per_component(job)
+    assert_a_completed_step_per_component(job, project)
     provenance = json.loads((project / "results/baseline/provenance.json").read_text())
     assert provenance["slurm"]["jobId"] == job
     assert all(component["slurmJobId"] == job for component in provenance["components"].values())

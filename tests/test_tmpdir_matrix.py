@@ -269,7 +269,7 @@ def unmount_on_nodes(layout: dict, path: Path) -> None:
     ("slurm-tmpdir", "apptainer"),
     ("full", "apptainer"),
 ])
-def test_every_row_under_the_slurm_profile_on_three_nodes(multinode_project, roots, row, runtime):  # noqa: F811
+def test_every_row_under_the_slurm_profile_on_the_three_multinode_nodes(multinode_project, roots, row, runtime):  # noqa: F811
     project, apptainer_image, layout = multinode_project
     token = secrets.token_hex(4)
     config = ["image=null"] if runtime == "none" else []

@@ -498,7 +498,8 @@ def attempt_checks(args, env: dict[str, str]) -> int | None:
     ours = attempts.command_of(env)
     if args.run_state is None or ours is None:
         return None
-    earlier = attempts.earlier_lasting(args.run_state, ours)
+    job = env.get("SLURM_JOB_ID") or None
+    earlier = attempts.earlier_lasting(args.run_state, ours, job, args.component)
     if earlier is not None:
         print(f"launch: {args.component}: not started: an earlier attempt of this command "
               f"({attempts.attempt_name(earlier)}) failed in a way another attempt cannot change:",
@@ -514,7 +515,6 @@ def attempt_checks(args, env: dict[str, str]) -> int | None:
     who = attempts.live_elsewhere(args.run_state, ours, job_active)
     if who is not None:
         raise AllocstackError("already-running", attempts.refusal(args.run, who))
-    job = env.get("SLURM_JOB_ID") or None
     try:
         attempts.claim(args.run_state, args.run, ours, job, this_node(env) if job else None)
     except OSError as exc:

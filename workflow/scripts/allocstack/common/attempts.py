@@ -190,12 +190,20 @@ def record_lasting(state: Path, ours: Command, job: str | None, component: str, 
                                            "at": time.time()})
 
 
-def earlier_lasting(state: Path, ours: Command | None) -> dict[str, Any] | None:
-    """The lasting failure an attempt of this same command recorded, or None (another command's is not ours)."""
+def earlier_lasting(state: Path, ours: Command | None, job: str | None = None,
+                    component: str | None = None) -> dict[str, Any] | None:
+    """The lasting failure an earlier attempt of this same command recorded, or None (another command's is not ours).
+
+    With ``job`` and ``component`` (the asking launcher's): a record of the same job by another component is
+    a sibling's in this very attempt (locally, where there is no job, every attempt's record looks so), not
+    an earlier attempt's: that component meets the failure itself, if it is one for it too, and says it.
+    """
     record = read_record(state / LASTING_FAILURE)
     if ours is None or record is None or Command.parse(record.get("command")) != ours:
         return None
     if not isinstance(record.get("line"), str) or not isinstance(record.get("exitCode"), int):
+        return None
+    if component is not None and record.get("job") == job and record.get("component") != component:
         return None
     return record
 
