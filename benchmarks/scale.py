@@ -304,7 +304,7 @@ def print_part(quick: bool, full: bool) -> None:
             f"0 x 503: {verdict(row['refused'] == 0)}; >= 0.8x: {verdict(ratio >= 0.8)}; "
             f"peak <= 400 MB: {verdict(row['peak'] <= 400)}")
         print(f"| {'each worker its own connection' if row['perStep'] == 1 else 'a relay per step'} | {workers:,} | "
-              f"{nodes} | {row['perStep']} | {row['sockets']} (cap {row['cap']:,}) | {row['coordinatorRequests']:,} | "
+              f"{nodes} | {row['perStep']} | {row['sockets']:,} (cap {row['cap']:,}) | {row['coordinatorRequests']:,} | "
               f"{row['refused']} | {row['rate']:,.0f} | {ratio:.2f} | {row['peak']:.0f} MB | {row['cpu']:.1f} s | "
               f"{'yes' if row['exactlyOnce'] else 'NO'} | {target} |", flush=True)
 
