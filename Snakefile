@@ -33,8 +33,10 @@ rule all:
     localrule: True
 
 
-# A run (not a dry run) starts: `--forcerun serve_coordinator` starts it over, with a fresh journal.
+# A run (not a dry run) starts: what cannot run here is one line (more than one node outside Slurm);
+# `--forcerun serve_coordinator` starts it over, with a fresh journal.
 onstart:
+    refuse_what_cannot_run()
     start_of_run()
 
 

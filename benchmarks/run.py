@@ -45,6 +45,11 @@ Numbers are measurements, not assertions: targets are printed beside them, with
 adds the million-task rows, batch 1 and Dask at 100,000 (about 6 minutes more),
 ``--quick`` is a smoke run. ``--parts cluster`` runs only part 4 (about 2 minutes),
 ``--parts multinode`` only part 5 (about 8), ``--parts compose`` only part 6 (about half a minute).
+
+7. ``scale`` (only when asked: ``--parts scale``, about 15 minutes; ``--full`` adds the dry run at the limits,
+   65,536 workers over 1,024 nodes, about 8 more): ``snakemake --dry-run`` from 16 to 16,384 workers over 1 to 256
+   nodes, as planned and with each worker its own job; a real coordinator against 8, 4,096 and 16,384 simulated
+   workers shaped as the plan shapes them (benchmarks/scale.py).
 """
 
 from __future__ import annotations
@@ -865,10 +870,12 @@ def main(argv: list[str] | None = None) -> int:
                       help="also the million-task rows, batch 1 and Dask at 100,000 (about 6 minutes more)")
     parser.add_argument("--batch", type=int, default=256, help="the batch size k compared with batch 1")
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "output")
-    parser.add_argument("--parts", nargs="+", choices=("local", "cluster", "multinode", "compose"),
+    parser.add_argument("--parts", nargs="+", choices=("local", "cluster", "multinode", "compose", "scale"),
                         default=["local", "cluster", "multinode", "compose"],
                         help="local: throughput, memory, Snakemake overhead; cluster: the Slurm profile; "
-                             "multinode: 3 nodes against 1, and what TLS costs (needs the 3-node test cluster)")
+                             "multinode: 3 nodes against 1, and what TLS costs (needs the 3-node test cluster); "
+                             "scale: planning time and a coordinator against thousands of simulated workers "
+                             "(not in the default run)")
     parser.add_argument("--measure-requests", type=Path, nargs="+", metavar="ENDPOINT_FILE", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.measure_requests:  # the multinode part runs this on another node
@@ -877,6 +884,11 @@ def main(argv: list[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     print(f"machine: {machine()}; load average {Path('/proc/loadavg').read_text().split()[0]} at the start\n",
           flush=True)
+    if "scale" in args.parts:
+        sys.path.insert(0, str(ROOT / "benchmarks"))
+        import scale
+
+        scale.print_part(args.quick, args.full)
     if "local" not in args.parts:
         if "compose" in args.parts:
             print_compose()

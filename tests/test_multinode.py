@@ -497,3 +497,119 @@ def test_more_nodes_than_the_partition_has_is_refused_before_submission(multinod
     output = done.stdout + done.stderr
     assert done.returncode != 0
     assert "allocstack: error [config]: nodes=3 but partition debug has 1 node(s)" in output, output[-2000:]
+
+
+# -- 5. many workers: one job step per node ------------------------------------------------------
+#: Seven workers a node: the test nodes announce 8 CPUs, and the first also holds the coordinator's.
+PER_NODE = 7
+
+
+def grouped_args(layout: dict, image: str, *config: str) -> list[str]:
+    """cluster_args with 21 workers on the 3 nodes: above 16, so one job step of 7 workers per node (the default)."""
+    args = cluster_args(layout, image, *config)
+    args[args.index("workers=6")] = f"workers={3 * PER_NODE}"
+    return args
+
+
+def worker_process(layout: dict, node: str, worker: str) -> int | None:
+    """The pid of ``worker``'s process (worker.py) on namespaced node ``node``, if it runs."""
+    slurmd = int(Path(SLURM_STATE, "run", f"slurmd-{node}.pid").read_text())
+    namespace = os.readlink(f"/proc/{slurmd}/ns/net")
+    for entry in Path("/proc").iterdir():
+        try:
+            if not entry.name.isdigit() or os.readlink(entry / "ns/net") != namespace:
+                continue
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if any(arg.endswith(b"worker.py") for arg in argv) and f"--worker-id={worker}".encode() in argv:
+            return int(entry.name)
+    return None
+
+
+def test_seven_workers_a_node_run_as_three_worker_steps_each_keeping_its_identity(multinode_project):
+    project, image, layout = multinode_project
+    done = snakemake(project, *grouped_args(layout, image), timeout=600)
+    output = done.stdout + done.stderr
+    assert done.returncode == 0, output[-4000:]
+    marker = json.loads((project / "results/baseline/result.json").read_text())
+    assert marker["status"] == "success" and marker["taskCount"] == 4
+    nodes = sorted(layout["nodes"])
+    steps = job_steps(submitted_job(output), {"workers-01", "workers-02", "workers-03", "coordinator"})
+    assert {name: steps[name]["node"] for name in ("workers-01", "workers-02", "workers-03")} == \
+        {"workers-01": nodes[0], "workers-02": nodes[1], "workers-03": nodes[2]}, steps
+    assert all(steps[name]["state"] == "COMPLETED" for name in ("workers-01", "workers-02", "workers-03")), steps
+    assert not [name for name in steps if name.startswith("worker-")]  # no step per worker: 3, not 21
+    for number in range(1, len(nodes) + 1):  # each worker its own record, in its step's directory
+        ids = [f"worker-{i:02d}" for i in range(PER_NODE * (number - 1) + 1, PER_NODE * number + 1)]
+        records = project / f"results/baseline/workers/workers-{number:02d}"
+        assert sorted(path.stem for path in records.glob("*.json")) == ids
+        assert all(json.loads((records / f"{w}.json").read_text())["status"] == "done" for w in ids)
+        assert all((project / f"logs/run_workers/baseline/{w}.log").exists() for w in ids)  # and its own log
+    events = read_events(project / "results/baseline/events.jsonl")
+    ok, reason = gate_precedes_workers(events)
+    assert ok and all(f"{node}: {PER_NODE}" in reason for node in nodes), reason
+    starts = {e["worker"]: e["host"] for e in events if e["event"] == "worker-start"}
+    assert len(starts) == 21 and starts["worker-08"] == nodes[1] and starts["worker-21"] == nodes[2]
+    # Off the first node each worker reached the coordinator through its step's relay, over TLS.
+    log = (project / "logs/run_workers/baseline/workers-02.log").read_text()
+    assert f"workers-02: {PER_NODE} workers started (worker-08 .. worker-14), relayed to https://" in log, log[-2000:]
+    assert "workers-02: ended: 7 done" in log
+    assert "workers     21 in 3 job steps: 21 ended" in done.stdout
+
+
+def test_a_worker_process_killed_inside_a_step_is_started_again_and_nothing_is_lost(multinode_project):
+    project, image, layout = multinode_project
+    config = slow_tasks(project, "restart", count=126, seconds=0.5)
+    run = start_run(project, ["--configfile", str(config), *grouped_args(layout, image)])
+    node = sorted(layout["nodes"])[1]
+    journal = project / "state/restart/journal.jsonl"
+    job_of(run, project)
+    victim = wait_for(lambda: journal.exists() and journal.read_text().count('"kind":"result"') >= 14 and
+                      worker_process(layout, node, "worker-10"), what="worker-10 at work on its node")
+    os.kill(victim, signal.SIGKILL)
+    output, _ = run.communicate(timeout=600)
+    assert run.returncode == 0, output[-4000:]
+    marker = json.loads((project / "results/restart/result.json").read_text())
+    assert marker["status"] == "success" and marker["taskCount"] == 126
+    results = json.loads((project / "results/restart/results.json").read_text())["results"]
+    assert len({r["taskId"] for r in results}) == len(results) == 126  # each task exactly once
+    end = json.loads((project / "results/restart/coordinator.json").read_text())
+    assert end["expiredLeases"] >= 1 and end["workers"]["worker-10"]["node"] == node  # its leases came back
+    record = json.loads((project / "results/restart/workers/workers-02/worker-10.json").read_text())
+    assert record["status"] == "done"  # the process started again did its share and wrote its record
+    step_log = (project / "logs/run_workers/restart/workers-02.log").read_text()
+    assert "worker-10 was killed by SIGKILL from outside; started again (1 of at most 3)" in step_log
+    assert "workers-02: worker-10 was killed from outside; started again" in \
+        (project / "logs/run_workers/restart/worker-10.log").read_text()
+    starts = [e for e in read_events(project / "results/restart/events.jsonl")
+              if e["event"] == "worker-start" and e["worker"] == "worker-10"]
+    assert len(starts) == 2 and {e["host"] for e in starts} == {node}
+
+
+def test_a_node_of_a_step_lost_mid_run_records_its_workers_killed_and_loses_nothing(multinode_project):
+    """The third node crashes (every process on it, slurmd too) while its step's 7 workers hold leases."""
+    project, image, layout = multinode_project
+    config = slow_tasks(project, "lost-step", count=126, seconds=0.5)
+    run = start_run(project, ["--configfile", str(config), *grouped_args(layout, image)])
+    lost = sorted(layout["nodes"])[2]
+    journal = project / "state/lost-step/journal.jsonl"
+    job_of(run, project)
+    wait_for(lambda: journal.exists() and journal.read_text().count('"kind":"result"') >= 14 and
+             worker_process(layout, lost, "worker-21"), what="the third node's workers at work")
+    try:
+        subprocess.run(["bash", str(SLURM_SH), "crash", lost], check=True, timeout=30)
+        output, _ = run.communicate(timeout=600)
+    finally:  # bring the node back for the other tests
+        subprocess.run(["bash", str(SLURM_SH), "start", "--nodes", str(len(layout["nodes"]))],
+                       capture_output=True, timeout=300, check=True)
+    assert run.returncode == 0, output[-4000:]
+    marker = json.loads((project / "results/lost-step/result.json").read_text())
+    assert marker["status"] == "success" and marker["taskCount"] == 126
+    records = {p.stem: json.loads(p.read_text()) for p in (project / "results/lost-step/workers").glob("*/*.json")}
+    assert sorted(w for w, r in records.items() if r["status"] == "killed") == [f"worker-{i}" for i in range(15, 22)]
+    assert all(records[f"worker-{i:02d}"]["status"] == "done" for i in range(1, 15))
+    end = json.loads((project / "results/lost-step/coordinator.json").read_text())
+    assert end["expiredLeases"] >= 1 and sum(w["completed"] for w in end["workers"].values()) == 126
+    results = json.loads((project / "results/lost-step/results.json").read_text())["results"]
+    assert len({r["taskId"] for r in results}) == len(results) == 126

@@ -172,3 +172,38 @@ def test_report_html_is_ignored_by_git():
     ignored = subprocess.run(["git", "check-ignore", "--no-index", "report.html", "report.zip"], cwd=ROOT,
                              capture_output=True, text=True, check=False)
     assert ignored.stdout.split() == ["report.html", "report.zip"]
+
+
+def test_forty_workers_run_as_one_job_that_keeps_each_workers_identity(project):
+    """Above 16 workers (worker.per_step null) one node's workers are ONE Snakemake job (run_workers), and each keeps
+    its id, record, log and events; the dry run shows one job, not 40."""
+    tasks = make_tasks(2000)
+    write_json(project / "inputs/many.json", tasks)
+    write_json(project / "expected/many.json", expected_for(tasks))
+    config = ["--config", "workers=40", "tasks=inputs/many.json", "expected=expected/many.json", "run=many"]
+    planned = snakemake(project, "--dry-run", *config)
+    assert planned.returncode == 0, planned.stderr[-2000:]
+    table = {line.split()[0]: line.split()[1] for line in planned.stdout.splitlines() if len(line.split()) == 2
+             and line.split()[1].isdigit()}
+    assert table["run_workers"] == "1" and "run_worker" not in table
+    done = snakemake(project, "--cores", "4", *config)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert json.loads((project / "results/many/result.json").read_text())["status"] == "success"
+    records = sorted((project / "results/many/workers/workers-01").glob("worker-*.json"))
+    assert [path.stem for path in records] == [f"worker-{i:02d}" for i in range(1, 41)]
+    assert sum(json.loads(path.read_text())["tasksCompleted"] for path in records) == 2000
+    assert len(list((project / "logs/run_workers/many").glob("worker-*.log"))) == 40
+    assert len([e for e in events(project, "many") if e["event"] == "worker-start"]) == 40
+    assert "workers     40 in 1 job step: 40 ended (fewest" in done.stdout  # the end-of-run summary counts them
+    end = json.loads((project / "results/many/coordinator.json").read_text())
+    assert len(end["workers"]) == 40 and end["requests"] < 2000  # the step's relay batched its workers' requests
+
+
+def test_a_multi_node_plan_is_shown_anywhere_and_refused_only_when_run(project):
+    planned = snakemake(project, "--dry-run", "--config", "nodes=64", "workers=4096")
+    assert planned.returncode == 0, planned.stderr[-2000:]
+    assert "run_workers" in planned.stdout and "await_network" in planned.stdout
+    ran = snakemake(project, "--cores", "4", "--config", "nodes=3", "workers=6")
+    assert ran.returncode == 78
+    assert "allocstack: error [config]: nodes=3 needs a Slurm allocation" in ran.stderr + ran.stdout
+    assert not (project / "results/baseline/inputs.json").exists()  # refused before anything ran

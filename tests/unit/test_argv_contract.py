@@ -73,6 +73,10 @@ STACKS = {
                                                                       **INSTALLED}),
     "no job steps, the older service block": ("slurm: {job_steps: false}\nservice: {command: [python3, app.py]}",
                                               {"environ": IN_STEP}),
+    "many workers on one node": ("workers: 40\nworker: {command: [python3, x.py], task_timeout: 5}", {}),
+    "many workers on many nodes, in an image": (
+        "nodes: 4\nworkers: 70\nworker: {per_step: 9}\nimage: allocstack.sif\nservices: {kv: {command: [kv]}}",
+        {"environ": IN_STEP, "deployment": frozenset({"apptainer"}), **INSTALLED}),
 }
 
 
@@ -90,8 +94,12 @@ def jobs(planned: plan.Plan) -> Iterator[tuple[str, dict[str, str]]]:
         yield "service_gate", {**run, "service": service}
     if planned.main:
         yield "main", run
-    for worker in planned.workers:
-        yield "worker", {**run, "worker": worker}
+    if planned.grouped:
+        for step in planned.step_names:
+            yield "workers", {**run, "step": step}
+    else:
+        for worker in planned.workers:
+            yield "worker", {**run, "worker": worker}
     if planned.runs_check:
         yield "check", run
     yield "collect", run
@@ -145,6 +153,11 @@ def test_every_command_line_parses_with_its_scripts_own_parser(stack, workdir):
         assert Path(launch[1]) == SCRIPTS / "launch.py" and launch[-1] == "--"
         launched = parse("launch.py", [*launch[2:], planned.script(script), *args])
         assert launched.command == [planned.script(script), *args]
+        if component == "workers":  # and each worker's own command line, as the step makes it
+            block = parse("worker_block.py", args)
+            for worker in block.worker:
+                parse("worker.py", importlib.import_module("worker_block").worker_argv(block, worker, Path("r.json"))[2:])
+            started.add("worker.py")
     assert {"validate_inputs.py", "collect.py", "verify.py"} <= started
 
 
@@ -152,7 +165,7 @@ def test_every_entry_point_is_covered():
     started = {planned.script_of(component) for text, facts in STACKS.values()
                for planned in [plan_of(text, **facts)] for component, _ in jobs(planned)}
     assert started == {"validate_inputs.py", "coordinator.py", "readiness.py", "app_service.py", "worker.py",
-                       "replica.py", "main.py", "check.py", "collect.py", "verify.py"}
+                       "replica.py", "main.py", "worker_block.py", "check.py", "collect.py", "verify.py"}
 
 
 def test_the_end_of_run_summary_parses_with_status_pys_parser():
@@ -177,10 +190,31 @@ def test_values_reach_the_scripts_as_the_config_says(workdir):
     assert (replica.index, replica.workers, replica.environment_json) == (1, 2, {"A": "b"})
     assert replica.gate_timeout == max(30 + 30, 90 + 30, 150 + 12) + 30
     launched = parse("launch.py", [*planned.launch("worker", run="baseline", worker="worker-02")[2:], "replica.py"])
-    assert launched.volume == ["data"] and launched.tolerate_kill is None  # a long-running worker's kill fails the run
+    assert launched.volume == ["data"] and launched.tolerate_kill == []  # a long-running worker's kill fails the run
     collect = parse("collect.py", planned.args("collect", run="baseline"))
     assert collect.component == ["db", "web", "cache", "worker-01", "worker-02", "check"]
     assert collect.stop_timeout == 20 + 15
+
+
+def test_a_step_of_several_workers_gives_each_its_own_id_record_log_and_events(workdir):
+    planned = plan_of("nodes: 3\nworkers: 20\nworker: {batch: 16}", environ=IN_STEP)
+    assert planned.step_names == ["workers-01", "workers-02", "workers-03"]  # one step per node: 7, 7, 6 workers
+    block = parse("worker_block.py", planned.args("workers", run="baseline", step="workers-02"))
+    assert block.worker == [f"worker-{i:02d}" for i in range(8, 15)]
+    assert block.records == Path("results/baseline/workers/workers-02")
+    assert block.endpoint_file == Path("state/baseline/endpoint.json")  # off the first node: the network endpoint
+    assert block.gate_record[-1] == Path("results/baseline/gates/node-2.json")  # its node's gate
+    worker = parse("worker.py", importlib.import_module("worker_block").worker_argv(block, "worker-09",
+                                                                                    Path("relay.json"))[2:])
+    assert (worker.worker_id, worker.batch, worker.endpoint_file) == ("worker-09", 16, "relay.json")
+    assert worker.record == Path("results/baseline/workers/workers-02/worker-09.json")
+    assert worker.events == Path("state/baseline/events/worker-09.jsonl") and worker.gate_record == []
+    launched = parse("launch.py", [*planned.launch("workers", run="baseline", step="workers-02")[2:], "x.py"])
+    assert launched.component == "workers-02" and launched.node_index == 1 and launched.cpus == 7
+    assert launched.tolerate_kill == [Path(f"results/baseline/workers/workers-02/worker-{i:02d}.json")
+                                      for i in range(8, 15)]
+    coordinator = parse("coordinator.py", planned.args("coordinator", run="baseline"))
+    assert coordinator.max_connections == 512 + 3 * 4  # a few connections a step, not two a worker
 
 
 def test_programs_of_yours_run_in_their_images_and_their_supervisors_beside_them(workdir):
@@ -209,6 +243,10 @@ def test_programs_of_yours_run_in_their_images_and_their_supervisors_beside_them
     # per-task workers run allocstack's worker.py IN worker.image
     per_task = plan_of("worker: {image: w.sif}\n", deployment=frozenset({"apptainer"}), **INSTALLED)
     launch = parse("launch.py", [*per_task.launch("worker", run="r", worker="worker-01")[2:], "worker.py"])
+    assert launch.image.endswith("w.sif")
+    # and a job step of several: its supervisor and relay run in worker.image with its workers
+    grouped = plan_of("workers: 40\nworker: {image: w.sif}\n", deployment=frozenset({"apptainer"}), **INSTALLED)
+    launch = parse("launch.py", [*grouped.launch("workers", run="r", step="workers-01")[2:], "worker_block.py"])
     assert launch.image.endswith("w.sif")
 
 

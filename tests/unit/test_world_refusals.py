@@ -9,7 +9,10 @@ from __future__ import annotations
 import pytest
 from test_slurm_queries import ACCOUNTS, ASSOCIATIONS, NODES, PARTITIONS
 
-from .plans import plan_of, refusal
+from allocstack.plan import PlanError
+from allocstack.plan.refusals import refuse_without_allocation
+
+from .plans import plan_of, refusal, world
 
 IN_ALLOCATION = {"environ": {"SLURM_JOB_ID": "1"}}
 PROFILE = {"slurm_account": "allocstack", "slurm_partition": "debug", "runtime": 5}
@@ -35,7 +38,6 @@ def submitting(**resources) -> dict:
 
 @pytest.mark.parametrize("config, facts, words", [
     ("nodes: 3\nworkers: 2", {}, "nodes=3 but workers=2: a node would get no worker"),
-    ("nodes: 2", {"environ": {"SLURM_JOB_ID": ""}}, "nodes=2 needs a Slurm allocation: run with --profile profiles/slurm"),
     ("nodes: 2\nslurm: {job_steps: false}", IN_ALLOCATION, "nodes=2 needs slurm.job_steps: true"),
     ("nodes: 2\ntasks: null\nexpected: null\nworker: {mode: long-running, command: [w]}\nverify: {command: [c]}",
      IN_ALLOCATION, "nodes=2 needs the built-in coordinator"),
@@ -44,6 +46,20 @@ def submitting(**resources) -> dict:
 def test_bad_multi_node_config_is_refused_before_anything_runs(config, facts, words):
     refused = refusal(config, **facts)
     assert refused.diag == "config" and words in refused.message, refused.message
+
+
+def test_more_nodes_outside_slurm_are_planned_for_review_and_refused_only_to_run():
+    """A dry run shows a plan of any size anywhere (no allocation, no profile); a run outside Slurm is refused when
+    it starts (Snakemake's onstart, never in a dry run), with the same one line."""
+    planned = plan_of("nodes: 64\nworkers: 4096", environ={"SLURM_JOB_ID": ""})
+    assert len(planned.steps) == 64 and {step.count for step in planned.steps} == {64}
+    with pytest.raises(PlanError) as refused:
+        planned.before_running()
+    assert refused.value.diag == "config"
+    assert refused.value.message.startswith("nodes=64 needs a Slurm allocation: run with --profile profiles/slurm")
+    plan_of("nodes: 2", **IN_ALLOCATION).before_running()  # inside an allocation it runs
+    refuse_without_allocation(planned.config, world(**submitting()))  # and submitted to Slurm
+    plan_of().before_running()  # one node runs anywhere
 
 
 def test_more_nodes_plan_a_network_listener_node_gates_and_shared_logs():

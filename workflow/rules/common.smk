@@ -156,6 +156,7 @@ STACK_ENV = "../envs/stack.yaml"
 wildcard_constraints:
     run=r"[A-Za-z0-9][A-Za-z0-9._-]*",
     worker=r"worker-[0-9]+",
+    step=r"workers-[0-9]+",
     service="|".join(re.escape(name) for name in PLAN.services) or "(?!)",
     node=r"[0-9]+",
 
@@ -235,6 +236,10 @@ def main_records(wildcards):
     return PLAN.main_records(wildcards.run)
 
 
+def step_cpus(wildcards):
+    return PLAN.step_cpus(wildcards.step)
+
+
 def check_inputs(wildcards):
     return PLAN.check_inputs(wildcards.run)
 
@@ -257,6 +262,14 @@ def start_of_run():
     aside = identity.set_aside(Path(PLAN.layout.journal))
     if aside is not None:
         print(PLAN.started_over(aside), file=sys.stderr, flush=True)
+
+
+def refuse_what_cannot_run():
+    """Snakemake's onstart (a run, not a dry run): what the plan refuses only to run, ONE line and its exit code."""
+    try:
+        PLAN.before_running()
+    except plan.PlanError as refusal:
+        sys.exit(errors.report(refusal))
 
 
 def this_command():

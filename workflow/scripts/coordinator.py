@@ -25,6 +25,9 @@ checked from the headers before any body byte is read):
 * ``POST /heartbeat {"workerId", "taskIds"}`` -> ``{"held": [...]}`` (renews leases).
 * ``POST /fail {"workerId", "taskId", "reason"}`` -> ``{"status": "requeued"|"failed"}``: the
   task's handler failed; it is handed out again until it has failed ``--max-attempts`` times.
+* ``POST /batch {"requests": [{"path", "body"}, ...]}`` -> ``{"responses": [{"status", "body"}, ...]}``:
+  several workers' /claim, /results, /result, /heartbeat and /fail in one round trip, each answered
+  as if it had come alone (a job step of several workers sends them through its relay).
 * ``GET /status`` -> counts, rate, per-worker and per-node stats (``?history=1`` adds the
   progress series); ``GET /ui`` -> the live status page. Both also accept the read-only
   view token as ``?token=`` (a browser cannot send a header through a tunnel URL).
@@ -80,6 +83,23 @@ from allocstack.launch.lifeline import launcher_alive, launcher_pid
 TICK_SECONDS = 0.25
 #: Seconds between redraws of the live line.
 LIVE_INTERVAL = 0.5
+#: Open files besides the connections: the journal, the event log, results.json, the listeners.
+FILES_MARGIN = 64
+
+
+def allow_connections(connections: int) -> None:
+    """Let this process hold ``connections`` sockets at once: its soft limit of open files raised toward the hard
+    one where it is lower. A hard limit too low is one line in the log: what the kernel refuses past it is a
+    client's connection error, which it retries."""
+    wanted = connections + FILES_MARGIN
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY or soft >= wanted:
+        return
+    target = wanted if hard == resource.RLIM_INFINITY else min(hard, wanted)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+    if target < wanted:
+        log(f"coordinator: open files are limited to {hard} here (ulimit -Hn), below the {connections} connections "
+            "the run may open at once: ask your center for a higher limit, or use fewer job steps")
 
 
 def peak_rss_mb() -> float:
@@ -444,6 +464,7 @@ async def serve(coordinator: Coordinator) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     settings = parse_settings(argv, __doc__.split("\n\n")[0])
+    allow_connections(settings.max_connections)
     try:
         board, journal, input_sha256, about = prepare(settings)
         network = network_listener(settings)

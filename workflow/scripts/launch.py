@@ -286,11 +286,13 @@ def killed_by(code: int, in_step: bool) -> int | None:
     return None
 
 
-def supervise(command: list[str], env: dict[str, str], component: str, kill_record: Path | None,
+def supervise(command: list[str], env: dict[str, str], component: str, kill_records: list[Path],
               off_node: bool = False, forked: bool = False) -> tuple[int, bool]:
     """Run ``command``, forward signals to it; return the job's exit code, and whether this launcher got a stop
     signal (the component was stopped, it did not end by itself).
 
+    :param kill_records: with ``--tolerate-kill``: the records a component killed from outside leaves (a
+        worker's; each worker's of a job step of several, but those that wrote their own).
     :param forked: the runtime runs the component as its child and must not get the signal itself
         (ch-run with a SquashFS image, :func:`allocstack.launch.containers.forks_component`): the signal
         goes to ch-run's child, found among the job step's processes (``scontrol listpids``) or
@@ -316,18 +318,21 @@ def supervise(command: list[str], env: dict[str, str], component: str, kill_reco
     if off_node:
         collect_step_output()
     signum = killed_by(outcome.code, in_step)
-    lost = in_step and outcome.code == 0 and kill_record is not None and not kill_record.exists()
+    missing = [record for record in kill_records if not record.exists()]
+    lost = in_step and outcome.code == 0 and bool(missing)
     stopped = bool(outcome.received)
     if signum is None and not lost:
         return outcome.code, stopped
     killer = signal.Signals(signum).name if signum else "the loss of its node"
-    if kill_record is not None and not outcome.received:  # launch.py got no stop signal of its own
-        # srun exits 0 when the step's node failed (after Slurm's SlurmdTimeout): the worker wrote no record.
+    if kill_records and not outcome.received:  # launch.py got no stop signal of its own
+        # srun exits 0 when the step's node failed (after Slurm's SlurmdTimeout): its workers wrote no record.
         print(f"launch: {component} was killed by {killer} from outside; tolerated: its leased tasks "
               "return to the queue when their lease expires", file=sys.stderr, flush=True)
-        atomic_write_json(kill_record, {"schemaVersion": 1, "workerId": component, "status": "killed",
-                                        "signal": signal.Signals(signum).name if signum else None,
-                                        "reason": killer, "tasksCompleted": None, "endedAt": time.time()}, 0o644)
+        for record in missing:
+            record.parent.mkdir(parents=True, exist_ok=True)  # a step that never started made no directory
+            atomic_write_json(record, {"schemaVersion": 1, "workerId": record.stem, "status": "killed",
+                                       "signal": signal.Signals(signum).name if signum else None,
+                                       "reason": killer, "tasksCompleted": None, "endedAt": time.time()}, 0o644)
         return 0, stopped
     if signum is None:
         return outcome.code, stopped
@@ -357,7 +362,7 @@ def runs_here(args, command: list[str]) -> bool:
     signals reach the component itself (Snakemake's SIGTERM to a service, Ctrl-C), a SIGKILL ends it as it
     would have ended launch.py and, through the parent-death signal, the child. So locally the coordinator,
     the gates and your services cost one interpreter each instead of two (four start at once with the stack)."""
-    return command[0] == sys.executable and args.tolerate_kill is None and not args.image
+    return command[0] == sys.executable and not args.tolerate_kill and not args.image
 
 
 def run_here(command: list[str], env: dict[str, str]) -> int:
@@ -414,8 +419,9 @@ def parse_args(argv: list[str] | None):
                              "1.. = the others in Slurm's order)")
     parser.add_argument("--job-end-time", action="store_true",
                         help="export $SLURM_JOB_END_TIME (from squeue if Slurm does not set it) to the component")
-    parser.add_argument("--tolerate-kill", type=Path, metavar="RECORD",
-                        help="a component killed from outside is recorded here and the job succeeds (workers)")
+    parser.add_argument("--tolerate-kill", type=Path, metavar="RECORD", action="append", default=[],
+                        help="a component killed from outside is recorded here and the job succeeds (workers; "
+                             "repeatable: each worker of a job step of several, but those that wrote their own)")
     parser.add_argument("--run-state", type=Path,
                         help="the run's state directory: refuse a second start of a live run; record a failure "
                              "another attempt cannot change, and end at once on an earlier attempt's")
@@ -449,6 +455,9 @@ def main(argv: list[str] | None = None) -> int:
             env[SCRATCH_ENV] = str(scratch)
             env.update(volume_environment(scratch, args.volume, args.run_state, frozenset(args.keep_volume)))
         if off_node(args, env):
+            # This launcher's pid means nothing on another node (another machine's processes): the step ends with
+            # its srun, which dies with this launcher (the parent-death signal).
+            env.pop(LIFELINE_ENV, None)
             env[STEP_ENV] = args.component  # node_scratch.py's record of the step on its node
             if scratch is not None:  # a node that sees this mark shares this node's scratch: not its to remove
                 (scratch / FIRST_NODE).touch(mode=0o600)

@@ -37,6 +37,21 @@ MAIN_ENDED = "main-ended.json"
 JOURNAL = "journal.jsonl"
 
 
+def worker_record(worker: str) -> str:
+    """A worker's record (``worker-01.json``), in ``results/<run>/workers/`` or its step's directory there."""
+    return f"{worker}.json"
+
+
+def worker_log(worker: str) -> str:
+    """A worker's own log (``worker-01.log``) in its step's log directory (more than one worker per step)."""
+    return f"{worker}.log"
+
+
+def relay_endpoint(step: str) -> str:
+    """In scratch: where a step of workers publishes its relay to the coordinator for its workers (mode 0600)."""
+    return f"relay-{step}.json"
+
+
 def service_endpoint(service: str) -> str:
     """In scratch: where your own service ``service`` publishes its URL and token (mode 0600)."""
     return f"{SERVICES}/{service}.json"

@@ -17,6 +17,7 @@ result by result and names each problem; both give the same answers (tested).
 
 from __future__ import annotations
 
+import asyncio
 import re
 from collections.abc import Callable
 from typing import Any
@@ -34,6 +35,10 @@ from .taskboard import WORKER_ID_PATTERN, TaskBoard
 
 WAIT_HINT_SECONDS = 0.1
 MAX_CLAIM_BATCH = 10_000
+#: Requests one /batch may carry (a job step's relay sends what its workers asked meanwhile).
+MAX_BATCH_REQUESTS = 1024
+#: What a /batch may carry: a worker's requests (each answered as if it had come alone).
+BATCHED = ("/claim", "/results", "/result", "/heartbeat", "/fail")
 #: A failure reason is kept up to this many characters (its tail).
 MAX_REASON_CHARS = 2000
 #: What a worker may call its node (a host name as Slurm and DNS spell them).
@@ -58,8 +63,17 @@ if msgspec is not None:
         node: str | None = None
 
     _POST = msgspec.json.Decoder(_Post)
+
+    class _Part(msgspec.Struct, forbid_unknown_fields=True, gc=False):
+        path: str
+        body: msgspec.Raw
+
+    class _Batch(msgspec.Struct, forbid_unknown_fields=True, gc=False):
+        requests: list[_Part]
+
+    _BATCH = msgspec.json.Decoder(_Batch)
 else:
-    _POST = None
+    _POST = _BATCH = None
 
 
 def typed_post(request: Request) -> Any:
@@ -92,6 +106,31 @@ def worker_body(request: Request) -> dict[str, Any]:
     return body
 
 
+def batch_parts(body: bytes) -> list[tuple[str, bytes]]:
+    """A /batch body's requests as (path, body bytes as sent).
+
+    :raises ClientError: 400 unless it is ``{"requests": [{"path": str, "body": JSON}, ...]}`` of 1 to
+        :data:`MAX_BATCH_REQUESTS`.
+    """
+    parts: list[tuple[str, bytes]] | None = None
+    if _BATCH is not None:
+        try:
+            parts = [(part.path, bytes(part.body)) for part in _BATCH.decode(body).requests]
+        except (msgspec.MsgspecError, RecursionError):
+            parts = None
+    if parts is None:  # the general path: it names the problem
+        document = Request("POST", "/batch", "", {}, body).json()
+        requests = document.get("requests") if isinstance(document, dict) and set(document) == {"requests"} else None
+        if not isinstance(requests, list) or not all(
+                isinstance(part, dict) and set(part) == {"path", "body"} and isinstance(part["path"], str)
+                for part in requests):
+            raise ClientError('body must be {"requests": [{"path": "/claim", "body": {...}}, ...]}')
+        parts = [(part["path"], dumps_compact(part["body"])) for part in requests]
+    if not 1 <= len(parts) <= MAX_BATCH_REQUESTS:
+        raise ClientError(f"a batch carries 1 to {MAX_BATCH_REQUESTS} requests, not {len(parts)}")
+    return parts
+
+
 class CoordinatorApi:
     """The endpoints. ``event(name, **fields)`` logs a run event; ``on_fault(error)`` is told of a
     journal that cannot write; ``on_change()`` runs after results or failures changed the board."""
@@ -109,6 +148,9 @@ class CoordinatorApi:
         self.log = log
         self.health_body = Response.json(200, {"status": "ready", "schemaVersion": SCHEMA_VERSION,
                                                "taskCount": len(board)}).body
+        #: What a /batch may carry, by path (:data:`BATCHED`).
+        self.batched = dict(zip(BATCHED, (self.claim, self.results, self.result, self.heartbeat, self.fail),
+                                strict=True))
 
     def router(self) -> Router:
         return Router({
@@ -120,6 +162,7 @@ class CoordinatorApi:
             ("POST", "/results"): self.results,
             ("POST", "/heartbeat"): self.heartbeat,
             ("POST", "/fail"): self.fail,
+            ("POST", "/batch"): self.batch,
         })
 
     async def health(self, request: Request) -> Response:
@@ -250,6 +293,28 @@ class CoordinatorApi:
         elif claim.status == "stop":
             reply["reason"] = claim.reason
         return Response(200, dumps_compact(reply))
+
+    async def batch(self, request: Request) -> Response:
+        """``POST /batch {"requests": [{"path", "body"}, ...]}``: several workers' requests in one (a job step's
+        relay sends what its workers asked while its last batch was on its way). Each is answered as if it had
+        come alone, all at once (their results share a journal fsync): ``{"responses": [{"status", "body"}, ...]}``
+        in the same order. A request the batch cannot carry is answered 400 in its place.
+
+        :raises ClientError: 400 for a body that is not such a list.
+        """
+        parts = batch_parts(request.body)
+        answers = await asyncio.gather(*(self.answer_part(path, body) for path, body in parts))
+        return Response(200, b'{"responses":[' + b",".join(b'{"status":%d,"body":%s}' % (answer.status, answer.body)
+                                                           for answer in answers) + b"]}")
+
+    async def answer_part(self, path: str, body: bytes) -> Response:
+        """One request of a /batch, answered by its own endpoint (a handler's 4xx or 507 is its answer)."""
+        if path not in BATCHED:
+            return Response.error(400, f"a batch carries {', '.join(BATCHED)}, not {path[:100]!r}")
+        try:
+            return await self.batched[path](Request("POST", path, "", {}, body))
+        except HttpError as exc:
+            return Response.error(exc.status, exc.message)
 
     async def fail(self, request: Request) -> Response:
         body = worker_body(request)

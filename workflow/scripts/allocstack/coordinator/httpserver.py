@@ -21,7 +21,10 @@ what a coordinator on a shared node needs:
   answered with 100 once the head is admitted.
 * **An honest error path.** A handler raises :class:`ClientError` for what
   the client got wrong (4xx) or :class:`HttpError` for an expected failure of
-  its own (507: no room to store); the connection stays open. Anything else is
+  its own (507: no room to store); the connection stays open. A handler that
+  has no answer to give (a relay whose coordinator went away) raises
+  :class:`ConnectionError`: the connection is closed unanswered, which the
+  client takes for the connection error it is and retries. Anything else is
   a bug: 500, its traceback on stderr (the component's log), the connection
   closed; the server keeps serving.
 
@@ -403,6 +406,8 @@ class HttpServer:
             return await self.handler(request)
         except HttpError as exc:
             return Response.error(exc.status, exc.message)
+        except ConnectionError:  # no answer to give: the connection is closed unanswered (see above)
+            raise
         except Exception:  # noqa: BLE001  (a bug must cost one request, never the server: 500, traceback logged)
             self.internal_errors += 1
             self.log(f"http: internal error on {request.method} {request.path}; connection closed:\n"

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from . import decisions, placement, programs, timeouts
+from . import connections, decisions, placement, programs, timeouts
 
 if TYPE_CHECKING:
     from .stack import Plan
@@ -42,21 +42,25 @@ class Launched:
     :param name: the component's (and its job step's) name.
     :param node: the allocation's node it runs on (0 = the first: where the group job, the
         coordinator, the gates and your services run).
-    :param tolerate_kill: the record a component killed from outside writes, and the job succeeds.
+    :param tolerate_kill: the records a component killed from outside writes (each worker's of a job step that
+        runs several), and the job succeeds.
     :param one_shot: a component that runs once and needs no supervision (verification) is started as
         a plain process where launch.py would add nothing: no job step, no image, no scratch.
+    :param binds: more host paths it needs in the image (a step's workers' own logs).
     """
 
     name: str
     cpus: int = 1
     scratch: bool = True
-    tolerate_kill: str | None = None
+    tolerate_kill: tuple[str, ...] = ()
     job_end_time: bool = False
     node: int = 0
     one_shot: bool = False
+    binds: tuple[str, ...] = ()
 
 
-def launched(plan: Plan, component: str, run: str, worker: str = "", service: str = "", node: str = "") -> Launched:
+def launched(plan: Plan, component: str, run: str, worker: str = "", service: str = "", node: str = "",
+             step: str = "") -> Launched:
     """How ``component`` (a key of :data:`ARGS`) with these wildcards is launched."""
     config, files = plan.config, plan.files(run)
     match component:
@@ -67,7 +71,7 @@ def launched(plan: Plan, component: str, run: str, worker: str = "", service: st
             return Launched(component)
         case "node_gate":
             # A node lost before its gate passed: recorded (not "ready"), its workers never start.
-            return Launched(f"gate-node-{node}", node=int(node) - 1, tolerate_kill=files.node_gate(node))
+            return Launched(f"gate-node-{node}", node=int(node) - 1, tolerate_kill=(files.node_gate(node),))
         case "service":
             return Launched(service, config["services"][service]["cpus"])
         case "service_gate":
@@ -76,9 +80,16 @@ def launched(plan: Plan, component: str, run: str, worker: str = "", service: st
             # A per-task worker killed from outside is tolerated (its tasks go back to the queue); a
             # long-running one is not: the run fails.
             return Launched(worker, config["worker"]["cpus"], node=plan.worker_node(worker),
-                            tolerate_kill=None if plan.long_running else files.worker_record(worker))
+                            tolerate_kill=() if plan.long_running else (files.worker_record(worker),))
         case "main":
             return Launched(plan.main or "main", (plan.main_spec or {}).get("cpus", 1))
+        case "workers":
+            # A job step of several workers: killed from outside, or its node lost, each of its workers without a
+            # record of its own is recorded killed (their leases expire, the other steps finish their tasks).
+            block = plan.step(step)
+            return Launched(step, config["worker"]["cpus"] * block.count, node=block.node,
+                            tolerate_kill=tuple(files.worker_record(worker, step) for worker in block.workers),
+                            binds=(files.step_logs,))
         case "verify":
             return Launched("verify", scratch=plan.volumes_after_collect, one_shot=True)
     raise KeyError(component)
@@ -110,8 +121,7 @@ def launch(plan: Plan, component: str, run: str, gpus: int = 0, **wildcards: str
                                                               *each("--keep-volume", config["keep_volumes"]))
     if how.job_end_time:
         argv.append("--job-end-time")
-    if how.tolerate_kill:
-        argv += options(("--tolerate-kill", how.tolerate_kill))
+    argv += options(*each("--tolerate-kill", how.tolerate_kill))
     if how.node > 0:
         argv += options(("--node-index", how.node))
     if config["slurm"]["job_steps"]:
@@ -128,7 +138,8 @@ def launch(plan: Plan, component: str, run: str, gpus: int = 0, **wildcards: str
             # GPUs requested: expose the driver (Charliecloud: ch-fromhost --nvidia put it into the
             # image once, see container/README.md)
             argv += options(("--runtime-arg", "--nv"))
-        argv += options(("--runtime-hint", config[runtime]["hint"]), *each("--bind", bind_paths(plan, run)),
+        argv += options(("--runtime-hint", config[runtime]["hint"]),
+                        *each("--bind", [*bind_paths(plan, run), *how.binds]),
                         *each("--pass-env", programs.env_references(config["worker"])))
     return [*argv, "--"]
 
@@ -190,7 +201,7 @@ def coordinator(plan: Plan, run: str) -> list[str]:
                      ("--journal", files.journal), ("--workers", config["workers"]),
                      ("--max-attempts", coordinator["max_attempts"]), ("--lease-seconds", coordinator["lease_seconds"]),
                      ("--idle-timeout", coordinator["idle_timeout"]), ("--lifetime", coordinator["lifetime"]),
-                     *stop_claims),
+                     ("--max-connections", plan.coordinator_connections), *stop_claims),
             *network(plan, files.shared_endpoint)]
 
 
@@ -244,28 +255,18 @@ def service_gate(plan: Plan, run: str, service: str) -> list[str]:
 
 
 def worker(plan: Plan, run: str, worker: str) -> list[str]:
-    """worker.py (per-task) or replica.py (long-running): a worker, once every gate passed."""
+    """worker.py (per-task) or replica.py (long-running): a worker of its own job step, once every gate passed."""
     config, files = plan.config, plan.files(run)
-    spec = config["worker"]
-    pairs = [("--worker-id", worker), *each("--gate-record", gate_records(plan, run, worker)),
+    pairs = [("--worker-id", worker), *each("--gate-record", gate_records(plan, run, plan.worker_node(worker))),
              ("--gate-timeout", timeouts.gates_timeout(config)), ("--record", files.worker_record(worker))]
-    program = [("--environment-json", spec["environment"]), *each("--uses", plan.services)]
-    if plan.long_running:
-        program += programs.options(plan, spec)
-    elif spec["command"]:
-        program.append(("--command-json", spec["command"]))
     flags: tuple[str, ...] = ()
     if plan.long_running:
-        pairs += [("--index", placement.worker_index(worker)), ("--workers", config["workers"]), *program]
+        pairs += [("--index", placement.worker_index(worker)), ("--workers", config["workers"]), *program(plan)]
         if plan.main:  # its end ends the stack: the workers are stopped then
-            pairs += [("--stop-when-main-ends", plan.main), ("--stop-grace", spec["stop_grace_period"])]
+            pairs += [("--stop-when-main-ends", plan.main), ("--stop-grace", config["worker"]["stop_grace_period"])]
         flags = ("--uses-coordinator",) if plan.builtin_coordinator else ()
     else:
-        pairs += [("--batch", spec["batch"]), ("--wait-timeout", spec["wait_timeout"]),
-                  ("--connect-timeout", spec["connect_timeout"]),
-                  ("--lease-seconds", config["coordinator"]["lease_seconds"]),
-                  ("--simulate-seconds", config["simulate"]["task_seconds"]),
-                  ("--task-timeout", spec["task_timeout"]), *program]
+        pairs += per_task(plan)
     return [*options(*pairs, flags=flags), *worker_network(plan, run, worker)]
 
 
@@ -277,13 +278,54 @@ def main(plan: Plan, run: str) -> list[str]:
                    ("--gate-timeout", timeouts.gates_timeout(plan.config)), ("--record", files.main_record))
 
 
-def gate_records(plan: Plan, run: str, worker: str) -> list[str]:
-    """The gate records a worker waits for: the coordinator's, every service's, and off the first node
-    its node's (the coordinator is reachable from there)."""
+def program(plan: Plan) -> list[tuple[str, Any]]:
+    """A worker's own program (config worker.command, environment; a long-running one's image, mounts, working
+    directory and entrypoint) and the services it uses."""
+    spec = plan.config["worker"]
+    pairs = [("--environment-json", spec["environment"]), *each("--uses", plan.services)]
+    if plan.long_running:
+        pairs += programs.options(plan, spec)
+    elif spec["command"]:
+        pairs.append(("--command-json", spec["command"]))
+    return pairs
+
+
+def per_task(plan: Plan) -> list[tuple[str, Any]]:
+    """worker.py's options every per-task worker shares: the protocol's bounds, then its program."""
+    config = plan.config
+    spec = config["worker"]
+    return [("--batch", spec["batch"]), ("--wait-timeout", spec["wait_timeout"]),
+            ("--connect-timeout", spec["connect_timeout"]), ("--lease-seconds", config["coordinator"]["lease_seconds"]),
+            ("--simulate-seconds", config["simulate"]["task_seconds"]), ("--task-timeout", spec["task_timeout"]),
+            *program(plan)]
+
+
+def workers(plan: Plan, run: str, step: str) -> list[str]:
+    """worker_block.py: a job step of several per-task workers on one node, once every gate passed; each worker
+    gets worker.py's shared options (``--worker-arg``) and its own id, record, log and event log."""
+    config, files = plan.config, plan.files(run)
+    block = plan.step(step)
+    pairs: list[tuple[str, Any]] = [
+        ("--step", step), *each("--worker", block.workers), ("--records", files.step_records(step)),
+        ("--log-dir", files.step_logs), ("--connections", connections.PER_STEP),
+        *each("--gate-record", gate_records(plan, run, block.node)), ("--gate-timeout", timeouts.gates_timeout(config)),
+        ("--connect-timeout", config["worker"]["connect_timeout"])]
+    worker_args = options(*per_task(plan))
+    if plan.nodes > 1:
+        pairs.append(("--shared-dir", files.state))
+        if block.node > 0:
+            pairs.append(("--endpoint-file", files.shared_endpoint))
+            if plan.services:
+                worker_args += options(("--remote-services", files.shared_services))
+    return options(*pairs, *each("--worker-arg", worker_args))
+
+
+def gate_records(plan: Plan, run: str, node: int) -> list[str]:
+    """The gate records the workers on ``node`` wait for: the coordinator's, every service's, and off the first
+    node its node's (the coordinator is reachable from there)."""
     files = plan.files(run)
     records = [files.coordinator_gate] if plan.builtin_coordinator else []
     records += [files.service_gate(name) for name in plan.services]
-    node = plan.worker_node(worker)
     if node > 0:
         records.append(files.node_gate(node + 1))
     return records
@@ -308,7 +350,7 @@ def check(plan: Plan, run: str) -> list[str]:
     """check.py: your check (verify.command) of your own stack, once every worker ended."""
     spec, files = plan.config["verify"], plan.files(run)
     return options(*programs.options(plan, spec), ("--environment-json", spec["environment"]),
-                   *each("--uses", plan.services), *each("--wait-for", map(files.worker_record, plan.workers)),
+                   *each("--uses", plan.services), *each("--wait-for", plan.worker_record_files(run)),
                    *each("--wait-for", plan.main_records(run)), ("--record", files.check_record),
                    flags=("--main-decides",) if plan.main and not programs.check_command_set(plan.config,
                                                                                          plan.images_on) else ())
@@ -359,6 +401,7 @@ ARGS: dict[str, tuple[str, Callable[..., list[str]]]] = {
     "service_gate": ("readiness.py", service_gate),
     "worker": ("worker.py", worker),  # replica.py for long-running workers: see :func:`script_of`
     "main": ("main.py", main),
+    "workers": ("worker_block.py", workers),
     "check": ("check.py", check),
     "collect": ("collect.py", collect),
     "verify": ("verify.py", verify),

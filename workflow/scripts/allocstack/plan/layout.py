@@ -46,8 +46,12 @@ SERVICES_RECORD = "services.json"
 PROVENANCE = "provenance.json"
 #: The run's timeline (collect_results).
 TIMELINE = "timeline.svg"
-#: A worker's record is WORKERS/<worker>.json.
+#: A worker's record is WORKERS/<worker>.json; with more than one worker per job step,
+#: WORKERS/<step>/<worker>.json (the step's directory is its Snakemake output).
 WORKERS = "workers"
+#: Where the rules' logs are (``logs/<rule>/<run>...``); a step's workers each log to
+#: ``LOGS/run_workers/<run>/<worker>.log`` beside the step's own log.
+LOGS = "logs"
 #: A service of yours has SERVICES/<name>.service and SERVICES/<name>-readiness.json.
 SERVICES = "services"
 #: With more than one node, node N's gate record is GATES/node-N.json.
@@ -111,8 +115,21 @@ class Layout:
         """``<state_dir>/<run>`` (0700, on the filesystem every node shares)."""
         return f"{self.state_dir}/{self.run}"
 
-    def worker_record(self, worker: str) -> str:
-        return f"{self.results}/{WORKERS}/{worker}.json"
+    def worker_record(self, worker: str, step: str | None = None) -> str:
+        """``worker``'s record; in ``step``'s directory when its job step runs more than one worker."""
+        return f"{self.step_records(step) if step else f'{self.results}/{WORKERS}'}/{names.worker_record(worker)}"
+
+    def step_records(self, step: str) -> str:
+        """The directory of the records of a job step's workers (``step``: ``workers-01``), its Snakemake output."""
+        return f"{self.results}/{WORKERS}/{step}"
+
+    @property
+    def step_logs(self) -> str:
+        """The logs of the job steps of workers (``<step>.log``) and of each of their workers (``<worker>.log``)."""
+        return f"{LOGS}/run_workers/{self.run}"
+
+    def step_log(self, step: str) -> str:
+        return f"{self.step_logs}/{step}.log"
 
     def service_file(self, service: str) -> str:
         return f"{self.results}/{SERVICES}/{service}{SERVICE_SUFFIX}"

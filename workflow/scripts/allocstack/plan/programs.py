@@ -128,7 +128,8 @@ def beside(plan: Plan, component: str, service: str = "") -> bool:
 
 
 def own_image(plan: Plan, component: str) -> str | None:
-    """The image ``component`` runs in instead of ``image``: per-task workers run in ``worker.image``."""
-    if component == "worker" and not plan.long_running and plan.images_on:
+    """The image ``component`` runs in instead of ``image``: per-task workers run in ``worker.image`` (a job step
+    of several, ``workers``, too: its supervisor and relay with them)."""
+    if component in ("worker", "workers") and not plan.long_running and plan.images_on:
         return plan.config["worker"]["image"] or None
     return None

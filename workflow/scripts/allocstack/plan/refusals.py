@@ -1,7 +1,8 @@
 """What the plan refuses before anything runs: each a :class:`PlanError`, ONE line naming the key.
 
 What the schema cannot say about a stack (:func:`refuse_bad_stack`), a stack over more than one
-node (:func:`refuse_bad_nodes`), missing input files (:func:`refuse_missing_inputs`), an
+node (:func:`refuse_bad_nodes`; outside Slurm only when it is run, :func:`refuse_without_allocation`),
+several workers in one job step (:func:`refuse_shared_steps`), missing input files (:func:`refuse_missing_inputs`), an
 allocation no node can hold (:func:`refuse_too_many_cpus`), what Slurm itself would refuse or
 never run (:func:`refuse_cluster_settings`), an allocation held from another host
 (:func:`refuse_foreign_host`), a run nothing verifies (:func:`refuse_unverified`), an image
@@ -153,9 +154,30 @@ def refuse_bad_nodes(config: Mapping[str, Any], facts: Facts) -> None:
     if config["workers"] < nodes:
         raise PlanError("config", f"nodes={nodes} but workers={config['workers']}: a node would get no worker; use "
                                   "at least as many workers as nodes")
-    if not facts.submits_to_slurm and not facts.job_id:
+
+
+def refuse_without_allocation(config: Mapping[str, Any], facts: Facts) -> None:
+    """More than one node runs only in Slurm: submitted with the profile, or inside an allocation. A dry run may
+    show the plan anywhere (so this is asked when the run starts, not when the plan is made)."""
+    nodes = config["nodes"]
+    if nodes > 1 and not facts.submits_to_slurm and not facts.job_id:
         raise PlanError("config", f"nodes={nodes} needs a Slurm allocation: run with --profile profiles/slurm (or "
-                                  "inside an allocation of that many nodes)")
+                                  "inside an allocation of that many nodes); --dry-run shows the plan anywhere")
+
+
+def refuse_shared_steps(config: Mapping[str, Any]) -> None:
+    """Several workers in one job step (``worker.per_step`` above 1) are per-task workers without GPUs: a
+    long-running worker's end fails the run, and a step's GPUs are not split between its workers."""
+    per_step, worker = config["worker"]["per_step"], config["worker"]
+    if per_step is None or per_step == 1:
+        return
+    if worker["mode"] == "long-running":
+        raise PlanError("config", f"worker.per_step={per_step} with worker.mode long-running: each long-running "
+                                  "worker is its own job step; set worker.per_step: 1 (or null)")
+    if worker["gpus"]:
+        raise PlanError("config", f"worker.per_step={per_step} with worker.gpus={worker['gpus']}: a worker with GPUs "
+                                  "is its own job step (srun gives each step its GPUs); set worker.per_step: 1 "
+                                  "(or null)")
 
 
 def refuse_too_many_cpus(config: Mapping[str, Any], shape: Shape, facts: Facts) -> None:

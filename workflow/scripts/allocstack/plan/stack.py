@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..common import identity as identities
-from . import argv, decisions, placement, refusals
+from . import argv, connections, decisions, placement, refusals
 from .config import migrate_service_block, nulls_from_command_line, schema, validate
 from .facts import Facts
 from .layout import Layout
@@ -47,6 +47,8 @@ class Plan:
         ``--sdm apptainer`` itself never needs apptainer). ``image: auto`` is resolved by then
         (:func:`image_in_use`).
     :param main_spec: config ``main``'s service spec: it runs once (``run_main``), not as a service job.
+    :param steps: the job steps of several workers (:func:`placement.steps`), in node order; empty when each
+        worker is its own step (``per_step`` 1, the seed's shape).
     :param images_on: images are switched on (as for ``use_image``, whether ``image`` is set or not):
         programs of yours run in their own images (allocstack/plan/programs.py).
     :param image_written: config ``image`` as written (``auto``, a path, or None), before it was resolved.
@@ -57,6 +59,7 @@ class Plan:
     order: tuple[str, ...]
     shape: Shape
     use_image: bool
+    steps: tuple[placement.Step, ...] = ()
     images_on: bool = False
     #: config ``main``'s program (its service spec, taken out of ``services``), or None.
     main_spec: Mapping[str, Any] | None = None
@@ -114,6 +117,32 @@ class Plan:
     @property
     def workers(self) -> list[str]:
         return placement.worker_ids(self.config["workers"])
+
+    @property
+    def grouped(self) -> bool:
+        """A job step runs several workers (config ``worker.per_step``, or derived): rule ``run_workers``, one job
+        per step; else rule ``run_worker``, one job per worker."""
+        return bool(self.steps)
+
+    def step(self, name: str) -> placement.Step:
+        """The job step ``name`` (``workers-01``)."""
+        return self.steps[placement.step_index(name)]
+
+    @property
+    def step_names(self) -> list[str]:
+        return [step.name for step in self.steps]
+
+    def step_cpus(self, name: str) -> int:
+        """CPUs the job of step ``name`` asks for: its workers' with one node, none with more (the coordinator's
+        job carries the CPUs per node)."""
+        return self.shape.worker_cpus * self.step(name).count
+
+    @property
+    def coordinator_connections(self) -> int:
+        """Connections the coordinator takes at once (:mod:`.connections`)."""
+        if self.grouped:
+            return connections.coordinator_cap(0, len(self.steps))
+        return connections.coordinator_cap(self.config["workers"], 0)
 
     @property
     def python(self) -> str:
@@ -231,7 +260,18 @@ class Plan:
         return [self.files(run).service_gate(name) for name in self.services]
 
     def worker_records(self, run: str) -> list[str]:
-        return [self.files(run).worker_record(worker) for worker in self.workers]
+        """What the workers' jobs produce: each worker's record, or each job step's directory of them."""
+        files = self.files(run)
+        if self.grouped:
+            return [files.step_records(step.name) for step in self.steps]
+        return [files.worker_record(worker) for worker in self.workers]
+
+    def worker_record_files(self, run: str) -> list[str]:
+        """Every worker's own record (in its step's directory when a step runs several)."""
+        files = self.files(run)
+        if self.grouped:
+            return [files.worker_record(worker, step.name) for step in self.steps for worker in step.workers]
+        return [files.worker_record(worker) for worker in self.workers]
 
     def worker_inputs(self, run: str) -> list[str]:
         """What keeps the services alive while a worker runs: the coordinator's and your services' files."""
@@ -249,6 +289,14 @@ class Plan:
     def node_gates(self, run: str) -> list[str]:
         """Every other node's gate record (none with one node)."""
         return [self.files(run).node_gate(node) for node in range(2, self.nodes + 1)]
+
+    def before_running(self) -> None:
+        """What only a run is refused, not a dry run (the adapter asks at Snakemake's ``onstart``): a plan of more
+        than one node may be reviewed anywhere, but runs only inside an allocation or submitted to Slurm.
+
+        :raises PlanError: the refusal, ONE line.
+        """
+        refusals.refuse_without_allocation(self.config, self.facts)
 
 
 
@@ -311,4 +359,9 @@ def load(config: Mapping[str, Any], facts: Facts) -> Plan:
         refusals.refuse_bad_main(complete, spelled)
         main_spec = complete["services"].pop(complete["main"])
         order = [name for name in order if name != complete["main"]]
-    return Plan(complete, facts, tuple(order), shape, use_image, on, main_spec, written)
+    refusals.refuse_shared_steps(complete)
+    worker = complete["worker"]
+    size = placement.per_step(complete["workers"], complete["nodes"], worker["per_step"],
+                              one_each=worker["mode"] == "long-running" or worker["gpus"] > 0)
+    steps = placement.steps(complete["workers"], complete["nodes"], size) if size > 1 else []
+    return Plan(complete, facts, tuple(order), shape, use_image, tuple(steps), on, main_spec, written)

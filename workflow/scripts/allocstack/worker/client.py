@@ -4,7 +4,9 @@ one keep-alive connection (:mod:`.httpclient`). No ``requests`` here: a worker d
 
 from __future__ import annotations
 
+import random
 import time
+from collections.abc import Callable
 from typing import Any
 
 from ..common.errors import AllocstackError
@@ -12,6 +14,15 @@ from ..common.jsonio import dumps_compact, loads_bytes
 from .httpclient import Answer, HttpConnection
 
 _JSON = [(b"content-type", b"application/json")]
+#: Seconds a refused request (503) waits at most before it is sent again.
+MAX_BACKOFF = 8.0
+
+
+def backoff(retry_after: float, attempt: int, draw: Callable[[], float] = random.random) -> float:
+    """Seconds to wait before sending a refused (503) request again, the ``attempt``-th time (0 first): the
+    server's ``Retry-After``, doubled each time it refuses again (at most :data:`MAX_BACKOFF`), spread over half to
+    one and a half of that, so clients refused together do not all come back together."""
+    return min(MAX_BACKOFF, retry_after * 2 ** attempt) * (0.5 + draw())
 
 
 def _json_or_none(body: bytes) -> Any:
@@ -45,12 +56,15 @@ class CoordinatorClient:
     def _post(self, path: str, body: dict[str, Any], ok: tuple[int, ...] = (200,)) -> tuple[int, dict[str, Any]]:
         deadline = time.monotonic() + self.timeout
         target = path.encode("ascii")
+        attempt = 0
         while True:
             answer = self.connection.request(b"POST", target, dumps_compact(body), _JSON)
-            # 503: the coordinator is at its connection or buffered-bytes cap for a moment
+            # 503: the coordinator is at its connection or buffered-bytes cap for a moment (overload)
             if answer.status != 503 or time.monotonic() >= deadline:
                 return self._decode(path, answer, ok)
-            time.sleep(min(float(answer.header(b"retry-after") or 1), max(0.0, deadline - time.monotonic())))
+            wait = backoff(float(answer.header(b"retry-after") or 1), attempt)
+            time.sleep(min(wait, max(0.0, deadline - time.monotonic())))
+            attempt += 1
 
     def _get(self, path: str) -> dict[str, Any]:
         return self._decode(path, self.connection.request(b"GET", path.encode("ascii")), (200,))[1]
