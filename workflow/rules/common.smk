@@ -184,72 +184,26 @@ def args(component):
     return lambda wildcards: shlex.join(PLAN.args(component, **wildcards))
 
 
-def tasks_input(wildcards):
-    return PLAN.tasks_input()
-
-
-def expected_input(wildcards):
-    return PLAN.expected_input()
-
-
-def program_files(wildcards):
-    return PLAN.program_files()
-
-
-def image_sidecar(wildcards):
-    return PLAN.image_sidecar()
-
-
-def coordinator_outputs(wildcards):
-    return PLAN.coordinator_outputs(wildcards.run)
-
-
-def service_dependencies(wildcards):
-    return PLAN.service_dependencies(wildcards.run, wildcards.service)
-
-
-def service_cpus(wildcards):
-    return PLAN.services[wildcards.service]["cpus"]
-
-
-def service_gates(wildcards):
-    return PLAN.service_gates(wildcards.run)
-
-
-def worker_inputs(wildcards):
-    return PLAN.worker_inputs(wildcards.run)
-
-
-def worker_records(wildcards):
-    return PLAN.worker_records(wildcards.run)
-
-
-def main_inputs(wildcards):
-    return PLAN.main_inputs(wildcards.run)
-
-
-def main_cpus(wildcards):
-    return PLAN.main_cpus
-
-
-def main_records(wildcards):
-    return PLAN.main_records(wildcards.run)
-
-
-def step_cpus(wildcards):
-    return PLAN.step_cpus(wildcards.step)
-
-
-def check_inputs(wildcards):
-    return PLAN.check_inputs(wildcards.run)
-
-
-def check_records(wildcards):
-    return PLAN.check_records(wildcards.run)
-
-
-def node_gates(wildcards):
-    return PLAN.node_gates(wildcards.run)
+# Input functions (and per-job resources), each a question to the plan for the job's wildcards.
+tasks_input = lambda wildcards: PLAN.tasks_input()
+expected_input = lambda wildcards: PLAN.expected_input()
+program_files = lambda wildcards: PLAN.program_files()
+image_sidecar = lambda wildcards: PLAN.image_sidecar()
+coordinator_outputs = lambda wildcards: PLAN.coordinator_outputs(wildcards.run)
+service_dependencies = lambda wildcards: PLAN.service_dependencies(
+    wildcards.run, wildcards.service
+)
+service_cpus = lambda wildcards: PLAN.services[wildcards.service]["cpus"]
+service_gates = lambda wildcards: PLAN.service_gates(wildcards.run)
+worker_inputs = lambda wildcards: PLAN.worker_inputs(wildcards.run)
+worker_records = lambda wildcards: PLAN.worker_records(wildcards.run)
+main_inputs = lambda wildcards: PLAN.main_inputs(wildcards.run)
+main_cpus = lambda wildcards: PLAN.main_cpus
+main_records = lambda wildcards: PLAN.main_records(wildcards.run)
+step_cpus = lambda wildcards: PLAN.step_cpus(wildcards.step)
+check_inputs = lambda wildcards: PLAN.check_inputs(wildcards.run)
+check_records = lambda wildcards: PLAN.check_records(wildcards.run)
+node_gates = lambda wildcards: PLAN.node_gates(wildcards.run)
 
 
 def start_of_run():
