@@ -46,17 +46,36 @@ start() {
   echo "prepare: Slurm test cluster (and 3 namespaced nodes) up after $((SECONDS - started)) s"
   bash "$here/apptainer.sh" install
   echo "prepare: Apptainer toolbox ready after $((SECONDS - started)) s"
-  PATH="$apptainer_home/bin:$PATH" bash "$root/container/build.sh" \
-    --cache-dir "$apptainer_home/images/cache" "$root/container/test.def" "$image"
-  echo "prepare: test image $image ready after $((SECONDS - started)) s"
-  mkdir -p "$stack_images"
+  # The test image and the stack images are built side by side (each mostly waits for downloads and dpkg):
+  # each build's output goes to its own log, printed whole when it ends.
   packages_install prepare squashfs-tools
-  local def name
+  mkdir -p "$stack_images"
+  local logs def name pid failed=0
+  logs=$(mktemp -d)
+  local -A builds=()
+  PATH="$apptainer_home/bin:$PATH" bash "$root/container/build.sh" \
+    --cache-dir "$apptainer_home/images/cache" "$root/container/test.def" "$image" >"$logs/test" 2>&1 &
+  builds[$!]="test"
   for def in "$root"/container/stacks/*.def; do
     name=$(basename "$def" .def)
     PATH="$apptainer_home/bin:$PATH" bash "$root/container/build.sh" --cache-dir "$apptainer_home/images/cache" \
-      --oci "${def%.def}.oci.json" "$def" "$stack_images/$name.sif"
+      --oci "${def%.def}.oci.json" "$def" "$stack_images/$name.sif" >"$logs/$name" 2>&1 &
+    builds[$!]=$name
   done
+  while ((${#builds[@]})); do
+    if wait -n -p pid "${!builds[@]}"; then
+      cat "$logs/${builds[$pid]}"
+      echo "prepare: image ${builds[$pid]} ready after $((SECONDS - started)) s"
+    else
+      cat "$logs/${builds[$pid]}" >&2
+      echo "prepare: error: building image ${builds[$pid]} failed (its output above)" >&2
+      failed=1
+    fi
+    unset "builds[$pid]"
+  done
+  rm -rf -- "$logs"
+  ((failed == 0)) || exit 1
+  echo "prepare: test image $image ready after $((SECONDS - started)) s"
   echo "prepare: stack images in $stack_images ready after $((SECONDS - started)) s"
   PATH="$apptainer_home/bin:$PATH" bash "$here/charliecloud.sh" install "$image"
   PATH="$apptainer_home/bin:$PATH" bash "$here/charliecloud.sh" stacks "$stack_images"
