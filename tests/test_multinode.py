@@ -252,7 +252,8 @@ def test_a_node_lost_mid_run_loses_nothing_and_does_nothing_twice(multinode_proj
     killed, slurmd too: Slurm finds it DOWN after SlurmdTimeout and, with --no-kill, goes on)."""
     project, image, layout = multinode_project
     run_name = f"lost-{how}"
-    config = slow_tasks(project, run_name, count=72, seconds=0.5)
+    count = 120
+    config = slow_tasks(project, run_name, count=count, seconds=0.5)
     # Cancelled steps with node-local scratch: their task epilog still removes it on their node.
     local = [f"scratch={layout['scratch']}"] if how == "cancelled" and "scratch" in layout else []
     run = start_run(project, ["--configfile", str(config), *cluster_args(layout, image, *local)])
@@ -266,9 +267,13 @@ def test_a_node_lost_mid_run_loses_nothing_and_does_nothing_twice(multinode_proj
         return [line.split()[0] for line in listing if line.split()[1:2] and line.split()[1].startswith("worker-")
                 and line.split()[2] == lost]
 
-    gate = project / f"results/{run_name}/gates/node-3.json"  # mid-run: the node's workers are at work
+    def at_work(text: str) -> bool:
+        """Mid-run: a result from each of the lost node's workers (so each has claimed, and holds a lease now)."""
+        return all(f'"workerId":"{worker}"' in text for worker in ("worker-05", "worker-06"))
+
+    gate = project / f"results/{run_name}/gates/node-3.json"
     victims = wait_for(lambda: gate.exists() and len(lost_steps()) == 2 and journal.exists() and
-                       journal.read_text().count('"kind":"result"') >= 6 and lost_steps(), what="mid-run")
+                       at_work(journal.read_text()) and lost_steps(), what="mid-run")
     try:
         if how == "cancelled":
             subprocess.run(["scancel", *victims], check=True, timeout=30)
@@ -281,15 +286,15 @@ def test_a_node_lost_mid_run_loses_nothing_and_does_nothing_twice(multinode_proj
                            capture_output=True, timeout=300, check=True)
     assert run.returncode == 0, output[-4000:]
     marker = json.loads((project / f"results/{run_name}/result.json").read_text())  # verified: each task once
-    assert marker["status"] == "success" and marker["taskCount"] == 72
+    assert marker["status"] == "success" and marker["taskCount"] == count
     records = {p.stem: json.loads(p.read_text()) for p in (project / f"results/{run_name}/workers").glob("*.json")}
     assert sorted(w for w, r in records.items() if r["status"] == "killed") == ["worker-05", "worker-06"], records
     end = json.loads((project / f"results/{run_name}/coordinator.json").read_text())
     assert end["expiredLeases"] >= 1  # what the lost node held went back to the queue
-    assert sum(w["completed"] for w in end["workers"].values()) == 72  # every acknowledged result once
+    assert sum(w["completed"] for w in end["workers"].values()) == count  # every acknowledged result once
     assert all(end["workers"][w]["node"] == lost for w in ("worker-05", "worker-06"))
     results = json.loads((project / f"results/{run_name}/results.json").read_text())["results"]
-    assert len({r["taskId"] for r in results}) == len(results) == 72
+    assert len({r["taskId"] for r in results}) == len(results) == count
     if local:
         assert not any(left_in_scratch(layout, node, run_name) for node in layout["nodes"])
     survivors = [r for r in results if r["workerId"] not in ("worker-05", "worker-06")]
