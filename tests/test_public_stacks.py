@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -64,6 +65,24 @@ def listening(port: int) -> bool:
         return probe.connect_ex(("127.0.0.1", port)) == 0
 
 
+def kill_processes_in(folder: Path) -> list[str]:
+    """SIGKILL every process whose working directory is in ``folder`` (the stack's programs run in its project);
+    return what each one was. Its command line need not name the folder: uvicorn --reload's server process does not."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit() or int(proc.name) == os.getpid():
+            continue
+        try:
+            if not Path(os.readlink(proc / "cwd")).is_relative_to(folder):
+                continue
+            command = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            found.append(f"{proc.name}: {command[:120]}")
+            os.kill(int(proc.name), signal.SIGKILL)
+        except (FileNotFoundError, ProcessLookupError, PermissionError):
+            continue
+    return found
+
+
 def place_stack(project: Path) -> tuple[Path, dict[str, int]]:
     """Copy the stack into the project as a user would clone it, its fixed ports moved to free ones."""
     stack = project / "stacks" / "fastapi-celery"
@@ -93,33 +112,39 @@ def test_fastapi_celery_runs_from_its_compose_file_the_producer_ends_it_and_its_
     config = (project / "config/fastapi-celery.yaml").read_text()
     assert "main: tests" in config and "workers: 4" in config
 
-    path = f"{stack_python}{os.pathsep}{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"
-    started = time.monotonic()
-    done = snakemake(project, "--cores", "4", "--configfile", "config/fastapi-celery.yaml", timeout=400,
-                     env={"PATH": path})
-    run_seconds = time.monotonic() - started
-    output = done.stdout + done.stderr
-    assert done.returncode == 0, output[-4000:]
-    print(f"fastapi-celery: import {import_seconds:.2f} s, snakemake --cores 4 {run_seconds:.1f} s")
+    try:
+        path = f"{stack_python}{os.pathsep}{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"
+        started = time.monotonic()
+        done = snakemake(project, "--cores", "4", "--configfile", "config/fastapi-celery.yaml", timeout=400,
+                         env={"PATH": path})
+        run_seconds = time.monotonic() - started
+        output = done.stdout + done.stderr
+        assert done.returncode == 0, output[-4000:]
+        print(f"fastapi-celery: import {import_seconds:.2f} s, snakemake --cores 4 {run_seconds:.1f} s")
 
-    marker = json.loads((project / "results/fastapi-celery/result.json").read_text())
-    assert marker["status"] == "success" and marker["services"] == ["dashboard", "redis", "web"]
-    # The producer's own output: the upstream's four tests, among them the task queued through Redis and
-    # answered by a Celery worker (PENDING, then SUCCESS with result True).
-    produced = (project / "logs/run_main/fastapi-celery.log").read_text()
-    for test in ("test_home", "test_task", "test_mock_task", "test_task_status"):
-        assert f"tests/test_tasks.py::{test} PASSED" in produced, produced[-3000:]
-    assert " 4 passed" in produced
-    # The workers' own log (celery's --logfile, in the bind-mounted project as in Docker): the task it ran.
-    worker_log = (stack / "project/logs/celery.log").read_text()
-    succeeded = [line for line in worker_log.splitlines() if "Task create_task[" in line and "succeeded in" in line]
-    assert len(succeeded) == 1 and succeeded[0].endswith(": True"), worker_log[-3000:]
-    # The daemons were stopped once the producer ended (celery's warm shutdown on SIGTERM: exit 0), and nothing
-    # of the stack is left listening.
-    records = [json.loads((project / f"results/fastapi-celery/workers/worker-0{i}.json").read_text())
-               for i in range(1, 5)]
-    assert [(r["status"], r["exitCode"]) for r in records] == [("stopped", 0)] * 4
-    events = [json.loads(line) for line in (project / "results/fastapi-celery/events.jsonl").read_text().splitlines()]
-    main_end = next(e["t"] for e in events if e["event"] == "main-end")
-    assert all(e["t"] >= main_end for e in events if e["event"] == "worker-end")
-    assert not any(listening(port) for port in ports.values()), ports
+        marker = json.loads((project / "results/fastapi-celery/result.json").read_text())
+        assert marker["status"] == "success" and marker["services"] == ["dashboard", "redis", "web"]
+        # The producer's own output: the upstream's four tests, among them the task queued through Redis and
+        # answered by a Celery worker (PENDING, then SUCCESS with result True).
+        produced = (project / "logs/run_main/fastapi-celery.log").read_text()
+        for test in ("test_home", "test_task", "test_mock_task", "test_task_status"):
+            assert f"tests/test_tasks.py::{test} PASSED" in produced, produced[-3000:]
+        assert " 4 passed" in produced
+        # The workers' own log (celery's --logfile, in the bind-mounted project as in Docker): the task it ran.
+        worker_log = (stack / "project/logs/celery.log").read_text()
+        succeeded = [line for line in worker_log.splitlines() if "Task create_task[" in line and "succeeded in" in line]
+        assert len(succeeded) == 1 and succeeded[0].endswith(": True"), worker_log[-3000:]
+        # The daemons were stopped once the producer ended (celery's warm shutdown on SIGTERM: exit 0), and nothing
+        # of the stack is left listening.
+        records = [json.loads((project / f"results/fastapi-celery/workers/worker-0{i}.json").read_text())
+                   for i in range(1, 5)]
+        assert [(r["status"], r["exitCode"]) for r in records] == [("stopped", 0)] * 4
+        events = [json.loads(line)
+                  for line in (project / "results/fastapi-celery/events.jsonl").read_text().splitlines()]
+        main_end = next(e["t"] for e in events if e["event"] == "main-end")
+        assert all(e["t"] >= main_end for e in events if e["event"] == "worker-end")
+        assert not any(listening(port) for port in ports.values()), ports
+    finally:
+        left = kill_processes_in(project)
+    # Nothing of the stack is left running (its programs' own children included).
+    assert not left, f"processes of the stack left running: {left}"
