@@ -549,6 +549,7 @@ def test_compose_ups_own_flags_exit_code_from_scale_and_profile(tmp_path, capsys
     assert code == 0, out.err
     assert config["main"] == "app" and config["workers"] == 4 and config["services"]["app"]["depends_on"] == ["redis"]
     assert "dash" not in config["services"] and "a daemon that never ends by itself" not in out.out
+    assert "0 gap(s)" in out.out and "no check: app's exit code is the verdict" in out.out  # no check needed
     code, config, _ = import_document(tmp_path, document, "--exit-code-from", "app", "--scale", "worker=2",
                                       "--profile", "tools", env={}, monkeypatch=monkeypatch)
     assert code == 0 and "dash" in config["services"] and config["workers"] == 2

@@ -1219,7 +1219,10 @@ def layout(services: dict[str, Any], parts: dict[str, Any], roles: Roles, contex
             f"{roles.workers}: the workers run `{daemon}`, a daemon that never ends by itself, and nothing ends the "
             "stack: the check waits for the workers to end, so the run would wait until its time limit; give it a way "
             "to end (`rq worker --burst` ends once the queue is empty) or end the stack from your producer")
-    if roles.check is None:
+    if roles.check is None and roles.main:
+        context.report.notes.append(f"no check: {roles.main}'s exit code is the verdict (as with --exit-code-from); "
+                                    "set verify.command to check the results too")
+    elif roles.check is None:
         context.report.gaps.append("no check: nothing says whether the results are correct; add a service that "
                                    f"waits for the workers (condition: {COMPLETED}) with a command, or set "
                                    "verify.command")
