@@ -66,6 +66,7 @@ from allocstack.common.events import append_event
 from allocstack.common.jsonio import atomic_write_json
 from allocstack.common.network import plan_listener
 from allocstack.common.scratch import make_private, private_level
+from allocstack.launch import exposure
 from allocstack.launch.program import (
     Placement,
     await_gates,
@@ -192,7 +193,7 @@ def main(argv: list[str] | None = None) -> int:
             "schemaVersion": SCHEMA_VERSION, "service": name, "status": "failed", "how": error.line(),
             "endedAt": time.time()})
         return report(error)
-    write_endpoint(published, endpoint, token, "")
+    write_endpoint(published, endpoint, token, "", pid=pid)  # (its gate looks at what that process listens on)
     if relayed:
         url, fingerprint = relayed
         write_endpoint(args.network_endpoint_file, url, token, "", tls=fingerprint is not None, fingerprint=fingerprint)
@@ -200,7 +201,9 @@ def main(argv: list[str] | None = None) -> int:
     append_event(events, "service-started", service=name, endpoint=endpoint, command=how.shown[0],
                  **{**runtime_facts(), **({"container": how.container} if how.container else {})})
     log(f"{describe(how.shown)} started on {endpoint}{f' in {how.container}' if how.container else ''} (pid {pid})")
+    watching = exposure.watch(pid, "service", name, events)  # what it listens on beyond loopback
     outcome = program.wait()
+    watching.set()
     published.unlink(missing_ok=True)
     if relayed:
         args.network_endpoint_file.unlink(missing_ok=True)
