@@ -8,6 +8,7 @@ backlog, nothing is served, and each lives only for its test."""
 from __future__ import annotations
 
 import json
+import socket
 import subprocess
 import sys
 import textwrap
@@ -15,7 +16,7 @@ import time
 
 import pytest
 
-from allocstack.common import listening
+from allocstack.common import listening, namespaces
 from allocstack.common.listening import Found, Listener, Scan, decode_address, descendants, parent_of, parse_table
 from allocstack.launch import exposure
 from workflow_helpers import snakemake
@@ -98,6 +99,26 @@ def test_the_warning_names_the_program_the_address_and_the_fix_and_the_summary_s
                     "address) in its command or config")
     event = {"event": exposure.EVENT, **fields}
     assert exposure.summary_lines([event, {"event": "service-started"}, dict(event, listenerPid=100)]) == [line]
+
+
+def test_whether_a_node_could_give_the_stack_a_network_of_its_own_is_read_from_its_kernel_settings():
+    def world(**settings: str):
+        return lambda name: settings.get(name.replace(".", "_"))
+
+    assert namespaces.user_namespaces(world(user_max_user_namespaces="63432")) == (
+        True, "user.max_user_namespaces is 63432")
+    assert namespaces.user_namespaces(world(user_max_user_namespaces="0")) == (False, "user.max_user_namespaces is 0")
+    assert namespaces.user_namespaces(world(user_max_user_namespaces="63432", kernel_unprivileged_userns_clone="0")) \
+        == (False, "kernel.unprivileged_userns_clone is 0")  # Debian's switch, where the kernel has it
+    assert namespaces.user_namespaces(world(user_max_user_namespaces="9", kernel_unprivileged_userns_clone="1",
+                                            kernel_apparmor_restrict_unprivileged_userns="1"))[0] is False
+    assert namespaces.user_namespaces(world()) == (
+        False, "this kernel has no user namespaces (no user.max_user_namespaces)")
+    line = namespaces.isolation_fact("node7", world(user_max_user_namespaces="0"))
+    assert line == "not possible on node7 (user.max_user_namespaces is 0): the stack runs on the node's own network"
+    # this machine's own setting, as the kernel has it
+    with open("/proc/sys/user/max_user_namespaces") as handle:
+        assert namespaces.read_setting("user.max_user_namespaces") == handle.read().strip()
 
 
 # -- real processes --------------------------------------------------------------------------------------------
@@ -219,6 +240,12 @@ def test_a_service_bound_to_every_address_is_named_in_its_gates_log_the_events_a
     gate = next(e for e in events if e["event"] == "gate-passed" and e.get("service") == "kv")
     assert exposed[0]["t"] >= gate["t"]
     assert f"  {line}" in done.stdout.splitlines()  # the end-of-run summary on the terminal
+    record = (project / "results/open/decision-record.md").read_text()
+    assert "- your programs' network: `the node's own: what a service, long-running worker" in record
+    possible, why = namespaces.user_namespaces()
+    could = "possible" if possible else "not possible"
+    wanted = f"- a private network for the stack (unprivileged user namespaces): `{could} on {socket.gethostname()} ({why}"
+    assert wanted in record
 
 
 def test_a_service_bound_to_loopback_is_not_warned_about(project):
