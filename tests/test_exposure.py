@@ -13,6 +13,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from pathlib import Path
 
 import pytest
 
@@ -173,6 +174,14 @@ def test_the_sockets_of_a_real_programs_child_are_found_in_its_process_tree(tree
     assert seen[("tcp", EVERYWHERE, every)].pid != program.pid  # held by the child, found through the tree
     assert {(f.listener.proto, f.listener.port) for f in scan.exposed} == {("tcp", every), ("udp", udp)}
     assert scan.unreadable == {}
+    # named by pid and start, as a service publishes itself for its gate: another process under that pid is not it
+    lines: list[str] = []
+    started = listening.process_start(program.pid)
+    assert started == listening.started_at(Path(f"/proc/{program.pid}/stat").read_text()) and started > 0
+    assert exposure.look_at((program.pid, started + 1), "service", "kv", None, lines.append) == []
+    assert lines == [(f"service kv: its process {program.pid} is not visible from here (a PID namespace of its "
+                      "own?): what it listens on is not looked at")]
+    assert len(exposure.look_at((program.pid, started), "service", "kv", None, lines.append)) == 2
     quiet = subprocess.Popen(["sleep", "60"])
     try:
         assert listening.listening(quiet.pid).found == []  # another process, listening on nothing

@@ -64,6 +64,7 @@ from allocstack.common.endpoint import (
 from allocstack.common.errors import DIAGNOSTICS, AllocstackError, report
 from allocstack.common.events import append_event
 from allocstack.common.jsonio import atomic_write_json
+from allocstack.common.listening import process_start
 from allocstack.common.network import plan_listener
 from allocstack.common.scratch import make_private, private_level
 from allocstack.launch import exposure
@@ -193,7 +194,8 @@ def main(argv: list[str] | None = None) -> int:
             "schemaVersion": SCHEMA_VERSION, "service": name, "status": "failed", "how": error.line(),
             "endedAt": time.time()})
         return report(error)
-    write_endpoint(published, endpoint, token, "", pid=pid)  # (its gate looks at what that process listens on)
+    # its gate looks at what that process listens on
+    write_endpoint(published, endpoint, token, "", process=(pid, process_start(pid)))
     if relayed:
         url, fingerprint = relayed
         write_endpoint(args.network_endpoint_file, url, token, "", tls=fingerprint is not None, fingerprint=fingerprint)

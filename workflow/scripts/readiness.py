@@ -328,12 +328,12 @@ def look_at_service(args) -> None:
     if not args.service or args.off_node or args.endpoint_file is None:
         return
     try:
-        pid = read_endpoint(args.endpoint_file).pid
+        process = read_endpoint(args.endpoint_file).process
     except AllocstackError:
         return  # it ended meanwhile: its end record says why
-    if pid is not None:
-        exposure.look(pid, "service", args.service, args.events,
-                      lambda line: print(line, file=sys.stderr, flush=True))
+    if process is not None:
+        exposure.look_at(process, "service", args.service, args.events,
+                         lambda line: print(line, file=sys.stderr, flush=True))
 
 
 def main(argv: list[str] | None = None) -> int:

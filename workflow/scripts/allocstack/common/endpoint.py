@@ -57,17 +57,18 @@ def require_loopback(url: str) -> str:
 
 
 def write_endpoint(path: str | os.PathLike, url: str, token: str, view_token: str,
-                   tls: bool | None = None, fingerprint: str | None = None, pid: int | None = None) -> None:
+                   tls: bool | None = None, fingerprint: str | None = None,
+                   process: tuple[int, int | None] | None = None) -> None:
     """``token`` may claim and post; ``view_token`` may only read /status and the /ui page.
 
     ``tls`` is None for a loopback endpoint; for a network endpoint True (with the certificate's
-    ``fingerprint``) or False (plain text, where the center's config says so). ``pid``: the process of
-    your service (its gate looks at what it listens on, allocstack/launch/exposure.py).
+    ``fingerprint``) or False (plain text, where the center's config says so). ``process``: the pid of your
+    service's process and when it started (its gate looks at what it listens on, allocstack/launch/exposure.py).
     """
     document: dict[str, Any] = {"schemaVersion": SCHEMA_VERSION, "endpoint": url, "token": token,
                                 "viewToken": view_token}
-    if pid is not None:
-        document["pid"] = pid
+    if process is not None:
+        document["pid"], document["pidStartedAt"] = process
     if tls is not None:
         document.update(tls=tls, tlsFingerprint=fingerprint)
     atomic_write_json(path, document)
@@ -158,13 +159,13 @@ def read_view_token(path: str | os.PathLike) -> str:
 @dataclass(frozen=True)
 class Endpoint:
     """Where a service listens: ``url``, the bearer ``token``, and for a TLS endpoint the
-    SHA-256 ``fingerprint`` of the one certificate to accept; ``pid``, the process of a service of yours on this
-    node (None: not published)."""
+    SHA-256 ``fingerprint`` of the one certificate to accept; ``process``, the pid of a service of yours on this
+    node and when it started (:func:`allocstack.common.listening.process_start`; None: not published)."""
 
     url: str
     token: str
     fingerprint: str | None = None
-    pid: int | None = None
+    process: tuple[int, int | None] | None = None
 
 
 FINGERPRINT = re.compile(r"^[0-9a-f]{64}$")
@@ -198,8 +199,9 @@ def read_endpoint(path: str | os.PathLike) -> Endpoint:
     if not isinstance(url, str) or not isinstance(token, str) or not token:
         raise AllocstackError("prerequisite", f"endpoint file {path} lacks 'endpoint' or 'token'")
     if tls is None:
-        pid = document.get("pid")
-        return Endpoint(require_loopback(url), token, pid=pid if type(pid) is int and pid > 0 else None)
+        pid, started = document.get("pid"), document.get("pidStartedAt")
+        process = (pid, started if type(started) is int else None) if type(pid) is int and pid > 0 else None
+        return Endpoint(require_loopback(url), token, process=process)
     if not isinstance(tls, bool):
         raise AllocstackError("prerequisite", f"endpoint file {path}: 'tls' must be true or false")
     fingerprint = document.get("tlsFingerprint")

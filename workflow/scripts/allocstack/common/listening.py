@@ -104,6 +104,20 @@ def parent_of(stat: str) -> int:
     return int(stat[stat.rindex(")") + 2:].split()[1])
 
 
+def started_at(stat: str) -> int:
+    """When the process of a ``/proc/PID/stat`` line started (clock ticks since boot): with its pid, which process
+    it is (a pid is used again once its process ended; the same pid in another PID namespace is another process)."""
+    return int(stat[stat.rindex(")") + 2:].split()[19])
+
+
+def process_start(pid: int, proc: Path = PROC) -> int | None:
+    """:func:`started_at` of ``pid``, or None when there is no such process here."""
+    try:
+        return started_at((proc / str(pid) / "stat").read_text(errors="replace"))
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 def descendants(root: int, parents: dict[int, int]) -> list[int]:
     """``root`` and every process below it, given each process's parent (pure)."""
     children: dict[int, list[int]] = {}

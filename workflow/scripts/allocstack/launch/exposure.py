@@ -25,7 +25,7 @@ from typing import Any
 
 from ..common import names
 from ..common.events import append_event, read_events
-from ..common.listening import Found, Scan, listening
+from ..common.listening import Found, Scan, listening, process_start
 
 EVENT = "listening-exposed"
 #: Seconds before the first look of :func:`watch`, and the longest pause between two.
@@ -95,6 +95,19 @@ def look(root: int, kind: str, name: str, events: Path | None, log: Callable[[st
             said.add(("unreadable", pid))
             log(f"{kind} {name}: cannot see what process {pid} listens on ({why})")
     return report(scan, kind, name, events, log, said)
+
+
+def look_at(process: tuple[int, int | None], kind: str, name: str, events: Path | None,
+            log: Callable[[str], None]) -> list[dict[str, Any]]:
+    """:func:`look` at a process another one started, named by its pid and start (as it published them): where
+    that pid is another process (this one runs in a PID namespace of its own: Apptainer's ``--pid``,
+    ``--containall``), say so rather than name another's sockets."""
+    pid, started = process
+    if started is None or process_start(pid) != started:
+        log(f"{kind} {name}: its process {pid} is not visible from here (a PID namespace of its own?): "
+            "what it listens on is not looked at")
+        return []
+    return look(pid, kind, name, events, log)
 
 
 def pauses(first: float = FIRST_LOOK, longest: float = LONGEST_PAUSE) -> Iterable[float]:
