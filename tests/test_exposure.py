@@ -264,3 +264,39 @@ def test_a_service_bound_to_loopback_is_not_warned_about(project):
     assert "warning:" not in gate_log + (project / "logs/serve_service/closed/kv.log").read_text()
     assert not [e for e in events if e["event"] == "listening-exposed"]
     assert "warning:" not in done.stdout + done.stderr
+
+
+#: A long-running worker that listens on every address (UDP) and ends once its supervisor has named it: it waits for
+#: the event in its own event log (beside the named volume, in the run's scratch), as the test cannot wait from outside.
+NAMED_WORKER = (
+    "import os, pathlib, socket, sys, time; s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); s.bind(('0.0.0.0', 0))\n"
+    "log = pathlib.Path(os.environ['ALLOCSTACK_VOLUME_SCRATCHPAD']).parents[1] / 'events' /"
+    " (os.environ['ALLOCSTACK_WORKER_ID'] + '.jsonl')\n"
+    "for _ in range(1200):\n"
+    "    if log.exists() and 'listening-exposed' in log.read_text(): sys.exit(0)\n"
+    "    time.sleep(0.05)\n"
+    "sys.exit('never named')")
+
+
+def test_a_long_running_worker_listening_on_every_address_is_named_by_its_supervisor(project):
+    (project / "config/worker.yaml").write_text(textwrap.dedent(f"""
+        run: worker
+        tasks: null
+        expected: null
+        workers: 1
+        volumes: [scratchpad]
+        worker: {{mode: long-running, command: [{PYTHON}, -c, {json.dumps(NAMED_WORKER)}]}}
+        verify: {{command: [{PYTHON}, -c, pass]}}
+    """))
+    done = snakemake(project, "--cores", "4", "--configfile", "config/worker.yaml")
+    assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
+    events = [json.loads(line) for line in (project / "results/worker/events.jsonl").read_text().splitlines()]
+    exposed = [e for e in events if e["event"] == "listening-exposed"]
+    assert [(e["kind"], e["name"], e["proto"], e["address"]) for e in exposed] == [
+        ("worker", "worker-01", "udp", EVERYWHERE)]
+    line = exposure.warning_line(exposed[0])
+    assert line.endswith("bind 127.0.0.1 (the loopback address) in its command or config")
+    assert line in (project / "logs/run_worker/worker/worker-01.log").read_text().splitlines()
+    assert f"  {line}" in done.stdout.splitlines()
+    record = (project / "results/worker/decision-record.md").read_text()
+    assert "- your programs' network: `the node's own" in record  # no service, a long-running worker
