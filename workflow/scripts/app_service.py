@@ -8,8 +8,9 @@ service file first thing, waits for the gates of the services it depends on
 then runs your command with the variables of its dependencies and its own
 (``ALLOCSTACK_<NAME>_HOST``, ``_PORT``, ``_ENDPOINT``, ``_TOKEN``, see
 allocstack/launch/program.py), and publishes ``SCRATCH/services/<name>.json``
-(``{"schemaVersion": 1, "endpoint", "token"}``, mode 0600) for its gate and its users.
-Your service must listen on ``$ALLOCSTACK_<NAME>_HOST`` at that port (and may require the token).
+(``{"schemaVersion": 1, "endpoint", "token", "pid", "pidStartedAt"}``, mode 0600) for its gate and its users.
+Your service must listen on ``$ALLOCSTACK_<NAME>_HOST`` at that port (and may require the token); what it
+listens on beyond loopback is named in a warning, while it runs (allocstack/launch/exposure.py).
 With an image of its own (``--image``) this supervisor runs beside it on the node and starts it
 in the image (allocstack/launch/program.py ``prepare``): the image's own command when ``--command-json``
 is not given, its mounts at their targets, its working directory; ``--port-from-image`` takes

@@ -19,6 +19,9 @@ coordinator's: it reads the endpoint published for the other nodes (https, the r
 certificate pinned by fingerprint) and proves the coordinator is reachable from here. Not
 reachable within the deadline, or a certificate that is not the run's: ``[network]``.
 
+The gate of a service of yours, once it passed, names what the service's process listens on beyond
+loopback (``warning:`` lines, allocstack/launch/exposure.py), before it writes its record.
+
 Exit codes: 0 ready, 24 timed out, 64 bad arguments (e.g. a non-loopback URL), 69 the
 coordinator's network address is unreachable from this node (``--off-node``).
 """

@@ -3,7 +3,8 @@
 The endpoint file is ``{"schemaVersion": 1, "endpoint": "http://127.0.0.1:PORT",
 "token": "...", "viewToken": "..."}``, written atomically with mode 0600 inside the
 0700 job-scoped scratch. The coordinator and your own service (``app_service.py``)
-publish the same way.
+publish the same way; your service's also names its process (``"pid"``, ``"pidStartedAt"``), at which
+its gate looks.
 
 With more than one node the coordinator publishes a second document for the other nodes'
 workers, in the run's state directory (``<state_dir>/<run>/endpoint.json``, 0600 in a 0700
