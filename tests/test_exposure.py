@@ -266,37 +266,42 @@ def test_a_service_bound_to_loopback_is_not_warned_about(project):
     assert "warning:" not in done.stdout + done.stderr
 
 
-#: A long-running worker that listens on every address (UDP) and ends once its supervisor has named it: it waits for
-#: the event in its own event log (beside the named volume, in the run's scratch), as the test cannot wait from outside.
-NAMED_WORKER = (
+#: A program (a long-running worker, or main) that listens on every address (UDP) and ends once its supervisor has
+#: named it: it waits for the event in its own event log (argv[1].jsonl, beside the named volume in the run's
+#: scratch), as the test cannot wait from outside.
+NAMED_PROGRAM = (
     "import os, pathlib, socket, sys, time; s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); s.bind(('0.0.0.0', 0))\n"
-    "log = pathlib.Path(os.environ['ALLOCSTACK_VOLUME_SCRATCHPAD']).parents[1] / 'events' /"
-    " (os.environ['ALLOCSTACK_WORKER_ID'] + '.jsonl')\n"
+    "log = pathlib.Path(os.environ['ALLOCSTACK_VOLUME_SCRATCHPAD']).parents[1] / 'events' / (sys.argv[1] + '.jsonl')\n"
     "for _ in range(1200):\n"
     "    if log.exists() and 'listening-exposed' in log.read_text(): sys.exit(0)\n"
     "    time.sleep(0.05)\n"
     "sys.exit('never named')")
+PASS = f"[{PYTHON}, -c, pass]"
 
 
-def test_a_long_running_worker_listening_on_every_address_is_named_by_its_supervisor(project):
-    (project / "config/worker.yaml").write_text(textwrap.dedent(f"""
-        run: worker
-        tasks: null
-        expected: null
-        workers: 1
-        volumes: [scratchpad]
-        worker: {{mode: long-running, command: [{PYTHON}, -c, {json.dumps(NAMED_WORKER)}]}}
-        verify: {{command: [{PYTHON}, -c, pass]}}
-    """))
-    done = snakemake(project, "--cores", "4", "--configfile", "config/worker.yaml")
+def named_program(name: str) -> str:
+    return f"[{PYTHON}, -c, {json.dumps(NAMED_PROGRAM)}, {name}]"
+
+
+@pytest.mark.parametrize(("kind", "name"), [("worker", "worker-01"), ("main", "producer")])
+def test_a_long_running_worker_or_main_listening_on_every_address_is_named_by_its_supervisor(project, kind, name):
+    if kind == "worker":
+        stack = f"worker: {{mode: long-running, command: {named_program(name)}}}"
+    else:  # a long-running worker that ends at once beside it
+        stack = (f"worker: {{mode: long-running, command: {PASS}}}\n"
+                 f"services: {{{name}: {{command: {named_program(name)}}}}}\nmain: {name}")
+    (project / "config/program.yaml").write_text("\n".join([
+        "run: program", "tasks: null", "expected: null", "workers: 1", "volumes: [scratchpad]", stack,
+        f"verify: {{command: {PASS}}}", ""]))
+    done = snakemake(project, "--cores", "4", "--configfile", "config/program.yaml")
     assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
-    events = [json.loads(line) for line in (project / "results/worker/events.jsonl").read_text().splitlines()]
+    events = [json.loads(line) for line in (project / "results/program/events.jsonl").read_text().splitlines()]
     exposed = [e for e in events if e["event"] == "listening-exposed"]
-    assert [(e["kind"], e["name"], e["proto"], e["address"]) for e in exposed] == [
-        ("worker", "worker-01", "udp", EVERYWHERE)]
+    assert [(e["kind"], e["name"], e["proto"], e["address"]) for e in exposed] == [(kind, name, "udp", EVERYWHERE)]
     line = exposure.warning_line(exposed[0])
     assert line.endswith("bind 127.0.0.1 (the loopback address) in its command or config")
-    assert line in (project / "logs/run_worker/worker/worker-01.log").read_text().splitlines()
+    log = "logs/run_worker/program/worker-01.log" if kind == "worker" else "logs/run_main/program.log"
+    assert line in (project / log).read_text().splitlines()
     assert f"  {line}" in done.stdout.splitlines()
-    record = (project / "results/worker/decision-record.md").read_text()
-    assert "- your programs' network: `the node's own" in record  # no service, a long-running worker
+    record = (project / "results/program/decision-record.md").read_text()
+    assert "- your programs' network: `the node's own" in record
