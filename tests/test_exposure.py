@@ -2,12 +2,17 @@
 from real captured lines, the process tree of a real program read from /proc, and real local stacks (`snakemake
 --cores 4`, no image) whose service binds 0.0.0.0 (warned, naming it) or 127.0.0.1 (no warning).
 
-The servers bound to 0.0.0.0 here listen and never accept: the kernel completes a probe's handshake from the
-backlog, nothing is served, and each lives only for its test."""
+A test whose servers bind 0.0.0.0 runs in a network namespace of its own (:func:`private_network`: only its
+loopback, made for the test and left after it): "every address" is then loopback alone, so nothing listens
+beyond this machine's loopback even for a moment, while the test, its programs and the gate that looks share
+that one namespace as a stack shares the node's. The servers listen and never accept, and live only for their
+test."""
 
 from __future__ import annotations
 
+import ctypes
 import json
+import os
 import socket
 import subprocess
 import sys
@@ -124,6 +129,31 @@ def test_whether_a_node_could_give_the_stack_a_network_of_its_own_is_read_from_i
 
 # -- real processes --------------------------------------------------------------------------------------------
 
+CLONE_NEWNET = 0x40000000
+
+
+@pytest.fixture
+def private_network():
+    """This test (its thread, and every process it starts) in a new network namespace with only its loopback up;
+    the namespace it was in again afterwards. Needs root (CAP_SYS_ADMIN): elsewhere the test skips, saying why."""
+    if os.geteuid() != 0:
+        pytest.skip("a server bound to every address is only started inside a network namespace of its own, "
+                    "which this test makes as root (CI runs as root)")
+    libc = ctypes.CDLL(None, use_errno=True)
+    before, node = os.open("/proc/thread-self/ns/net", os.O_RDONLY), os.readlink("/proc/thread-self/ns/net")
+    try:
+        if libc.unshare(CLONE_NEWNET) != 0:
+            pytest.fail(f"unshare(CLONE_NEWNET): {os.strerror(ctypes.get_errno())}")
+        subprocess.run(["ip", "link", "set", "lo", "up"], check=True, timeout=30)
+        shown = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True, check=True, timeout=30).stdout
+        assert os.readlink("/proc/thread-self/ns/net") != node and shown.count("\n") == 1, shown  # loopback alone
+        yield
+    finally:
+        if libc.setns(before, CLONE_NEWNET) != 0:
+            raise OSError(ctypes.get_errno(), "setns back to the test's own network namespace")
+        os.close(before)
+
+
 #: A parent whose child listens on every address (TCP), on loopback (TCP) and on every address (UDP), never accepting.
 TREE = textwrap.dedent("""
     import os, socket, sys, time
@@ -143,7 +173,7 @@ TREE = textwrap.dedent("""
 
 
 @pytest.fixture
-def tree(tmp_path):
+def tree(tmp_path, private_network):
     """Start the program: (the parent process, a function returning the child's three ports once bound)."""
     script = tmp_path / "tree.py"
     script.write_text(TREE)
@@ -238,7 +268,8 @@ def run_stack(project, run: str, host: str):
     return done, events, port
 
 
-def test_a_service_bound_to_every_address_is_named_in_its_gates_log_the_events_and_the_summary(project):
+def test_a_service_bound_to_every_address_is_named_in_its_gates_log_the_events_and_the_summary(project,
+                                                                                              private_network):
     done, events, port = run_stack(project, "open", EVERYWHERE)
     line = (f"warning: service kv listens on 0.0.0.0:{port} (tcp): reachable by other users and nodes (the stack "
             "runs on the node's own network); bind 127.0.0.1 ($ALLOCSTACK_KV_HOST, the loopback address) in its "
@@ -284,7 +315,8 @@ def named_program(name: str) -> str:
 
 
 @pytest.mark.parametrize(("kind", "name"), [("worker", "worker-01"), ("main", "producer")])
-def test_a_long_running_worker_or_main_listening_on_every_address_is_named_by_its_supervisor(project, kind, name):
+def test_a_long_running_worker_or_main_listening_on_every_address_is_named_by_its_supervisor(project, kind, name,
+                                                                                            private_network):
     if kind == "worker":
         stack = f"worker: {{mode: long-running, command: {named_program(name)}}}"
     else:  # a long-running worker that ends at once beside it

@@ -144,6 +144,8 @@ def test_fastapi_celery_runs_from_its_compose_file_the_producer_ends_it_and_its_
         main_end = next(e["t"] for e in events if e["event"] == "main-end")
         assert all(e["t"] >= main_end for e in events if e["event"] == "worker-end")
         assert not any(listening(port) for port in ports.values()), ports
+        # With the override's binds nothing of the stack listened beyond loopback (allocstack looked at each).
+        assert not [e for e in events if e["event"] == "listening-exposed"], "listening beyond loopback"
     finally:
         left = kill_processes_in(project)
     # Nothing of the stack is left running (its programs' own children included).
