@@ -113,6 +113,17 @@ def refuse_bad_main(config: Mapping[str, Any], spelled: Mapping[str, str]) -> No
                                   f" depends on it: nothing may wait for it")
 
 
+def refuse_bad_init(config: Mapping[str, Any]) -> None:
+    """config ``init_jobs`` name services of yours, none of them ``main`` (taken out of ``services`` by then)."""
+    for name in config["init_jobs"]:
+        if name == config["main"]:
+            raise PlanError("config", f"init_jobs: {name} is main: an init job runs once before what depends on it, "
+                                      "main beside the workers until the stack ends; name it in one of them")
+        if name not in config["services"]:
+            known = ", ".join(config["services"]) or "none"
+            raise PlanError("config", f"init_jobs: {name} is not one of services ({known})")
+
+
 def refuse_bad_programs(config: Mapping[str, Any], facts: Facts) -> None:
     """Each program's mounts name a volume of ``volumes`` and a source that exists (relative to where
     snakemake runs); every ``${env:NAME}`` is set in the environment snakemake runs in: the run reads it

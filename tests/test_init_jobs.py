@@ -1,0 +1,94 @@
+"""Init jobs (issue 25, point 4c; Compose: a service others wait for with service_completed_successfully): config
+init_jobs run once, before what depends on them, and must exit 0; a failing one stops the stack before its
+dependents start and names itself. Real Snakemake runs, real processes on loopback."""
+
+from __future__ import annotations
+
+import json
+import sys
+import textwrap
+
+from workflow_helpers import snakemake
+
+PYTHON = json.dumps(sys.executable)
+#: A database-like service: listens on its port until stopped.
+DB = ("import os, socket, time; s = socket.socket(); s.bind(('127.0.0.1', int(os.environ['ALLOCSTACK_DB_PORT'])));"
+      " s.listen()\nwhile True: time.sleep(0.1)")
+#: The migration: reaches the database, writes the schema into the volume, exits with argv[1].
+MIGRATE = ("import os, socket, sys; e = os.environ; 'ALLOCSTACK_DB_HOST' in e and socket.create_connection("
+           "(e['ALLOCSTACK_DB_HOST'], int(e['ALLOCSTACK_DB_PORT'])), 5).close(); code = int(sys.argv[1]);"
+           " code or open(os.path.join(os.environ['ALLOCSTACK_VOLUME_OUT'], 'schema'), 'w').write('v7');"
+           " code and print('migrate: relation users already exists', file=sys.stderr); sys.exit(code)")
+#: The API: notes that it started (argv[1], a file of the project), reads the schema the migration wrote (it
+#: fails if there is none), then serves on its port.
+API = ("import os, socket, sys, time; open(sys.argv[1], 'w').write('started');"
+       " out = os.environ['ALLOCSTACK_VOLUME_OUT']; schema = open(os.path.join(out, 'schema')).read();"
+       " open(os.path.join(out, 'api-saw'), 'w').write(schema); s = socket.socket();"
+       " s.bind(('127.0.0.1', int(os.environ['ALLOCSTACK_API_PORT']))); s.listen()\nwhile True: time.sleep(0.1)")
+#: A worker that uses the API once and ends.
+WORKER = ("import os, socket; socket.create_connection((os.environ['ALLOCSTACK_API_HOST'],"
+          " int(os.environ['ALLOCSTACK_API_PORT'])), 5).close()")
+#: The check: the API read the schema the init job wrote.
+CHECK = ("import os, sys; saw = open(os.path.join(os.environ['ALLOCSTACK_VOLUME_OUT'], 'api-saw')).read();"
+         " print(f'check: the api saw schema {saw}'); sys.exit(saw != 'v7')")
+
+
+def run_init_stack(project, run: str, code: int, migrate_needs_db: bool = True):
+    started = project / f"{run}-api-started"
+    depends = "[db]" if migrate_needs_db else "[]"
+    (project / f"config/{run}.yaml").write_text(textwrap.dedent(f"""
+        run: {run}
+        tasks: null
+        expected: null
+        workers: 2
+        worker: {{mode: long-running, command: [{PYTHON}, -c, {json.dumps(WORKER)}]}}
+        services:
+          db: {{command: [{PYTHON}, -c, {json.dumps(DB)}], readiness: {{mode: tcp}}}}
+          migrate: {{command: [{PYTHON}, -c, {json.dumps(MIGRATE)}, "{code}"], depends_on: {depends}}}
+          api:
+            command: [{PYTHON}, -c, {json.dumps(API)}, {json.dumps(str(started))}]
+            readiness: {{mode: tcp}}
+            depends_on: [db, migrate]
+        init_jobs: [migrate]
+        volumes: [out]
+        verify: {{command: [{PYTHON}, -c, {json.dumps(CHECK)}]}}
+    """))
+    return snakemake(project, "--cores", "4", "--configfile", f"config/{run}.yaml"), started
+
+
+def events_of(project, run: str) -> list[dict]:
+    return [json.loads(line) for line in (project / f"results/{run}/events.jsonl").read_text().splitlines()]
+
+
+def test_an_init_job_runs_before_its_dependent_which_reads_what_it_wrote(project):
+    done, started = run_init_stack(project, "initok", 0)
+    assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
+    assert json.loads((project / "results/initok/result.json").read_text())["status"] == "success"
+    assert "check: the api saw schema v7" in (project / "logs/run_check/initok.log").read_text()
+    assert started.read_text() == "started"
+    record = json.loads((project / "results/initok/init/migrate.json").read_text())
+    assert record["status"] == "ready" and record["exitCode"] == 0
+    events = events_of(project, "initok")
+    init_end = next(e["t"] for e in events if e["event"] == "init-end" and e["service"] == "migrate")
+    api_start = next(e["t"] for e in events if e["event"] == "service-started" and e["service"] == "api")
+    assert init_end <= api_start
+    assert "init job " in (project / "logs/run_init/initok/migrate.log").read_text()
+
+
+def test_a_failing_init_job_stops_the_stack_before_its_dependents_start_and_names_itself(project):
+    done, started = run_init_stack(project, "initfails", 1)
+    output = done.stdout + done.stderr
+    assert done.returncode != 0
+    line = (f"allocstack: error [init-exit]: init job migrate ({sys.executable} -c) exited 1: migrate: relation users "
+            "already exists: what depends on it does not start, and the stack stops")
+    assert line in output, output[-3000:]
+    assert not started.exists()  # the api's program never ran
+    assert not (project / "results/initfails/init/migrate.json").exists()
+    assert not (project / "results/initfails/result.json").exists()
+
+
+def test_an_init_job_that_needs_no_service_fails_before_its_dependent_starts(project):
+    done, started = run_init_stack(project, "initalone", 2, migrate_needs_db=False)
+    assert done.returncode != 0
+    assert "[init-exit]: init job migrate" in done.stdout + done.stderr, (done.stdout + done.stderr)[-3000:]
+    assert not started.exists()
