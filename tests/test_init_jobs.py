@@ -92,3 +92,46 @@ def test_an_init_job_that_needs_no_service_fails_before_its_dependent_starts(pro
     assert done.returncode != 0
     assert "[init-exit]: init job migrate" in done.stdout + done.stderr, (done.stdout + done.stderr)[-3000:]
     assert not started.exists()
+
+
+#: Without services: the init job writes the schema, each worker reads it.
+SEED = "import os; open(os.path.join(os.environ['ALLOCSTACK_VOLUME_OUT'], 'schema'), 'w').write('v7')"
+READER = ("import os; out = os.environ['ALLOCSTACK_VOLUME_OUT']; open(os.path.join(out, 'saw-' +"
+          " os.environ['ALLOCSTACK_WORKER_ID']), 'w').write(open(os.path.join(out, 'schema')).read())")
+READ_CHECK = ("import os, sys; out = os.environ['ALLOCSTACK_VOLUME_OUT'];"
+              " saw = sorted(open(os.path.join(out, n)).read() for n in os.listdir(out) if n.startswith('saw-'));"
+              " print(f'check: the workers saw {saw}'); sys.exit(saw != ['v7', 'v7'])")
+
+
+def run_without_services(project, run: str, init: str, extra: str = ""):
+    (project / f"config/{run}.yaml").write_text(textwrap.dedent(f"""
+        run: {run}
+        tasks: null
+        expected: null
+        workers: 2
+        worker: {{mode: long-running, command: [{PYTHON}, -c, {json.dumps(READER)}]}}
+        services:
+          seed: {{command: [{PYTHON}, -c, {json.dumps(init)}]{extra}}}
+        init_jobs: [seed]
+        volumes: [out]
+        verify: {{command: [{PYTHON}, -c, {json.dumps(READ_CHECK)}]}}
+    """))
+    return snakemake(project, "--cores", "4", "--configfile", f"config/{run}.yaml")
+
+
+def test_without_services_the_workers_start_after_the_init_job(project):
+    done = run_without_services(project, "initplain", SEED)
+    assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
+    assert "check: the workers saw ['v7', 'v7']" in (project / "logs/run_check/initplain.log").read_text()
+    assert json.loads((project / "results/initplain/result.json").read_text())["status"] == "success"
+
+
+def test_an_init_job_that_outlives_its_readiness_timeout_is_stopped_and_named(project):
+    forever = "import time\nwhile True: time.sleep(0.1)"
+    done = run_without_services(project, "initlate", forever,
+                                ", readiness: {timeout: 1}, stop_grace_period: 1")
+    output = done.stdout + done.stderr
+    assert done.returncode != 0
+    assert (f"[init-exit]: init job seed ({sys.executable} -c) killed by SIGTERM (still running after its "
+            "readiness.timeout, 1 s: stopped by allocstack)") in output, output[-3000:]
+    assert not list((project / "results/initlate").glob("workers/*.json"))  # no worker ran
