@@ -1241,7 +1241,8 @@ def layout(services: dict[str, Any], parts: dict[str, Any], roles: Roles, contex
         context.report.gaps.append(
             f"{roles.workers}: the workers run `{daemon}`, a daemon that never ends by itself, and nothing ends the "
             "stack: the check waits for the workers to end, so the run would wait until its time limit; give it a way "
-            "to end (`rq worker --burst` ends once the queue is empty) or end the stack from your producer")
+            "to end (`rq worker --burst` ends once the queue is empty), end the stack from your producer "
+            "(--exit-code-from) or bound the workers (worker.max_lifetime: SECONDS)")
     if roles.check is None:
         context.report.gaps.append("no check: nothing says whether the results are correct; add a service that "
                                    f"waits for the workers (condition: {COMPLETED}) with a command, or set "
