@@ -5,9 +5,14 @@ dependents start and names itself. Real Snakemake runs, real processes on loopba
 from __future__ import annotations
 
 import json
+import shutil
+import socket
 import sys
 import textwrap
 
+import yaml
+
+from conftest import ROOT, run_script
 from workflow_helpers import snakemake
 
 PYTHON = json.dumps(sys.executable)
@@ -135,3 +140,49 @@ def test_an_init_job_that_outlives_its_readiness_timeout_is_stopped_and_named(pr
     assert (f"[init-exit]: init job seed ({sys.executable} -c) killed by SIGTERM (still running after its "
             "readiness.timeout, 1 s: stopped by allocstack)") in output, output[-3000:]
     assert not list((project / "results/initlate").glob("workers/*.json"))  # no worker ran
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def import_migrate_stack(project, fail: str) -> str:
+    """tests/stacks/migrate, as a user brings it, with free ports, imported (FAIL_MIGRATION=fail read by the import
+    as Compose reads it); the config's path."""
+    shutil.copytree(ROOT / "tests/stacks/migrate", project / "stacks/migrate")
+    compose = project / "stacks/migrate/compose.yaml"
+    compose.write_text(compose.read_text().replace("15432", str(free_port())).replace("18080", str(free_port())))
+    done = run_script("import_compose.py", "stacks/migrate/compose.yaml", "--output", "config/migrate.yaml",
+                      cwd=project, env={"FAIL_MIGRATION": fail})
+    assert done.returncode == 0 and "0 gap(s)" in done.stdout, done.stdout + done.stderr
+    assert "migrate: an init job (others wait for it with service_completed_successfully)" in done.stdout + done.stderr
+    return "config/migrate.yaml"
+
+
+def test_an_imported_compose_stack_runs_its_migration_before_the_api(project):
+    config = import_migrate_stack(project, "0")
+    written = yaml.safe_load((project / config).read_text())
+    assert written["init_jobs"] == ["migrate"] and written["workers"] == 2
+    assert written["verify"]["command"][1:] == ["/srv/check.py", "--api", "http://${ALLOCSTACK_API_HOST}:"
+                                                + written["services"]["api"]["port"].__str__()]
+    done = snakemake(project, "--cores", "4", "--configfile", config)
+    assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
+    assert "check: the api serves schema v7" in (project / "logs/run_check/migrate.log").read_text()
+    assert "migrate: schema v7 applied" in (project / "logs/run_init/migrate/migrate.log").read_text()
+    marker = json.loads((project / "results/migrate/result.json").read_text())
+    assert marker["status"] == "success" and marker["services"] == ["api", "db"]
+
+
+def test_an_imported_stack_whose_migration_fails_stops_before_the_api_starts(project):
+    config = import_migrate_stack(project, "1")
+    done = snakemake(project, "--cores", "4", "--configfile", config)
+    output = done.stdout + done.stderr
+    assert done.returncode != 0
+    program = project / "stacks/migrate/app/migrate.py"  # /srv/migrate.py, where no image runs it
+    line = (f'allocstack: error [init-exit]: init job migrate (python3 {program}) exited 1: migrate: relation "users" '
+            "already exists: what depends on it does not start, and the stack stops")
+    assert line in output, output[-3000:]
+    assert not (project / "stacks/migrate/out/api-started").exists()  # the api never started
+    assert not (project / "results/migrate/result.json").exists()
