@@ -83,6 +83,9 @@ def refuse_bad_stack(config: Mapping[str, Any], spelled: Mapping[str, str], imag
                                                                                                   worker):
         raise PlanError("config", "worker.mode is long-running but worker.command is not set: the workers' program, "
                                   "as an argv list (or run them in their image, whose own command then runs)")
+    if not long_running and worker["max_lifetime"]:
+        raise PlanError("config", "worker.max_lifetime is for long-running workers (worker.mode: long-running): "
+                                  "per-task workers end once the tasks are done (bound a task with worker.task_timeout)")
     if not long_running:
         for key in ("entrypoint", "working_dir", "mounts"):
             if worker[key]:
