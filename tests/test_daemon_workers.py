@@ -95,3 +95,24 @@ def test_daemon_workers_are_ended_by_worker_max_lifetime_and_the_run_goes_on_to_
         record = json.loads((project / f"results/lifetime/workers/{worker}.json").read_text())
         assert record["status"] == "stopped"
     assert "check: stopped ['worker-01', 'worker-02']" in (project / "logs/run_check/lifetime.log").read_text()
+
+
+def test_a_worker_that_ignores_sigterm_past_max_lifetime_is_killed_and_the_run_still_goes_on(project):
+    stubborn = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN)\nwhile True: time.sleep(0.1)"
+    python = json.dumps(sys.executable)
+    (project / "config/stubborn.yaml").write_text(textwrap.dedent(f"""
+        run: stubborn
+        tasks: null
+        expected: null
+        workers: 1
+        worker: {{mode: long-running, command: [{python}, -c, {json.dumps(stubborn)}], max_lifetime: 1,
+                  stop_grace_period: 1}}
+        verify: {{command: [{python}, -c, "print('check: the run went on')"]}}
+    """))
+    done = snakemake(project, "--cores", "4", "--configfile", "config/stubborn.yaml")
+    assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
+    log = (project / "logs/run_worker/stubborn/worker-01.log").read_text()
+    line = ("still ran after worker.max_lifetime (1 s): max_lifetime ended it (SIGTERM; killed after its "
+            "stop_grace_period (1 s)); the run goes on to the check")
+    assert line in log, log[-2000:]
+    assert "check: the run went on" in (project / "logs/run_check/stubborn.log").read_text()
