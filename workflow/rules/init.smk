@@ -24,6 +24,7 @@ rule run_init:
     threads: 0
     resources:
         cpus_per_task=service_cpus,
+        gpu=service_gpus,
     params:
         launch=launch("init"),
         args=args("init"),
