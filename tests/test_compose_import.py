@@ -107,7 +107,8 @@ REFUSED = {
     "not an image reference": (("services", "db", "image"), "Db:Latest:1",
                                "services.db.image: 'Db:Latest:1' is not an image reference", False),
     "a second check": (("services", "db", "depends_on"), {"worker": {"condition": "service_completed_successfully"}},
-                       "services.db.depends_on: check, db each wait for a service to complete", False),
+                       ("services.db.depends_on: check, db each wait for the workers (worker) to complete: "
+                        "allocstack runs one check"), False),
     "placement": (("services", "db", "deploy"), {"placement": {"constraints": ["node.role==manager"]}},
                   "services.db.deploy.placement: placement constraints", False),
     "a UDP port": (("services", "db", "ports"), ["5000/udp"], "services.db.ports[0]: '5000/udp': only single TCP",
@@ -572,3 +573,79 @@ def test_the_producer_beside_replicated_workers_is_recognised_as_main_where_unam
     code, _, _ = import_document(tmp_path, document, env={}, monkeypatch=monkeypatch)
     assert code == 65  # something waits for app: not the shape, and app waiting for the workers is refused as before
     assert "services.app.depends_on: a long-running service that waits for worker" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------- init jobs (issue 25, point 4c)
+
+#: BASE with a migration the API and the workers wait for with service_completed_successfully.
+WITH_INIT = {
+    "services": {
+        "db": {"image": "db:1", "command": "db --port 5000", "expose": ["5000"]},
+        "migrate": {"image": "app:1", "command": ["migrate", "--db", "db:5000"],
+                    "depends_on": {"db": {"condition": "service_started"}}},
+        "api": {"image": "app:1", "command": ["api"], "expose": ["8000"],
+                "depends_on": {"db": {"condition": "service_started"},
+                               "migrate": {"condition": "service_completed_successfully"}}},
+        "worker": {"image": "app:1", "command": ["work"], "deploy": {"replicas": 2},
+                   "depends_on": {"api": {"condition": "service_started"},
+                                  "migrate": {"condition": "service_completed_successfully"}}},
+        "check": {"image": "app:1", "command": ["check"],
+                  "depends_on": {"worker": {"condition": "service_completed_successfully"}}},
+    },
+}
+
+
+def test_a_service_waited_for_to_complete_that_is_not_the_workers_is_an_init_job(tmp_path, capsys, monkeypatch):
+    code, config, _ = import_document(tmp_path, copy.deepcopy(WITH_INIT), env={}, monkeypatch=monkeypatch)
+    out = capsys.readouterr()
+    assert code == 0, out.err
+    assert config["init_jobs"] == ["migrate"]
+    assert config["services"]["migrate"]["depends_on"] == ["db"] and config["services"]["migrate"]["readiness"] == {}
+    assert config["services"]["api"]["depends_on"] == ["db", "migrate"]
+    # the check stays the service that waits for the workers, and the workers the replicated service
+    assert config["verify"]["command"] == ["check"] and config["worker"]["command"] == ["work"]
+    assert config["workers"] == 2
+    note = ("migrate: an init job (others wait for it with service_completed_successfully): it runs once, before "
+            "api, worker, and must exit 0 (config init_jobs)")
+    assert note in out.out + out.err
+    assert "0 gap(s)" in out.out
+
+
+def test_without_replicas_the_service_only_the_check_waits_for_is_the_workers_and_the_rest_init_jobs(
+        tmp_path, capsys, monkeypatch):
+    document = copy.deepcopy(WITH_INIT)
+    del document["services"]["worker"]["deploy"]
+    code, config, _ = import_document(tmp_path, document, env={}, monkeypatch=monkeypatch)
+    out = capsys.readouterr()
+    assert code == 0, out.err
+    assert config["init_jobs"] == ["migrate"] and config["workers"] == 1
+    assert config["worker"]["command"] == ["work"] and config["verify"]["command"] == ["check"]
+
+
+def test_the_check_that_waits_for_the_workers_keeps_todays_meaning(tmp_path, capsys, monkeypatch):
+    code, config, _ = import_document(tmp_path, copy.deepcopy(BASE), env={}, monkeypatch=monkeypatch)
+    assert code == 0, capsys.readouterr().err
+    assert "init_jobs" not in config
+    assert config["worker"]["command"] == ["work"] and config["verify"]["command"] == ["check"]
+
+
+def test_a_check_that_also_waits_for_an_init_job_is_still_the_check(tmp_path, capsys, monkeypatch):
+    document = copy.deepcopy(WITH_INIT)
+    document["services"]["check"]["depends_on"]["migrate"] = {"condition": "service_completed_successfully"}
+    code, config, _ = import_document(tmp_path, document, env={}, monkeypatch=monkeypatch)
+    assert code == 0, capsys.readouterr().err
+    assert config["init_jobs"] == ["migrate"] and config["verify"]["command"] == ["check"]
+
+
+def test_services_waited_for_to_complete_with_no_plain_workers_are_refused_by_name(tmp_path, capsys, monkeypatch):
+    document = copy.deepcopy(WITH_INIT)
+    del document["services"]["worker"]["deploy"]
+    document["services"]["check"]["depends_on"] = {"api": {"condition": "service_completed_successfully"}}
+    document["services"]["other"] = {"image": "app:1", "command": ["other"],
+                                     "depends_on": {"worker": {"condition": "service_completed_successfully"}}}
+    code, _, output = import_document(tmp_path, document, env={}, monkeypatch=monkeypatch)
+    err = capsys.readouterr().err
+    assert code == 65 and not output.exists()
+    refusal = ("services.api: api, migrate, worker are waited for to complete (service_completed_successfully), "
+               "and none of them is the workers plainly: mark the workers with deploy.replicas")
+    assert refusal in err, err

@@ -4,12 +4,18 @@ daemon that nothing ends; the check, while it waits for workers that keep runnin
 from __future__ import annotations
 
 import copy
+import json
+import sys
+import textwrap
 import threading
 import time
+from pathlib import Path
 
 import pytest
-from check import await_files
+from check import await_files, still_running
 from test_compose_import import BASE, import_document
+
+from workflow_helpers import snakemake
 
 
 @pytest.mark.parametrize("command, daemon", [
@@ -46,3 +52,67 @@ def test_the_check_says_which_workers_it_still_waits_for(tmp_path):
     assert len(lines) >= 2 and all(line.startswith("still waiting for 1 worker(s) after ") for line in lines[1:])
     assert "(worker-02): a worker that runs a daemon (celery worker, rq worker, a server) never ends by itself" \
         in lines[1] and "rq worker --burst" in lines[1]
+
+
+def test_the_line_names_worker_max_lifetime_as_the_bound_or_the_way_out():
+    missing = [Path("worker-02.json")]
+    unbounded = still_running(missing, 30, None)
+    assert "(worker-02): a worker that runs a daemon" in unbounded
+    assert "bound the workers (config worker.max_lifetime)" in unbounded and "rq worker --burst" in unbounded
+    bounded = still_running(missing, 30, 120)
+    assert bounded.endswith("; worker.max_lifetime (120 s) stops them when it has passed")
+
+
+#: A daemon worker: notes that it is up, never ends by itself; on SIGTERM it notes so in the volume and exits 0.
+DAEMON = ("import os, signal, sys, time; e = os.environ; out = e['ALLOCSTACK_VOLUME_OUT'];"
+          " signal.signal(signal.SIGTERM, lambda *_: (open(os.path.join(out, e['ALLOCSTACK_WORKER_ID']), 'w')"
+          ".write('stopped'), sys.exit(0)))\nwhile True: time.sleep(0.1)")
+#: The check: every worker was stopped by SIGTERM (its note), so the run got past the wait.
+CHECK = ("import os, sys; notes = sorted(n for n in os.listdir(os.environ['ALLOCSTACK_VOLUME_OUT']));"
+         " print(f'check: stopped {notes}'); sys.exit(notes != ['worker-01', 'worker-02'])")
+
+
+def test_daemon_workers_are_ended_by_worker_max_lifetime_and_the_run_goes_on_to_the_check(project):
+    python = json.dumps(sys.executable)
+    (project / "config/lifetime.yaml").write_text(textwrap.dedent(f"""
+        run: lifetime
+        tasks: null
+        expected: null
+        workers: 2
+        worker: {{mode: long-running, command: [{python}, -c, {json.dumps(DAEMON)}], max_lifetime: 2,
+                  stop_grace_period: 5}}
+        volumes: [out]
+        verify: {{command: [{python}, -c, {json.dumps(CHECK)}]}}
+    """))
+    done = snakemake(project, "--cores", "4", "--configfile", "config/lifetime.yaml")
+    assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
+    assert json.loads((project / "results/lifetime/result.json").read_text())["status"] == "success"
+    for worker in ("worker-01", "worker-02"):
+        log = (project / f"logs/run_worker/lifetime/{worker}.log").read_text()
+        line = (f"{worker}: {sys.executable} -c still ran after worker.max_lifetime (2 s): max_lifetime ended it "
+                "(SIGTERM; exited 0); the run goes on to the check")
+        assert line in log, log[-2000:]
+        record = json.loads((project / f"results/lifetime/workers/{worker}.json").read_text())
+        assert record["status"] == "stopped"
+    assert "check: stopped ['worker-01', 'worker-02']" in (project / "logs/run_check/lifetime.log").read_text()
+
+
+def test_a_worker_that_ignores_sigterm_past_max_lifetime_is_killed_and_the_run_still_goes_on(project):
+    stubborn = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN)\nwhile True: time.sleep(0.1)"
+    python = json.dumps(sys.executable)
+    (project / "config/stubborn.yaml").write_text(textwrap.dedent(f"""
+        run: stubborn
+        tasks: null
+        expected: null
+        workers: 1
+        worker: {{mode: long-running, command: [{python}, -c, {json.dumps(stubborn)}], max_lifetime: 1,
+                  stop_grace_period: 1}}
+        verify: {{command: [{python}, -c, "print('check: the run went on')"]}}
+    """))
+    done = snakemake(project, "--cores", "4", "--configfile", "config/stubborn.yaml")
+    assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
+    log = (project / "logs/run_worker/stubborn/worker-01.log").read_text()
+    line = ("still ran after worker.max_lifetime (1 s): max_lifetime ended it (SIGTERM; killed after its "
+            "stop_grace_period (1 s)); the run goes on to the check")
+    assert line in log, log[-2000:]
+    assert "check: the run went on" in (project / "logs/run_check/stubborn.log").read_text()

@@ -57,6 +57,10 @@ STACKS = {
     "your own stack with a main program": (OWN_STACK + SERVICES + "main: cache\nworkers: 3\n"
                                            "worker: {mode: long-running, command: [rq, worker], stop_grace_period: 4}\n",
                                            {}),
+    "your own stack with an init job and bounded daemon workers": (
+        OWN_STACK.replace("environment: {A: b}}", "environment: {A: b}, max_lifetime: 30, stop_grace_period: 3}")
+        + SERVICES + "  migrate: {command: [python3, migrate.py], depends_on: [db], stop_grace_period: 5}\n"
+        + "init_jobs: [migrate]\n", {}),
     "a main program and no check of yours": (("tasks: null\nexpected: null\nworker: {mode: long-running, command: [w]}\n"
                                               "services: {app: {command: [python3, producer.py]}}\nmain: app\n"), {}),
     "Apptainer with GPUs, in a job step": (("image: allocstack.sif\nworker: {gpus: 2, command: [python3, x.py]}\n"
@@ -92,6 +96,8 @@ def jobs(planned: plan.Plan) -> Iterator[tuple[str, dict[str, str]]]:
     for service in planned.services:
         yield "service", {**run, "service": service}
         yield "service_gate", {**run, "service": service}
+    for init in planned.init_jobs:
+        yield "init", {**run, "service": init}
     if planned.main:
         yield "main", run
     if planned.grouped:
@@ -290,3 +296,38 @@ def test_a_service_with_gpus_gets_them_in_its_job_step_and_its_image(workdir):
     main = plan_of(text + "main: web\n", deployment=frozenset({"apptainer"}), **INSTALLED)
     alone = text.replace("depends_on: [model], ", "") + "main: model\n"  # nothing may wait for main
     assert main.main_gpus == 0 and plan_of(alone, deployment=frozenset({"apptainer"}), **INSTALLED).main_gpus == 2
+
+
+def test_an_init_job_runs_once_and_its_record_is_the_gate_of_what_waits_for_it(workdir):
+    planned = plan_of(STACKS["your own stack with an init job and bounded daemon workers"][0].replace(
+        "depends_on: [db, web]", "depends_on: [db, web, migrate]"))
+    assert planned.init_jobs == ["migrate"] and "migrate" not in planned.services
+    record = planned.layout.init_record("migrate")
+    init = parse("main.py", planned.args("init", run=planned.run, service="migrate"))
+    assert init.init and init.name == "migrate" and init.uses == ["db"] and str(init.record) == record
+    assert [str(path) for path in init.gate_record] == [planned.layout.service_gate("db")]
+    assert init.timeout == 3600 and init.stop_grace == 5  # no readiness.timeout of its own: an hour
+    cache = parse("app_service.py", planned.args("service", run=planned.run, service="cache"))
+    assert cache.uses == ["db", "web"] and record in map(str, cache.gate_record)  # waits for it, has no variables
+    replica = parse("replica.py", planned.args("worker", run=planned.run, worker="worker-01"))
+    assert record in map(str, replica.gate_record) and "migrate" not in replica.uses
+    # in the stack's group its record is a gate, never a Snakemake input (the group's jobs start together)
+    assert planned.service_dependencies(planned.run, "cache") == [planned.layout.service_file(name)
+                                                                 for name in ("db", "web")]
+    assert planned.service_dependencies(planned.run, "migrate") == [planned.layout.service_file("db")]
+    assert record in planned.service_gates(planned.run)  # collection waits for it
+    launched = parse("launch.py", [*planned.launch("init", run=planned.run, service="migrate")[2:], "main.py"])
+    assert launched.component == "migrate"
+
+
+def test_without_services_an_init_jobs_record_is_a_plain_input_of_the_workers(workdir):
+    planned = plan_of(OWN_STACK + "services: {migrate: {command: [python3, migrate.py]}}\ninit_jobs: [migrate]\n")
+    assert not planned.in_group and planned.service_dependencies(planned.run, "migrate") == []
+    assert planned.worker_inputs(planned.run) == [planned.layout.init_record("migrate")]
+
+
+def test_worker_max_lifetime_bounds_the_long_running_workers_and_the_check_names_it(workdir):
+    planned = plan_of(STACKS["your own stack with an init job and bounded daemon workers"][0])
+    replica = parse("replica.py", planned.args("worker", run=planned.run, worker="worker-01"))
+    assert replica.max_lifetime == 30 and replica.stop_grace == 3 and replica.stop_when_main_ends is None
+    assert parse("check.py", planned.args("check", run=planned.run)).max_lifetime == 30

@@ -87,6 +87,12 @@ BAD = {
     "a service depends on main": (OWN + "services: {app: {command: [x]}, ui: {command: [y], depends_on: [app]}}\n"
                                         "main: app",
                                   "main: app runs once and ends the stack, but services.ui depends on it"),
+    "max_lifetime for per-task workers": ("worker: {max_lifetime: 60}",
+                                          "worker.max_lifetime is for long-running workers"),
+    "an init job that is not a service": (OWN + "services: {db: {command: [x]}}\ninit_jobs: [migrate]",
+                                          "init_jobs: migrate is not one of services (db)"),
+    "an init job that is main": (OWN + "services: {app: {command: [x]}}\nmain: app\ninit_jobs: [app]",
+                                 "init_jobs: app is main: an init job runs once before what depends on it"),
     "main with a task document": ("services: {app: {command: [x]}}\nmain: app",
                                   "main: app with a task document (tasks)"),
     "a kept volume not one of volumes": ("volumes: [a]\nkeep_volumes: [b]", "keep_volumes: b is not one of `volumes`"),

@@ -157,7 +157,7 @@ wildcard_constraints:
     run=r"[A-Za-z0-9][A-Za-z0-9._-]*",
     worker=r"worker-[0-9]+",
     step=r"workers-[0-9]+",
-    service="|".join(re.escape(name) for name in PLAN.services) or "(?!)",
+    service="|".join(re.escape(name) for name in PLAN.config["services"]) or "(?!)",
     node=r"[0-9]+",
 
 
@@ -193,8 +193,8 @@ coordinator_outputs = lambda wildcards: PLAN.coordinator_outputs(wildcards.run)
 service_dependencies = lambda wildcards: PLAN.service_dependencies(
     wildcards.run, wildcards.service
 )
-service_cpus = lambda wildcards: PLAN.services[wildcards.service]["cpus"]
-service_gpus = lambda wildcards: PLAN.services[wildcards.service]["gpus"]
+service_cpus = lambda wildcards: PLAN.config["services"][wildcards.service]["cpus"]
+service_gpus = lambda wildcards: PLAN.config["services"][wildcards.service]["gpus"]
 service_gates = lambda wildcards: PLAN.service_gates(wildcards.run)
 worker_inputs = lambda wildcards: PLAN.worker_inputs(wildcards.run)
 worker_records = lambda wildcards: PLAN.worker_records(wildcards.run)

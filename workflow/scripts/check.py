@@ -34,7 +34,19 @@ from allocstack.launch.program import Placement, prepare, program_environment, r
 PROGRESS_EVERY = 30.0
 
 
-def await_files(paths: list[Path], log, every: float = PROGRESS_EVERY) -> None:
+def still_running(missing: list[Path], waited: float, max_lifetime: float | None) -> str:
+    """The line that says which workers the check still waits for, why that may be, and what to do about it."""
+    line = (f"still waiting for {len(missing)} worker(s) after {waited:.0f} s "
+            f"({', '.join(path.stem for path in missing)}): a worker that runs a daemon (celery worker, rq worker, "
+            "a server) never ends by itself")
+    if max_lifetime:
+        return f"{line}; worker.max_lifetime ({max_lifetime:g} s) stops them when it has passed"
+    return (f"{line}, and the run then waits until its time limit; make it end on its own (rq worker --burst), "
+            "end the stack from your producer (config main), bound the workers (config worker.max_lifetime) "
+            "or stop the run (Ctrl-C, scancel)")
+
+
+def await_files(paths: list[Path], log, every: float = PROGRESS_EVERY, max_lifetime: float | None = None) -> None:
     """Wait for every file in ``paths``: the workers' records; every ``every`` seconds, one line naming the workers
     that still run and why that may be (a daemon never ends by itself), so a wait is never silent.
 
@@ -52,10 +64,7 @@ def await_files(paths: list[Path], log, every: float = PROGRESS_EVERY) -> None:
         missing = [path for path in missing if not path.exists()]
         if missing and time.monotonic() >= next_line:
             next_line += every
-            log(f"still waiting for {len(missing)} worker(s) after {time.monotonic() - started:.0f} s "
-                f"({', '.join(path.stem for path in missing)}): a worker that runs a daemon (celery worker, rq worker, "
-                "a server) never ends by itself, and the run then waits until its time limit; make it end on its own "
-                "(rq worker --burst) or stop the run (Ctrl-C, scancel)")
+            log(still_running(missing, time.monotonic() - started, max_lifetime))
 
 
 def parse_args(argv: list[str] | None):
@@ -66,6 +75,8 @@ def parse_args(argv: list[str] | None):
                         help="a worker's record: run only once every one exists (repeatable)")
     parser.add_argument("--progress-every", type=float, default=PROGRESS_EVERY,
                         help="seconds between the lines that say which workers the check still waits for")
+    parser.add_argument("--max-lifetime", type=float, default=None,
+                        help="config worker.max_lifetime: named in the lines of the wait for the workers")
     parser.add_argument("--main-decides", action="store_true",
                         help="no check of yours: the main program's exit 0 (its record, a --wait-for) is the verdict")
     parser.add_argument("--record", type=Path, required=True, help="the check record, written when it passed")
@@ -83,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         make_private(events.parent)
         events.unlink(missing_ok=True)
-        await_files(args.wait_for, log, args.progress_every)
+        await_files(args.wait_for, log, args.progress_every, args.max_lifetime)
         if args.main_decides:
             log("no check of yours: the main program exited 0, which decides")
             atomic_write_json(args.record, {"schemaVersion": SCHEMA_VERSION, "status": "passed", "by": "main",

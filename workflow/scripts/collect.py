@@ -70,7 +70,8 @@ def components(events: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     for event in events:
         gate = f"{event['service']}-readiness" if event.get("service") else "readiness"
         name = {"gate-passed": gate, "worker-start": event.get("worker"), "service-started": event.get("service"),
-                "main-start": event.get("service"), "coordinator-listening": "coordinator"}.get(event.get("event"))
+                "main-start": event.get("service"), "init-start": event.get("service"),
+                "coordinator-listening": "coordinator"}.get(event.get("event"))
         if name and name not in found:
             found[name] = {key: event.get(key) for key in PROVENANCE_FIELDS}
     return found

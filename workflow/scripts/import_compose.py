@@ -168,8 +168,8 @@ ConfigDumper.add_representer(list, _list)
 ConfigDumper.add_representer(dict, _mapping)
 
 #: The keys of the written config, in the order a reader wants them.
-ORDER = ("run", "tasks", "expected", "runtime", "workers", "worker", "services", "main", "volumes", "keep_volumes",
-         "verify", "decisions")
+ORDER = ("run", "tasks", "expected", "runtime", "workers", "worker", "services", "init_jobs", "main", "volumes",
+         "keep_volumes", "verify", "decisions")
 
 
 #: A command a gap leaves null, as if you had supplied it: the plan judges everything else.

@@ -8,8 +8,14 @@ variables, the named volumes' ``ALLOCSTACK_VOLUME_*`` and its ``environment`` (a
 When it ends it notes so in scratch (``main-ended.json``), which tells every long-running worker to stop
 (SIGTERM, ``worker.stop_grace_period``, SIGKILL: replica.py); exit 0 writes its record, and the check then runs.
 
+With ``--init`` it runs an init job (config ``init_jobs``; Compose: a service others wait for with
+``service_completed_successfully``) instead: once, before what depends on it, within ``--timeout``; exit 0 writes
+its record, which is its dependents' gate; its end does not end the stack.
+
 Exit codes: 0 it exited 0; otherwise its own exit status (a signal N: 128 + N), after one line
 ``[main-exit]`` naming it, its exit code and its last line of stderr: the run fails; 69 a gate did not pass.
+An init job that exits otherwise (or outlives ``--timeout``): 70, after one line ``[init-exit]`` naming it,
+its exit code and its last line of stderr; its dependents never start.
 """
 
 from __future__ import annotations
@@ -36,7 +42,7 @@ from allocstack.common.jsonio import atomic_write_json
 from allocstack.common.scratch import make_private
 from allocstack.launch import exposure
 from allocstack.launch.program import Placement, await_gates, describe, prepare, program_environment
-from allocstack.launch.supervise import Supervised
+from allocstack.launch.supervise import Outcome, Supervised
 
 
 def parse_args(argv: list[str] | None):
@@ -46,6 +52,12 @@ def parse_args(argv: list[str] | None):
     add_placement_arguments(parser)
     add_gate_arguments(parser)
     parser.add_argument("--record", type=Path, required=True, help="its record (JSON), written when it exited 0")
+    parser.add_argument("--init", action="store_true",
+                        help="an init job (config init_jobs): its record is its dependents' gate; it ends no stack")
+    parser.add_argument("--timeout", type=float, default=None,
+                        help="an init job: seconds it may run before it is stopped (SIGTERM, --stop-grace, SIGKILL)")
+    parser.add_argument("--stop-grace", type=float, default=10.0,
+                        help="an init job: seconds from SIGTERM to SIGKILL when it outlived --timeout")
     args = parser.parse_args(argv)
     if args.scratch is None:
         parser.error("--scratch (or $ALLOCSTACK_SCRATCH) is required")
@@ -58,11 +70,26 @@ def note_the_end(scratch: Path, name: str, code: int) -> None:
                                                    "endedAt": time.time()})
 
 
+def init_ended(args, shown: list[str], outcome: Outcome, status: str, started: float, ended: float, log) -> int:
+    """An init job ended: exit 0 writes its record (its dependents' gate); otherwise ONE ``[init-exit]`` line."""
+    name = args.name
+    if status != "done":
+        late = (f" (still running after its readiness.timeout, {args.timeout:g} s: stopped by allocstack)"
+                if outcome.stopped_by is not None and args.timeout else "")
+        return report(AllocstackError("init-exit", f"init job {name} ({describe(shown)}) {outcome.how()}{late}: "
+                                                   "what depends on it does not start, and the stack stops"))
+    atomic_write_json(args.record, {"schemaVersion": SCHEMA_VERSION, "service": name, "status": "ready",
+                                    "role": "init", "exitCode": 0, "startedAt": started, "endedAt": ended}, 0o644)
+    log(f"init job {describe(shown)} exited 0 after {ended - started:.3f} s: what depends on it starts")
+    return EXIT_OK
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     name = args.name
     log = lambda message: print(f"{name}: {message}", file=sys.stderr, flush=True)  # noqa: E731
     events = args.scratch / names.component_events(name)
+    role = "init" if args.init else "main"
     program = Supervised(name)
     try:
         make_private(events.parent)
@@ -75,20 +102,25 @@ def main(argv: list[str] | None = None) -> int:
         if how.container:
             log(f"in its image: {how.line()}")
         started = time.time()
-        append_event(events, "main-start", service=name,
+        append_event(events, f"{role}-start", service=name,
                      **{**runtime_facts(), **({"container": how.container} if how.container else {})})
-        pid = program.start(how.argv, how.env, cwd=how.cwd, deliver=how.deliver)
+        pid = program.start(how.argv, how.env, cwd=how.cwd, deliver=how.deliver,
+                            grace=args.stop_grace if args.timeout else None)
     except AllocstackError as error:
-        note_the_end(args.scratch, name, error.exit_code)
-        append_event(events, "main-end", service=name, status=error.diag)
+        if not args.init:
+            note_the_end(args.scratch, name, error.exit_code)
+        append_event(events, f"{role}-end", service=name, status=error.diag)
         return report(error)
     watching = exposure.watch(pid, "main", name, events)  # what it listens on beyond loopback
-    outcome = program.wait()
+    deadline = time.monotonic() + args.timeout if args.timeout else None
+    outcome = program.wait(stop_when=(lambda: time.monotonic() > deadline) if deadline is not None else None)
     watching.set()
     ended = time.time()
+    status = "done" if outcome.code == 0 and outcome.stopped_by is None else "failed"
+    append_event(events, f"{role}-end", service=name, status=status, exitCode=outcome.status)
+    if args.init:
+        return init_ended(args, how.shown, outcome, status, started, ended, log)
     note_the_end(args.scratch, name, outcome.status)
-    status = "done" if outcome.code == 0 else "failed"
-    append_event(events, "main-end", service=name, status=status, exitCode=outcome.status)
     if outcome.code != 0:
         why = " (stopped by allocstack)" if outcome.stop_signal is not None else ""
         report(AllocstackError("main-exit", f"main {name} ({describe(how.shown)}) {outcome.how()}{why}: the stack "

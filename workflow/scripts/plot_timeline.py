@@ -34,11 +34,11 @@ def text_width(text: str) -> float:
 def lanes(events: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     found: dict[str, dict[str, Any]] = {}
     for event in events:
-        worker = event.get("worker") or (f"main {event.get('service')}" if event.get("event", "").startswith("main-")
-                                         else None)
-        if event.get("event") in ("worker-start", "main-start"):
+        role = event.get("event", "").split("-")[0]
+        worker = event.get("worker") or (f"{role} {event.get('service')}" if role in ("main", "init") else None)
+        if event.get("event") in ("worker-start", "main-start", "init-start"):
             found.setdefault(worker, {})["start"] = event["t"]
-        elif event.get("event") in ("worker-end", "main-end"):
+        elif event.get("event") in ("worker-end", "main-end", "init-end"):
             # a long-running worker (your program) completes no tasks of the coordinator's: its status is its label
             label = f"{event['completed']} tasks" if "completed" in event else event.get("status", "?")
             found.setdefault(worker, {}).update(end=event["t"], label=label, status=event.get("status", "?"))

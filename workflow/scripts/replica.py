@@ -11,7 +11,11 @@ Signals are passed on to it; it is stopped when its launcher is gone. Off the
 first node (config ``nodes`` above 1) the services' variables name the local ends
 of their TLS tunnels (``allocstack/launch/tunnel.py``): your program does not change.
 
-Exit codes: 0 your program exited 0 (the worker's record is written); 75 it
+With ``--max-lifetime`` (config ``worker.max_lifetime``) a program still running after that many seconds
+(a daemon that never ends by itself) is stopped (SIGTERM, ``--stop-grace``, SIGKILL), one line says
+max_lifetime ended it, and its record is written (status ``stopped``): the run goes on to the check.
+
+Exit codes: 0 your program exited 0, or max_lifetime ended it (the worker's record is written); 75 it
 exited otherwise or was stopped, with one line naming the replica, how it
 ended and its last line of stderr: the run fails; 69 a gate did not pass.
 """
@@ -45,6 +49,19 @@ from allocstack.launch.supervise import Supervised
 from allocstack.launch.tunnel import remote_services_environment
 
 
+class Lifetime:
+    """config worker.max_lifetime: over once the program ran that long (None: never); :attr:`ended` says it was."""
+
+    def __init__(self, seconds: float | None) -> None:
+        self.deadline = time.monotonic() + seconds if seconds else None
+        self.ended = False
+
+    def over(self) -> bool:
+        if self.deadline is not None and time.monotonic() >= self.deadline:
+            self.ended = True
+        return self.ended
+
+
 def replica_variables(worker: str, index: int, workers: int) -> dict[str, str]:
     return {"ALLOCSTACK_WORKER_ID": worker, "ALLOCSTACK_REPLICA_INDEX": str(index), "ALLOCSTACK_WORKERS": str(workers)}
 
@@ -61,8 +78,11 @@ def parse_args(argv: list[str] | None):
     add_gate_arguments(parser)
     parser.add_argument("--stop-when-main-ends", metavar="NAME",
                         help="config main: stop the program once NAME ended (SIGTERM, --stop-grace, SIGKILL)")
+    parser.add_argument("--max-lifetime", type=float, default=None,
+                        help="config worker.max_lifetime: stop the program once it ran this many seconds (SIGTERM, "
+                             "--stop-grace, SIGKILL); its record is written and the run goes on")
     parser.add_argument("--stop-grace", type=float, default=10.0,
-                        help="seconds from SIGTERM to SIGKILL when the main program ended")
+                        help="seconds from SIGTERM to SIGKILL when the main program ended or max_lifetime passed")
     parser.add_argument("--record", type=Path, help="this worker's record (JSON), written when it exited 0")
     parser.add_argument("--events", type=Path, help=f"event log (default SCRATCH/{names.component_events('WORKER')})")
     parser.add_argument("--endpoint-file", type=Path,
@@ -102,25 +122,32 @@ def main(argv: list[str] | None = None) -> int:
         append_event(events, "worker-start", worker=worker,
                      **{**runtime_facts(), **({"container": how.container} if how.container else {})})
         pid = program.start(how.argv, how.env, cwd=how.cwd, deliver=how.deliver,
-                            grace=args.stop_grace if args.stop_when_main_ends else None)
+                            grace=args.stop_grace if args.stop_when_main_ends or args.max_lifetime else None)
     except AllocstackError as error:
         append_event(events, "worker-end", worker=worker, status=error.diag)
         return report(error)
     main_ended = args.scratch / names.MAIN_ENDED
     watching = exposure.watch(pid, "worker", worker, events)  # what it listens on beyond loopback
-    outcome = program.wait(stop_when=main_ended.exists if args.stop_when_main_ends else None)
+    lifetime = Lifetime(args.max_lifetime)
+    outcome = program.wait(stop_when=lambda: (bool(args.stop_when_main_ends) and main_ended.exists()) or lifetime.over())
     watching.set()
     ended = time.time()
     by_main = bool(args.stop_when_main_ends) and outcome.stopped_by is not None and main_ended.exists()
-    status = "stopped" if by_main and outcome.clean_stop else "done" if outcome.code == 0 else "failed"
-    append_event(events, "worker-end", worker=worker, status=status, exitCode=outcome.code)
+    by_lifetime = not by_main and outcome.stopped_by is not None and lifetime.ended
+    status = "stopped" if (by_main and outcome.clean_stop) or by_lifetime else "done" if outcome.code == 0 else "failed"
+    append_event(events, "worker-end", worker=worker, status=status, exitCode=outcome.code,
+                 **({"by": "max_lifetime"} if by_lifetime else {}))
+    if by_lifetime:
+        killed = f"killed after its stop_grace_period ({args.stop_grace:g} s)" if outcome.killed else outcome.how()
+        log(f"{describe(how.shown)} still ran after worker.max_lifetime ({args.max_lifetime:g} s): max_lifetime "
+            f"ended it (SIGTERM; {killed}); the run goes on to the check")
     if by_main and outcome.killed:
         return report(AllocstackError("worker-exit", f"{worker} ({describe(how.shown)}) did not stop within its "
                                                      f"stop_grace_period ({args.stop_grace:g} s) after main "
                                                      f"{args.stop_when_main_ends} ended: killed"))
     if by_main and status == "stopped":
         log(f"{describe(how.shown)} stopped ({outcome.how()}) after main {args.stop_when_main_ends} ended")
-    elif outcome.code != 0:
+    elif outcome.code != 0 and not by_lifetime:
         why = " (stopped by allocstack)" if outcome.stop_signal is not None else ""
         return report(AllocstackError("worker-exit", f"{worker} ({describe(how.shown)}) {outcome.how()}{why}"))
     if args.record:

@@ -38,6 +38,7 @@ DIAGNOSTICS: dict[str, tuple[int, str]] = {
     "coordinator-exit": (EXIT_SOFTWARE, "the coordinator ended without completing every task"),
     "worker-exit": (EXIT_TEMPFAIL, "a worker stopped before the run was done, or a long-running worker failed"),
     "main-exit": (EXIT_SOFTWARE, "the stack's main program (config main) exited non-zero: its exit code fails the run"),
+    "init-exit": (EXIT_SOFTWARE, "an init job (config init_jobs) failed or outlived its timeout: its dependents never started"),
     "service-exit": (EXIT_SOFTWARE, "a service of yours ended by itself, or did not stop cleanly"),
     "network": (EXIT_UNAVAILABLE, "with more than one node: the coordinator's network address is wrong or unreachable"),
     "auth": (EXIT_NOPERM, "the coordinator refused the token"),

@@ -483,6 +483,7 @@ class Roles:
     check: str | None
     services: list[str]
     main: str | None = None  # --exit-code-from: one of services, config main
+    init: list[str] = field(default_factory=list)  # init jobs: among services, config init_jobs
 
 
 def conditions(spec: dict[str, Any]) -> dict[str, str]:
@@ -537,7 +538,7 @@ def producer_of(services: dict[str, dict[str, Any]], counts: dict[str, int], rep
     service that waits for anything to complete (no check), and exactly one service that waits for the replicas to
     start (``service_started``) and that nothing waits for: the producer beside the workers, config ``main``."""
     replicated = [name for name in services if counts[name] > 1]
-    if len(replicated) != 1 or any(COMPLETED in conditions(spec).values() for spec in services.values()):
+    if len(replicated) != 1 or any(conditions(spec).get(replicated[0]) == COMPLETED for spec in services.values()):
         return None
     beside = [name for name, spec in services.items() if conditions(spec).get(replicated[0]) == "service_started"]
     if len(beside) != 1 or any(beside[0] in conditions(spec) for spec in services.values()):
@@ -548,10 +549,28 @@ def producer_of(services: dict[str, dict[str, Any]], counts: dict[str, int], rep
     return beside[0]
 
 
+def workers_of(services: dict[str, dict[str, Any]], counts: dict[str, int], waits: dict[str, list[str]]
+               ) -> str | None:
+    """The workers: the replicated service (the one waited for to complete, when several are); without one, the
+    service that only a service nothing depends on (the check) waits for to complete, where that is one service."""
+    replicated = [name for name in services if counts[name] > 1]
+    waited = [d for name in services for d in waits[name]]
+    if replicated:
+        return next((name for name in replicated if name in waited), replicated[0])
+    depended = {d for spec in services.values() for d in conditions(spec)}
+    only_by_leaves = [d for d in dict.fromkeys(waited)
+                      if all(name not in depended for name in services if d in waits[name])]
+    return only_by_leaves[0] if len(only_by_leaves) == 1 else None
+
+
 def assign_roles(services: dict[str, dict[str, Any]], counts: dict[str, int], report: Report,
                  main: str | None = None) -> Roles:
-    """Which service is the workers, which the check, which are long-running services (``main``, the one
-    ``--exit-code-from`` names, among them: it may wait for the workers to start)."""
+    """Which service is the workers, which the check, which are init jobs, which are long-running services (``main``,
+    the one ``--exit-code-from`` names, among them: it may wait for the workers to start).
+
+    ``service_completed_successfully`` says two things in Compose files: a check that waits for the workers to
+    complete (the service that waits so for the replicated service, the workers), and an init job that must finish
+    before its dependents start (every other service waited for so: a migration, a bucket's creation)."""
     for name, spec in services.items():
         for dependency in conditions(spec):
             if dependency not in services:
@@ -559,24 +578,24 @@ def assign_roles(services: dict[str, dict[str, Any]], counts: dict[str, int], re
                                                              "out by its profiles)")
     waits = {name: [d for d, c in conditions(spec).items() if c == COMPLETED and d in services]
              for name, spec in services.items()}
-    checks = [name for name, waited in waits.items() if waited]
     replicated = [name for name in services if counts[name] > 1]
+    workers = workers_of(services, counts, waits)
+    checks = [name for name, waited in waits.items() if workers is not None and workers in waited]
     check = checks[0] if checks else None
     if len(checks) > 1:
-        report.refuse(f"services.{checks[1]}.depends_on", f"{', '.join(checks)} each wait for a service to complete "
-                                                          f"({', '.join(sorted({w for c in checks for w in waits[c]}))}):"
-                                                          " allocstack runs one check, after the workers (init jobs "
-                                                          "that run before the services: issue 25)")
+        report.refuse(f"services.{checks[1]}.depends_on", f"{', '.join(checks)} each wait for the workers ({workers}) "
+                                                          "to complete: allocstack runs one check, after the workers")
         return Roles(None, None, list(services))
-    workers = None
-    if check:
-        waited = waits[check]
-        if len(waited) > 1:
-            report.refuse(f"services.{check}.depends_on", f"waits for {', '.join(waited)} to complete: allocstack "
-                                                          "runs one set of workers")
-        workers = waited[0]
-    elif len(replicated) == 1:
-        workers = replicated[0]
+    init = [name for name in services if name != workers and any(name in waited for waited in waits.values())]
+    if not replicated and workers is None and init:
+        report.refuse(f"services.{init[0]}", f"{', '.join(init)} are waited for to complete ({COMPLETED}), and none "
+                                             "of them is the workers plainly: mark the workers with deploy.replicas "
+                                             "(or --scale), the others are then init jobs")
+        return Roles(None, None, list(services))
+    for name in init:
+        report.notes.append(f"{name}: an init job (others wait for it with {COMPLETED}): it runs once, before "
+                            f"{', '.join(other for other in services if name in waits[other])}, and must exit 0 "
+                            "(config init_jobs)")
     if workers is None and not replicated:
         report.gaps.append("no workers: nothing here runs to an end (no replicated service, no service the check "
                            f"waits for with {COMPLETED}); allocstack runs a stack until its workers end: give the "
@@ -597,12 +616,11 @@ def assign_roles(services: dict[str, dict[str, Any]], counts: dict[str, int], re
                 report.refuse(f"services.{name}.depends_on", f"a long-running service that waits for {dependency}, "
                                                              f"which allocstack reads as the "
                                                              f"{'workers' if dependency == workers else 'check'} "
-                                                             f"(it waits for {', '.join(waits[check]) if check else ''} "
-                                                             "to complete; init jobs that run before the services: "
-                                                             "issue 25)")
+                                                             f"({check or 'the check'} waits for {workers} to "
+                                                             "complete): it would start after them")
     if workers and check and check in conditions(services[workers]):
         report.refuse(f"services.{workers}.depends_on", "the workers wait for the check: it runs after them")
-    return Roles(workers, check, rest, main)
+    return Roles(workers, check, rest, main, init)
 
 
 # ---------------------------------------------------------------- ports
@@ -967,6 +985,8 @@ def import_stack(compose: dict[str, Any], compose_dir: Path, project_dir: Path, 
     config["run"] = run
     if roles.main:
         config["main"] = roles.main
+    if roles.init:
+        config["init_jobs"] = roles.init
     rename_reserved(config, report)
     secrets_by_name(config, report)
     services = config["services"]
@@ -1081,7 +1101,7 @@ def choose_ports(programs: dict[str, Program], roles: Roles, active: dict[str, d
             report.notes.append(f"{name}: listens on {sorted(set(candidates))}; its gate and "
                                 f"${variable_prefix(name)}PORT use {port}")
         image = programs[name].image
-        if port is None and not has_healthcheck(active[name]) and image and waited[name]:
+        if port is None and not has_healthcheck(active[name]) and image and waited[name] and name not in roles.init:
             meta = image_meta(image[1]) if image_meta else None
             if meta is not None and meta.exposed:
                 port = meta.exposed[0]
@@ -1138,7 +1158,10 @@ def assemble(active: dict[str, dict[str, Any]], programs: dict[str, Program], ro
                                 "runscript); a run without an image needs its command (set it in a config of yours)")
         if role == "service":
             port = ports.get(name)
-            readiness = None if port == "refused" else gate(name, spec, port, waited[name], report)
+            if name in roles.init:  # its exit 0 is its dependents' gate
+                readiness = {}
+            else:
+                readiness = None if port == "refused" else gate(name, spec, port, waited[name], report)
             if readiness and readiness["mode"] == "command":
                 readiness["command"] = rewriter.argv(readiness["command"])
             grace = seconds(spec.get("stop_grace_period", "10s"), f"services.{name}.stop_grace_period", report)
@@ -1218,7 +1241,8 @@ def layout(services: dict[str, Any], parts: dict[str, Any], roles: Roles, contex
         context.report.gaps.append(
             f"{roles.workers}: the workers run `{daemon}`, a daemon that never ends by itself, and nothing ends the "
             "stack: the check waits for the workers to end, so the run would wait until its time limit; give it a way "
-            "to end (`rq worker --burst` ends once the queue is empty) or end the stack from your producer")
+            "to end (`rq worker --burst` ends once the queue is empty), end the stack from your producer "
+            "(--exit-code-from) or bound the workers (worker.max_lifetime: SECONDS)")
     if roles.check is None and roles.main:
         context.report.notes.append(f"no check: {roles.main}'s exit code is the verdict (as with --exit-code-from); "
                                     "set verify.command to check the results too")
@@ -1293,6 +1317,8 @@ def rename_reserved(config: dict[str, Any], report: Report) -> None:
     config["services"] = {renamed.get(name, name): walk(spec) for name, spec in services.items()}
     for spec in config["services"].values():
         spec["depends_on"] = [renamed.get(name, name) for name in spec["depends_on"]]
+    if "init_jobs" in config:
+        config["init_jobs"] = [renamed.get(name, name) for name in config["init_jobs"]]
     for key in ("worker", "verify"):
         config[key] = walk(config[key])
     report.notes[:] = [pattern.sub(lambda match: f"${{{variables[match.group(1)]}{match.group(2)}}}", note)

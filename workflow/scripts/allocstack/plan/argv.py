@@ -72,7 +72,7 @@ def launched(plan: Plan, component: str, run: str, worker: str = "", service: st
         case "node_gate":
             # A node lost before its gate passed: recorded (not "ready"), its workers never start.
             return Launched(f"gate-node-{node}", node=int(node) - 1, tolerate_kill=(files.node_gate(node),))
-        case "service":
+        case "service" | "init":
             return Launched(service, config["services"][service]["cpus"])
         case "service_gate":
             return Launched(f"{service}-readiness")
@@ -233,8 +233,8 @@ def service(plan: Plan, run: str, service: str) -> list[str]:
     return [*options(("--service-file", files.service_file(service)), ("--name", service),
                      *programs.options(plan, spec), ("--environment-json", spec["environment"]),
                      *port, ("--gate-timeout", timeouts.start_bound(plan.config, service)),
-                     ("--stop-grace", spec["stop_grace_period"]), *each("--uses", spec["depends_on"]),
-                     *each("--gate-record", map(files.service_gate, spec["depends_on"])),
+                     ("--stop-grace", spec["stop_grace_period"]), *each("--uses", plan.uses(spec["depends_on"])),
+                     *each("--gate-record", plan.gates(run, spec["depends_on"])),
                      flags=("--port-from-image",) if from_image else ()),
             *network(plan, files.shared_service_endpoint(service))]
 
@@ -246,7 +246,8 @@ def service_gate(plan: Plan, run: str, service: str) -> list[str]:
     pairs = [("--service", service), ("--mode", ready["mode"]),
              ("--timeout", timeouts.gate_timeout(plan.config, service)),
              ("--interval", timeouts.gate_interval(plan.config, service)), ("--probe-timeout", ready["probe_timeout"]),
-             ("--start-timeout", timeouts.start_bound(plan.config, service)), *each("--uses", spec["depends_on"])]
+             ("--start-timeout", timeouts.start_bound(plan.config, service)),
+             *each("--uses", plan.uses(spec["depends_on"]))]
     if ready["mode"] == "http":
         pairs += [("--path", ready["path"]), ("--expect-json", ready["expect"])]
     if ready["mode"] == "command":
@@ -265,7 +266,11 @@ def worker(plan: Plan, run: str, worker: str) -> list[str]:
     if plan.long_running:
         pairs += [("--index", placement.worker_index(worker)), ("--workers", config["workers"]), *program(plan)]
         if plan.main:  # its end ends the stack: the workers are stopped then
-            pairs += [("--stop-when-main-ends", plan.main), ("--stop-grace", config["worker"]["stop_grace_period"])]
+            pairs += [("--stop-when-main-ends", plan.main)]
+        if config["worker"]["max_lifetime"]:  # or once it ran that long
+            pairs += [("--max-lifetime", config["worker"]["max_lifetime"])]
+        if plan.main or config["worker"]["max_lifetime"]:
+            pairs += [("--stop-grace", config["worker"]["stop_grace_period"])]
         flags = ("--uses-coordinator",) if plan.builtin_coordinator else ()
     else:
         pairs += per_task(plan)
@@ -276,8 +281,20 @@ def main(plan: Plan, run: str) -> list[str]:
     """main.py: config ``main``, once its dependencies' gates passed, beside the workers; its end ends the stack."""
     spec, files = plan.main_spec or {}, plan.files(run)
     return options(("--name", plan.main), *programs.options(plan, spec), ("--environment-json", spec["environment"]),
-                   *each("--uses", spec["depends_on"]), *each("--gate-record", map(files.service_gate, spec["depends_on"])),
+                   *each("--uses", plan.uses(spec["depends_on"])), *each("--gate-record", plan.gates(run, spec["depends_on"])),
                    ("--gate-timeout", timeouts.gates_timeout(plan.config)), ("--record", files.main_record))
+
+
+def init(plan: Plan, run: str, service: str) -> list[str]:
+    """main.py --init: init job ``service`` (config init_jobs), once its dependencies' gates passed, before what
+    depends on it; bounded by its readiness.timeout (else the stack's)."""
+    spec, files = plan.config["services"][service], plan.files(run)
+    return options(("--name", service), *programs.options(plan, spec), ("--environment-json", spec["environment"]),
+                   *each("--uses", plan.uses(spec["depends_on"])), *each("--gate-record", plan.gates(run, spec["depends_on"])),
+                   ("--gate-timeout", timeouts.start_bound(plan.config, service)),
+                   ("--timeout", timeouts.gate_timeout(plan.config, service)),
+                   ("--stop-grace", spec["stop_grace_period"]), ("--record", files.init_record(service)),
+                   flags=("--init",))
 
 
 def program(plan: Plan) -> list[tuple[str, Any]]:
@@ -327,7 +344,7 @@ def gate_records(plan: Plan, run: str, node: int) -> list[str]:
     node its node's (the coordinator is reachable from there)."""
     files = plan.files(run)
     records = [files.coordinator_gate] if plan.builtin_coordinator else []
-    records += [files.service_gate(name) for name in plan.services]
+    records += [files.service_gate(name) for name in plan.services] + plan.init_records(run)
     if node > 0:
         records.append(files.node_gate(node + 1))
     return records
@@ -354,6 +371,7 @@ def check(plan: Plan, run: str) -> list[str]:
     return options(*programs.options(plan, spec), ("--environment-json", spec["environment"]),
                    *each("--uses", plan.services), *each("--wait-for", plan.worker_record_files(run)),
                    *each("--wait-for", plan.main_records(run)), ("--record", files.check_record),
+                   *([("--max-lifetime", lifetime)] if (lifetime := plan.config["worker"]["max_lifetime"]) else []),
                    flags=("--main-decides",) if plan.main and not programs.check_command_set(plan.config,
                                                                                          plan.images_on) else ())
 
@@ -361,7 +379,7 @@ def check(plan: Plan, run: str) -> list[str]:
 def collect(plan: Plan, run: str) -> list[str]:
     """collect.py: the event logs merged, the timeline drawn, how every component ran and ended."""
     config, files = plan.config, plan.files(run)
-    components = [*plan.services, *([plan.main] if plan.main else []), *(plan.workers if plan.long_running else []),
+    components = [*plan.init_jobs, *plan.services, *([plan.main] if plan.main else []), *(plan.workers if plan.long_running else []),
                   *(["check"] if plan.runs_check else [])]
     return options(("--scratch-root", config["scratch"] or ""), ("--run", run),
                    ("--inputs-summary", files.inputs_summary), ("--shared-dir", files.state),
@@ -403,6 +421,7 @@ ARGS: dict[str, tuple[str, Callable[..., list[str]]]] = {
     "service_gate": ("readiness.py", service_gate),
     "worker": ("worker.py", worker),  # replica.py for long-running workers: see :func:`script_of`
     "main": ("main.py", main),
+    "init": ("main.py", init),
     "workers": ("worker_block.py", workers),
     "check": ("check.py", check),
     "collect": ("collect.py", collect),

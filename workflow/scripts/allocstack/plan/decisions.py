@@ -46,6 +46,8 @@ def facts(config: Mapping[str, Any], layout: Layout, order: Sequence[str], image
         "workers": f"{config['workers']} ({config['worker']['mode']})",
         "nodes": config["nodes"],
         "services": ", ".join(order) or "none",
+        **({"init jobs (run once, before what depends on them)": ", ".join(config["init_jobs"])}
+           if config["init_jobs"] else {}),
         "volumes": ", ".join(config["volumes"]) or "none",
     }
     if order or config["main"] or config["worker"]["mode"] == "long-running":

@@ -54,6 +54,8 @@ WORKERS = "workers"
 LOGS = "logs"
 #: A service of yours has SERVICES/<name>.service and SERVICES/<name>-readiness.json.
 SERVICES = "services"
+#: An init job's record (config ``init_jobs``: it exited 0) is INIT/<name>.json.
+INIT = "init"
 #: With more than one node, node N's gate record is GATES/node-N.json.
 GATES = "gates"
 SERVICE_SUFFIX = ".service"
@@ -136,6 +138,10 @@ class Layout:
 
     def service_gate(self, service: str) -> str:
         return f"{self.results}/{SERVICES}/{service}-readiness.json"
+
+    def init_record(self, name: str) -> str:
+        """Init job ``name``'s record, written when it exited 0: its dependents' gate."""
+        return f"{self.results}/{INIT}/{name}.json"
 
     def node_gate(self, node: int | str) -> str:
         """The gate record of node ``node`` (1-based, above 1): it reached the coordinator."""

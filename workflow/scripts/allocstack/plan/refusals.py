@@ -83,6 +83,9 @@ def refuse_bad_stack(config: Mapping[str, Any], spelled: Mapping[str, str], imag
                                                                                                   worker):
         raise PlanError("config", "worker.mode is long-running but worker.command is not set: the workers' program, "
                                   "as an argv list (or run them in their image, whose own command then runs)")
+    if not long_running and worker["max_lifetime"]:
+        raise PlanError("config", "worker.max_lifetime is for long-running workers (worker.mode: long-running): "
+                                  "per-task workers end once the tasks are done (bound a task with worker.task_timeout)")
     if not long_running:
         for key in ("entrypoint", "working_dir", "mounts"):
             if worker[key]:
@@ -111,6 +114,17 @@ def refuse_bad_main(config: Mapping[str, Any], spelled: Mapping[str, str]) -> No
     if users:
         raise PlanError("config", f"main: {main} runs once and ends the stack, but {spelled.get(users[0], 'services.' + users[0])}"
                                   f" depends on it: nothing may wait for it")
+
+
+def refuse_bad_init(config: Mapping[str, Any]) -> None:
+    """config ``init_jobs`` name services of yours, none of them ``main`` (taken out of ``services`` by then)."""
+    for name in config["init_jobs"]:
+        if name == config["main"]:
+            raise PlanError("config", f"init_jobs: {name} is main: an init job runs once before what depends on it, "
+                                      "main beside the workers until the stack ends; name it in one of them")
+        if name not in config["services"]:
+            known = ", ".join(config["services"]) or "none"
+            raise PlanError("config", f"init_jobs: {name} is not one of services ({known})")
 
 
 def refuse_bad_programs(config: Mapping[str, Any], facts: Facts) -> None:

@@ -64,6 +64,8 @@ class Plan:
     #: config ``main``'s program (its service spec, taken out of ``services``), or None.
     main_spec: Mapping[str, Any] | None = None
     image_written: str | None = AUTO_IMAGE
+    #: config ``init_jobs`` in their start order (they stay in ``config["services"]``; :attr:`services` leaves them out).
+    init_order: tuple[str, ...] = ()
 
     @property
     def image(self) -> str | None:
@@ -105,7 +107,7 @@ class Plan:
 
     def main_inputs(self, run: str) -> list[str]:
         """What keeps the services alive while the main program runs: your services' files."""
-        return self.service_files(run)
+        return self.service_files(run) + self.init_inputs(run)
 
     @property
     def long_running(self) -> bool:
@@ -113,7 +115,27 @@ class Plan:
 
     @property
     def services(self) -> Mapping[str, Any]:
-        return self.config["services"]
+        """Your long-running services (not the init jobs, not main): each a service job with its gate."""
+        init = set(self.config["init_jobs"])
+        return {name: spec for name, spec in self.config["services"].items() if name not in init}
+
+    @property
+    def init_jobs(self) -> list[str]:
+        """config ``init_jobs`` in their start order: each runs once (``run_init``) before what depends on it."""
+        return list(self.init_order)
+
+    def init_records(self, run: str) -> list[str]:
+        """Every init job's record (it exited 0): what its dependents, the workers among them, wait for."""
+        return [self.files(run).init_record(name) for name in self.init_jobs]
+
+    def gates(self, run: str, names: Iterable[str]) -> list[str]:
+        """What waiting for ``names`` (a depends_on) means: a service's gate record, an init job's record."""
+        files = self.files(run)
+        return [files.init_record(name) if name in self.init_jobs else files.service_gate(name) for name in names]
+
+    def uses(self, names: Iterable[str]) -> list[str]:
+        """The services among ``names`` (a depends_on) whose variables a program gets (an init job has none)."""
+        return [name for name in names if name not in self.init_jobs]
 
     @property
     def nodes(self) -> int:
@@ -257,12 +279,34 @@ class Plan:
         """Every service of yours' service file."""
         return [self.files(run).service_file(name) for name in self.services]
 
+    @property
+    def in_group(self) -> bool:
+        """The stack runs as one group of jobs that start together (Snakemake's service outputs: the coordinator's,
+        your services'); a plain file made inside it is no input of another job there (Snakemake would look for it
+        before that job starts): whoever waits for an init job then waits for its record itself (a gate record)."""
+        return self.builtin_coordinator or bool(self.services)
+
+    def init_inputs(self, run: str, names: Iterable[str] | None = None) -> list[str]:
+        """Init jobs' records as Snakemake inputs (of ``names``, else all): only when no group of jobs holds the
+        stack (no service), so that the DAG runs them first; inside the group they are gates, waited for."""
+        wanted = self.init_jobs if names is None else [name for name in names if name in self.init_jobs]
+        return [] if self.in_group else [self.files(run).init_record(name) for name in wanted]
+
     def service_dependencies(self, run: str, service: str) -> list[str]:
-        """The service files of what ``service`` depends on: kept alive together, and visible in the DAG."""
-        return [self.files(run).service_file(name) for name in self.services[service]["depends_on"]]
+        """The service files of what ``service`` (a service or an init job) depends on: kept alive together, and
+        visible in the DAG. An init job that depends on no service still consumes one service file, so that it runs
+        in the stack's group: its failure then stops the group before what depends on it starts."""
+        files, depends_on = self.files(run), self.config["services"][service]["depends_on"]
+        found = [files.service_file(name) for name in self.uses(depends_on)]
+        if service in self.init_jobs:
+            if not found and self.in_group:
+                found = [files.coordinator_service if self.builtin_coordinator else self.service_files(run)[0]]
+            found += self.init_inputs(run, depends_on)
+        return found
 
     def service_gates(self, run: str) -> list[str]:
-        return [self.files(run).service_gate(name) for name in self.services]
+        """Every service's gate record and every init job's record (collection needs them all)."""
+        return [self.files(run).service_gate(name) for name in self.services] + self.init_records(run)
 
     def worker_records(self, run: str) -> list[str]:
         """What the workers' jobs produce: each worker's record, or each job step's directory of them."""
@@ -281,7 +325,7 @@ class Plan:
     def worker_inputs(self, run: str) -> list[str]:
         """What keeps the services alive while a worker runs: the coordinator's and your services' files."""
         coordinator = [self.files(run).coordinator_service] if self.builtin_coordinator else []
-        return coordinator + self.service_files(run)
+        return coordinator + self.service_files(run) + self.init_inputs(run)
 
     def check_inputs(self, run: str) -> list[str]:
         """run_check consumes your services' files (they stay up while it runs) and waits for the workers
@@ -364,9 +408,12 @@ def load(config: Mapping[str, Any], facts: Facts) -> Plan:
         refusals.refuse_bad_main(complete, spelled)
         main_spec = complete["services"].pop(complete["main"])
         order = [name for name in order if name != complete["main"]]
+    refusals.refuse_bad_init(complete)
+    init_order = tuple(name for name in order if name in complete["init_jobs"])
+    order = [name for name in order if name not in init_order]
     refusals.refuse_shared_steps(complete)
     worker = complete["worker"]
     size = placement.per_step(complete["workers"], complete["nodes"], worker["per_step"],
                               one_each=worker["mode"] == "long-running" or worker["gpus"] > 0)
     steps = placement.steps(complete["workers"], complete["nodes"], size) if size > 1 else []
-    return Plan(complete, facts, tuple(order), shape, use_image, tuple(steps), on, main_spec, written)
+    return Plan(complete, facts, tuple(order), shape, use_image, tuple(steps), on, main_spec, written, init_order)

@@ -18,9 +18,15 @@ GATES_MARGIN = 30
 STOP_MARGIN = 15
 
 
+#: Seconds an init job (config init_jobs) may run when its readiness.timeout is not set: its end is its gate.
+INIT_SECONDS = 3600
+
+
 def gate_timeout(config: Mapping[str, Any], name: str) -> float:
-    """Seconds from service ``name``'s start to ready: its own readiness.timeout, else the stack's."""
-    return config["services"][name]["readiness"]["timeout"] or config["readiness"]["timeout"]
+    """Seconds from service ``name``'s start to ready: its own readiness.timeout, else the stack's (an init job: else
+    :data:`INIT_SECONDS`, for its end is its readiness)."""
+    own = config["services"][name]["readiness"]["timeout"]
+    return own or (INIT_SECONDS if name in config["init_jobs"] else config["readiness"]["timeout"])
 
 
 def gate_interval(config: Mapping[str, Any], name: str) -> float:
