@@ -11,6 +11,11 @@ Signals are passed on to it; it is stopped when its launcher is gone. Off the
 first node (config ``nodes`` above 1) the services' variables name the local ends
 of their TLS tunnels (``allocstack/launch/tunnel.py``): your program does not change.
 
+With a restart policy (``--restart``, config ``worker.restart``: allocstack/launch/restart.py) a program
+that ended by itself is started again in this same job step after the policy's delay, each restart a
+``worker-restart`` event and a line in this log; stopped by allocstack (``main`` ended, the stack's end), it
+is never restarted.
+
 Exit codes: 0 your program exited 0 (the worker's record is written); 75 it
 exited otherwise or was stopped, with one line naming the replica, how it
 ended and its last line of stderr: the run fails; 69 a gate did not pass.
@@ -40,7 +45,9 @@ from allocstack.common.events import append_event
 from allocstack.common.jsonio import atomic_write_json
 from allocstack.common.scratch import make_private
 from allocstack.launch.program import Placement, await_gates, describe, prepare, program_environment
-from allocstack.launch.supervise import Supervised
+from allocstack.launch.restart import RestartPolicy, exhausted
+from allocstack.launch.restart import add_arguments as add_restart_arguments
+from allocstack.launch.supervise import Outcome, Supervised
 from allocstack.launch.tunnel import remote_services_environment
 
 
@@ -62,6 +69,7 @@ def parse_args(argv: list[str] | None):
                         help="config main: stop the program once NAME ended (SIGTERM, --stop-grace, SIGKILL)")
     parser.add_argument("--stop-grace", type=float, default=10.0,
                         help="seconds from SIGTERM to SIGKILL when the main program ended")
+    add_restart_arguments(parser)
     parser.add_argument("--record", type=Path, help="this worker's record (JSON), written when it exited 0")
     parser.add_argument("--events", type=Path, help=f"event log (default SCRATCH/{names.component_events('WORKER')})")
     parser.add_argument("--endpoint-file", type=Path,
@@ -106,7 +114,14 @@ def main(argv: list[str] | None = None) -> int:
         append_event(events, "worker-end", worker=worker, status=error.diag)
         return report(error)
     main_ended = args.scratch / names.MAIN_ENDED
-    outcome = program.wait(stop_when=main_ended.exists if args.stop_when_main_ends else None)
+    policy = RestartPolicy.from_args(args)
+
+    def restarted(attempt: int, ended: Outcome, pid: int) -> None:
+        append_event(events, "worker-restart", worker=worker, attempt=attempt, exitCode=ended.code, how=ended.how(),
+                     pid=pid)
+
+    outcome = program.wait(stop_when=main_ended.exists if args.stop_when_main_ends else None, restart=policy,
+                           on_restart=restarted)
     ended = time.time()
     by_main = bool(args.stop_when_main_ends) and outcome.stopped_by is not None and main_ended.exists()
     status = "stopped" if by_main and outcome.clean_stop else "done" if outcome.code == 0 else "failed"
@@ -119,11 +134,13 @@ def main(argv: list[str] | None = None) -> int:
         log(f"{describe(how.shown)} stopped ({outcome.how()}) after main {args.stop_when_main_ends} ended")
     elif outcome.code != 0:
         why = " (stopped by allocstack)" if outcome.stop_signal is not None else ""
+        given_up = exhausted(policy, outcome.code, program.stopping, outcome.restarts)
+        why += f"; {given_up}" if given_up else ""
         return report(AllocstackError("worker-exit", f"{worker} ({describe(how.shown)}) {outcome.how()}{why}"))
     if args.record:
         atomic_write_json(args.record, {"schemaVersion": SCHEMA_VERSION, "workerId": worker, "status": status,
                                         "mode": "long-running", "exitCode": outcome.code, "startedAt": started,
-                                        "endedAt": ended}, 0o644)
+                                        "endedAt": ended, "restarts": outcome.restarts}, 0o644)
     if status == "done":
         log(f"{describe(how.shown)} exited 0 after {ended - started:.3f} s")
     return EXIT_OK
