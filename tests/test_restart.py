@@ -174,3 +174,28 @@ def test_stop_when_during_the_delay_cancels_the_restart():
     outcome = supervised.wait(stop_when=lambda: supervised.waiting_restart, restart=RestartPolicy("any", delay=600),
                               on_restart=on_restart)
     assert seen == [] and outcome.cancelled_restart and outcome.stopped_by == signal.SIGTERM and outcome.clean_stop
+
+
+# -- where a restart is seen ----------------------------------------------------------------------------------------
+
+def test_each_restart_is_a_mark_on_the_timeline():
+    from plot_timeline import render
+
+    events = [{"t": 1.0, "event": "service-started", "service": "kv"},
+              {"t": 2.0, "event": "service-restart", "service": "kv", "attempt": 1, "exitCode": -9},
+              {"t": 2.5, "event": "worker-start", "worker": "worker-01"},
+              {"t": 3.0, "event": "worker-restart", "worker": "worker-01", "attempt": 2, "exitCode": 1},
+              {"t": 4.0, "event": "worker-end", "worker": "worker-01", "status": "done"}]
+    svg = render(events)
+    assert ">restart kv (1)</text>" in svg and ">restart worker-01 (2)</text>" in svg
+
+
+def test_the_summary_counts_the_restarts_of_services_and_workers(tmp_path):
+    from allocstack.status.summary import RunRecords, services_line, worker_line
+
+    records = RunRecords(run="r", directory=tmp_path)
+    records.documents["services"] = {"services": {"kv": {"status": "stopped", "restarts": 2},
+                                                  "db": {"status": "stopped", "restarts": 0}}}
+    records.workers = {"worker-01": {"mode": "long-running", "exitCode": 0, "restarts": 1}}
+    assert services_line(records) == "db stopped, kv stopped (restarted 2 times)"
+    assert worker_line(records) == "1: worker-01 exited 0 (restarted 1 time)"
