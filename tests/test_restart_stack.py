@@ -150,6 +150,27 @@ def test_a_worker_replica_killed_from_outside_is_restarted_in_its_step_and_the_r
     assert "workers     2: worker-01 exited 0 (restarted 1 time), worker-02 exited 0 (restarted 1 time)" in output
 
 
+def test_a_worker_replica_past_max_attempts_fails_the_run_naming_it_and_its_last_line(project):
+    dies = DIES_ONCE.replace("first and os.kill", "os.kill")  # killed at every start
+    (project / "config/replicadies.yaml").write_text(textwrap.dedent(f"""
+        run: replicadies
+        tasks: null
+        expected: null
+        workers: 1
+        worker: {{mode: long-running, command: [{PYTHON}, -c, {json.dumps(dies)}],
+                  restart: {{condition: on-failure, max_attempts: 1}}}}
+        volumes: [out]
+        verify: {{command: [{PYTHON}, -c, {json.dumps(CHECK_TRIES)}]}}
+    """))
+    done = snakemake(project, "--cores", "4", "--configfile", "config/replicadies.yaml")
+    output = done.stdout + done.stderr
+    assert done.returncode != 0
+    line = (f"allocstack: error [worker-exit]: worker-01 ({sys.executable} -c) killed by SIGKILL: worker-01: start; "
+            "restarted 1 time (restart: on-failure, at most 1 restart, 0 s apart): not restarted again")
+    assert line in output, output[-4000:]
+    assert not (project / "results/replicadies/result.json").exists()
+
+
 #: A daemon worker (never ends by itself; exits 0 on SIGTERM), a producer as main, a check of the producer's note.
 DAEMON = ("import os, signal, sys, time; out = os.environ['ALLOCSTACK_VOLUME_OUT'];"
           " signal.signal(signal.SIGTERM, lambda *_: sys.exit(0));"
