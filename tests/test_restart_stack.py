@@ -10,9 +10,14 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
 import sys
 import textwrap
+import time
 
+import pytest
+
+from real_parts import require_slurm
 from workflow_helpers import snakemake
 
 PYTHON = json.dumps(sys.executable)
@@ -51,7 +56,7 @@ CHECK = ("import os, sys; out = os.environ['ALLOCSTACK_VOLUME_OUT'];"
          " sys.exit(len(starts) != int(sys.argv[1]) or len({p for _, p in starts}) != 1)")
 
 
-def run_stack(project, run: str, restart: str, kills: int, wait: bool, starts: int):
+def run_stack(project, run: str, restart: str, kills: int, wait: bool, starts: int, *how: str):
     (project / f"config/{run}.yaml").write_text(textwrap.dedent(f"""
         run: {run}
         tasks: null
@@ -64,7 +69,7 @@ def run_stack(project, run: str, restart: str, kills: int, wait: bool, starts: i
         volumes: [out]
         verify: {{command: [{PYTHON}, -c, {json.dumps(CHECK)}, "{starts}"]}}
     """))
-    return snakemake(project, "--cores", "4", "--configfile", f"config/{run}.yaml")
+    return snakemake(project, *(how or ("--cores", "4")), "--configfile", f"config/{run}.yaml", timeout=600)
 
 
 def events_of(project, run: str) -> list[dict]:
@@ -208,3 +213,30 @@ def test_restart_any_never_keeps_the_stack_alive_after_main_ended(project):
     events = events_of(project, "mainstop")
     assert not [e for e in events if e["event"] in ("service-restart", "worker-restart")]
     assert sorted(e["status"] for e in events if e["event"] == "worker-end") == ["stopped", "stopped"]
+
+
+SLURM = ["--profile", "profiles/slurm", "--default-resources", "slurm_account=allocstack", "slurm_partition=debug",
+         "mem_mb=300", "runtime=10", "--config", "image=null"]
+
+
+@pytest.mark.slurm
+def test_under_slurm_the_service_is_restarted_inside_its_own_job_step(project):
+    """The same kill -9 under the Slurm profile: kv is started again by its supervisor inside its job step (one step
+    kv in sacct, COMPLETED), on the same port, and the run verifies."""
+    require_slurm()
+    done = run_stack(project, "slurmrestart", "{condition: on-failure, max_attempts: 2}", 1, True, 2, *SLURM)
+    output = done.stdout + done.stderr
+    assert done.returncode == 0, output[-4000:]
+    assert json.loads((project / "results/slurmrestart/result.json").read_text())["status"] == "success"
+    jobs = re.findall(r"submitted with SLURM jobid (\d+)", output)
+    assert len(jobs) == 1, output[-4000:]
+    restarts = [e for e in events_of(project, "slurmrestart") if e["event"] == "service-restart"]
+    assert [(e["service"], e["attempt"], e["exitCode"]) for e in restarts] == [("kv", 1, -9)]
+    for _ in range(20):  # accounting records a step when it ends
+        steps = subprocess.run(["sacct", "-j", jobs[0], "--noheader", "--parsable2", "--format=JobName,State"],
+                               capture_output=True, text=True, timeout=30, check=False).stdout.split()
+        kv = [line for line in steps if line.startswith("kv|")]
+        if kv:
+            break
+        time.sleep(0.5)
+    assert kv == ["kv|COMPLETED"], steps
