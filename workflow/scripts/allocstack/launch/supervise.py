@@ -214,9 +214,9 @@ class Supervised:
         if self.child is None:
             raise RuntimeError("wait() before start()")
         made: list[float] = []  # when each restart was made (monotonic)
+        policy = restart or RestartPolicy()
         while True:
             outcome = replace(self._wait_child(stop_when), restarts=len(made))
-            policy = restart or RestartPolicy()
             pause = restart_after(policy, outcome.code, self.stopping, made, time.monotonic())
             if pause is None:
                 return outcome
@@ -237,6 +237,8 @@ class Supervised:
                 print(f"{self.label}: {error.message}", file=sys.stderr, flush=True)
                 return outcome
             made.append(time.monotonic())
+            if self.received:  # a stop signal came between the pause and the start: the new child gets it too
+                self._forward(min(self.received), None)
             if on_restart is not None:
                 on_restart(len(made), outcome, pid)
 
