@@ -21,6 +21,18 @@ PYTHON = sys.executable
 from make_tasks import expected_for, make_tasks  # noqa: E402, F401  (the users' command makes the tests' tasks too)
 
 
+@pytest.fixture(autouse=True)
+def signal_handlers_as_they_were():
+    """A test that runs a component's main() in the test process may leave SIGINT ignored (its cli.run
+    ignores a second Ctrl-C): every process a later test starts would inherit SIG_IGN through exec and
+    never see a Ctrl-C. Each test finds, and leaves, SIGINT and SIGTERM as they were before it."""
+    before = {signum: signal.getsignal(signum) for signum in (signal.SIGINT, signal.SIGTERM)}
+    yield
+    for signum, handler in before.items():
+        if handler is not None and signal.getsignal(signum) is not handler:
+            signal.signal(signum, handler)
+
+
 def together_with_the_multinode_tests(nodeid: str) -> bool:
     """The multi-node tests share three nodes that each of them needs idle (and some crash one): under ``pytest
     -n`` (make test) they run one after another on one process, beside the rest. They are told by their id

@@ -116,6 +116,8 @@ REFUSED = {
                                "services.db.working_dir: 'srv' must be an absolute path", False),
     "an external network": (("networks",), {"shared": {"external": True}}, "networks.shared: external", False),
     "a dependency cycle": (("services", "db", "depends_on"), ["cache"], "services: depends_on has a cycle: ", False),
+    "GPUs without a count": (("services", "db", "gpus"), [{"count": "some"}],
+                             "services.db.gpus: [{'count': 'some'}]: say how many GPUs it needs", False),
     "a key allocstack does not know": (("services", "db", "frobnicate"), 1,
                                        "services.db.frobnicate: not a Compose service key allocstack knows", False),
 }
@@ -174,9 +176,12 @@ SAID = {
                     "note: db: stop_signal SIGINT: allocstack stops it with SIGTERM"),
     "an environment name without a value, unset": (("services", "db", "environment"), ["TOKEN"],
                                                     "note: db: environment TOKEN has no value and is not set: left out"),
-    "GPUs for a service": (("services", "db", "deploy"),
-                           {"resources": {"reservations": {"devices": [{"capabilities": ["gpu"], "count": 1}]}}},
-                           "gap: db: asks for GPUs, which a service of yours does not get yet"),
+    "all the GPUs": (("services", "db", "gpus"), "all", ("gap: db: asks for all the GPUs (services.db.gpus: all), "
+                     "but a Slurm job asks for a number: set services.db.gpus")),
+    "all the GPUs for the workers": (("services", "worker", "deploy"), {"replicas": 2, "resources": {"reservations": {
+        "devices": [{"capabilities": ["gpu"], "count": "all"}]}}}, "set worker.gpus in the written config"),
+    "GPUs for the check": (("services", "check", "gpus"), [{"count": 1}], ("gap: check: asks for GPUs, which the "
+                                                                          "check does not get")),
     "container_name": (("services", "db", "container_name"), "db-1", "note: db: container_name ignored"),
     "mem_limit": (("services", "db", "mem_limit"), "1g", "note: db: mem_limit ignored"),
 }
@@ -272,6 +277,21 @@ def test_what_maps_with_a_difference_is_said_never_dropped(tmp_path, capsys, mon
     out = capsys.readouterr().out
     assert code == 0 and config is not None
     assert line in out, out
+
+
+@pytest.mark.parametrize("asked", [
+    {"deploy": {"resources": {"reservations": {"devices": [{"capabilities": ["gpu"], "count": 2}]}}}},
+    {"gpus": [{"driver": "nvidia", "count": 2}]},
+    {"gpus": [{"count": 1}, {"count": "1"}]},
+])
+def test_gpus_for_a_service_are_its_job_steps(tmp_path, capsys, monkeypatch, asked):
+    """A service's GPUs (deploy.resources.reservations.devices, or Compose's gpus: with a count) are its
+    services.<name>.gpus: its job step's --gpus, summed into the allocation; a service without any writes none."""
+    document = copy.deepcopy(BASE)
+    document["services"]["db"].update(asked)
+    code, config, _ = import_document(tmp_path, document, env={}, monkeypatch=monkeypatch)
+    assert code == 0 and config["services"]["db"]["gpus"] == 2, capsys.readouterr()
+    assert "gpus" not in config["worker"] or config["worker"]["gpus"] == 0
 
 
 def test_names_are_rewritten_where_they_are_hostnames_only_and_paths_are_left_as_written(tmp_path, capsys, monkeypatch):
@@ -604,6 +624,7 @@ def test_compose_ups_own_flags_exit_code_from_scale_and_profile(tmp_path, capsys
     assert code == 0, out.err
     assert config["main"] == "app" and config["workers"] == 4 and config["services"]["app"]["depends_on"] == ["redis"]
     assert "dash" not in config["services"] and "a daemon that never ends by itself" not in out.out
+    assert "0 gap(s)" in out.out and "no check: app's exit code is the verdict" in out.out  # no check needed
     code, config, _ = import_document(tmp_path, document, "--exit-code-from", "app", "--scale", "worker=2",
                                       "--profile", "tools", env={}, monkeypatch=monkeypatch)
     assert code == 0 and "dash" in config["services"] and config["workers"] == 2

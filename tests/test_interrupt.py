@@ -192,7 +192,8 @@ def fresh_state(monkeypatch):
 
 def test_the_first_sigint_passes_on_and_stops_scheduling_the_next_ones_only_say_so(fresh_state):
     interrupt = fresh_state
-    job = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    job = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"],  # SIGINT not ignored, as a job's
+                           preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     stopped, written = threading.Event(), []
     try:
         snakemake = interrupt.Snakemake(jobs=lambda: [job.pid, 999_999_999], scheduling=lambda: True,

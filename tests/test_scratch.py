@@ -11,6 +11,7 @@ import os
 import stat
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -124,3 +125,50 @@ def test_an_oserror_at_the_coordinators_start_is_one_line_and_its_end_record(tmp
     assert line.startswith("allocstack: error [") and "Read-only file system" in line, done.stderr
     assert done.returncode != 0 and "Traceback" not in done.stderr
     assert json.loads(end.read_text())["status"] == "failed"
+
+
+def removal_while_a_component_writes(tmp_path: Path) -> tuple[Path, threading.Thread, list[bool]]:
+    """A scratch directory of many files and a thread that, once their removal has begun (the listing is taken),
+    writes a component's late end record into it: what a launcher still ending does while collect removes it."""
+    scratch = tmp_path / "scratch"
+    scratch.mkdir(parents=True)
+    for index in range(3000):
+        (scratch / f"event-{index:04d}").write_text("x")
+    wrote: list[bool] = []
+
+    def late_writer() -> None:
+        first = scratch / "event-0000"
+        while first.exists():
+            pass
+        try:
+            (scratch / "ended.json").write_text("{}")  # in the directory itself, which goes last
+            wrote.append(True)
+        except OSError:
+            wrote.append(False)  # too late: the directory was gone already
+
+    return scratch, threading.Thread(target=late_writer), wrote
+
+
+def test_removing_scratch_outlasts_a_record_written_while_it_is_removed(tmp_path, monkeypatch):
+    """"Directory not empty" while collect removes the scratch (a launcher's late ``ended/`` note) is tried again;
+    with one try (as before) the same race is the run's cleanup failure."""
+    from allocstack.common import scratch as scratch_module
+
+    for tries, fails in ((1, True), (scratch_module.REMOVE_TRIES, False)):
+        monkeypatch.setattr(scratch_module, "REMOVE_TRIES", tries)
+        for trial in range(20):  # the writer must land inside the removal; rarely it comes too late
+            directory, writer, wrote = removal_while_a_component_writes(tmp_path / f"{tries}-{trial}")
+            writer.start()
+            try:
+                scratch_module.remove_scratch(directory, pause=0.05)
+                failed = False
+            except AllocstackError as error:
+                assert error.diag == "cleanup" and "Directory not empty" in error.message
+                failed = True
+            writer.join()
+            if wrote == [True]:
+                break
+        assert wrote == [True], "the late record never landed inside the removal"
+        assert failed is fails
+        if not fails:
+            assert not directory.exists()

@@ -243,16 +243,22 @@ def test_examples_run_on_the_cluster(cluster_project, configfile, run):
         assert "words in 8 chunks agree" in (project / "logs/verify_results/wordcount.log").read_text()
 
 
-def test_gpus_requested_reach_the_sbatch_line(cluster_project):
+@pytest.mark.parametrize(("config", "total"), [
+    ("worker: {gpus: 1}\n", "--gpus=2"),  # 2 workers x 1 GPU; the coordinator, gate and verifier get none
+    # a service's GPUs are summed in: it runs beside the workers (a model server and its clients)
+    ("worker: {gpus: 1}\nservices: {model: {command: [python3, -c, pass], gpus: 3, readiness: {mode: started}}}\n",
+     "--gpus=5"),
+], ids=["workers", "workers and a service"])
+def test_gpus_requested_reach_the_sbatch_line(cluster_project, config, total):
     """The test cluster has no GPU, so sbatch refuses the job; the generated call is what we inspect."""
     project, image = cluster_project
-    (project / "config/gpu.yaml").write_text("worker: {gpus: 1}\n")
+    (project / "config/gpu.yaml").write_text(config)
     done = snakemake(project, "--profile", "profiles/slurm", *TEST_RESOURCES, "runtime=5", "--verbose",
                      "--configfile", "config/gpu.yaml", "--config", f"image={image}", timeout=300)
     output = done.stdout + done.stderr
     assert done.returncode != 0
     call = next(line for line in output.splitlines() if line.startswith("sbatch call:"))
-    assert "--gpus=2" in call, call  # 2 workers x 1 GPU; the coordinator, gate and verifier get none
+    assert total in call, call
     assert not submitted_jobs(output)
 
 

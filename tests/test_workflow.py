@@ -207,3 +207,19 @@ def test_a_multi_node_plan_is_shown_anywhere_and_refused_only_when_run(project):
     assert ran.returncode == 78
     assert "allocstack: error [config]: nodes=3 needs a Slurm allocation" in ran.stderr + ran.stdout
     assert not (project / "results/baseline/inputs.json").exists()  # refused before anything ran
+
+
+def test_a_services_gpus_reach_its_job_steps_command_and_no_other(project):
+    """services.<name>.gpus is the serve_service job's gpu resource (the Slurm executor sums it into the stack's
+    sbatch --gpus) and its job step's --gpus; the other services, the workers and the check get none."""
+    (project / "config/gpu.yaml").write_text(
+        "run: gpu\ntasks: null\nexpected: null\nworkers: 2\nworker: {mode: long-running, command: [python3, w.py]}\n"
+        "verify: {command: [python3, c.py]}\n"
+        "services:\n  model: {command: [python3, serve.py], gpus: 2, readiness: {mode: started}}\n"
+        "  web: {command: [python3, web.py], depends_on: [model], readiness: {mode: started}}\n")
+    planned = snakemake(project, "--dry-run", "--printshellcmds", "--configfile", "config/gpu.yaml")
+    assert planned.returncode == 0, planned.stderr[-2000:]
+    commands = [line for line in planned.stdout.splitlines() if "launch.py" in line]
+    with_gpus = [line for line in commands if "--step-arg=--gpus=" in line]
+    assert len(with_gpus) == 1 and "--component=model" in with_gpus[0] and "--gpus=2" in with_gpus[0], commands
+    assert any("--component=web" in line for line in commands)

@@ -17,7 +17,10 @@
 #   4. Charliecloud's ch-run and the same images as directories (the test image also as a SquashFS
 #      file) (charliecloud.sh),
 #   5. Debian's chromium, for the live status page test; tmux, a real terminal for the tests of
-#      what a run prints on one; tcpdump, for the capture on the multi-node cluster's bridge.
+#      what a run prints on one; tcpdump, for the capture on the multi-node cluster's bridge;
+#      redis-server, the broker of the real public stack run with its programs on the host
+#      (tests/test_public_stacks.py: allocstack starts it as the stack's service; the system's
+#      own redis service is not started here).
 # Each step prints the seconds since the start when it is done.
 # Without root it says why and exits 0: the `slurm`, `multinode`, `apptainer` and `charliecloud`
 # tests then skip with that reason. With ALLOCSTACK_REQUIRE_CLUSTER=1 (CI) any failure is fatal.
@@ -80,8 +83,8 @@ start() {
   PATH="$apptainer_home/bin:$PATH" bash "$here/charliecloud.sh" install "$image"
   PATH="$apptainer_home/bin:$PATH" bash "$here/charliecloud.sh" stacks "$stack_images"
   echo "prepare: Charliecloud and its test image ready after $((SECONDS - started)) s"
-  packages_install prepare chromium tcpdump tmux
-  echo "prepare: $(chromium --version), $(tcpdump --version 2>&1 | head -1), $(tmux -V) ready after $((SECONDS - started)) s"
+  packages_install prepare chromium tcpdump tmux redis-server
+  echo "prepare: $(chromium --version), $(tcpdump --version 2>&1 | head -1), $(tmux -V), $(redis-server --version | cut -d' ' -f1-3) ready after $((SECONDS - started)) s"
 }
 
 purge() {

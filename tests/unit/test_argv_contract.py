@@ -283,3 +283,28 @@ def test_a_main_program_runs_once_its_end_stops_the_workers_and_the_check_waits_
     assert parse("check.py", alone.args("check", run=alone.run)).main_decides
     launched = parse("launch.py", [*planned.launch("main", run=planned.run)[2:], "main.py"])
     assert launched.component == "cache"
+
+
+def test_a_service_with_gpus_gets_them_in_its_job_step_and_its_image(workdir):
+    """services.<name>.gpus (Compose's GPU reservation): its job step's --gpus (the rule's gpu resource, summed
+    into the allocation by the executor) and, in an Apptainer image, --nv for that program only; a long-running
+    worker in its own image with worker.gpus gets --nv the same way. Charliecloud takes no --nv."""
+    text = ("tasks: null\nexpected: null\nworker: {mode: long-running, image: w.sif, gpus: 1}\n"
+            "verify: {image: w.sif, command: [check]}\n"
+            "services:\n  model: {image: m.sif, command: [serve], gpus: 2, readiness: {mode: started}}\n"
+            "  web: {image: m.sif, command: [web], depends_on: [model], readiness: {mode: started}}\n")
+    planned = plan_of(text, deployment=frozenset({"apptainer"}), environ=IN_STEP, **INSTALLED)
+    assert planned.services["model"]["gpus"] == 2 and planned.services["web"]["gpus"] == 0
+    model = parse("app_service.py", planned.args("service", run="r", service="model"))
+    web = parse("app_service.py", planned.args("service", run="r", service="web"))
+    assert "--nv" in model.runtime_arg and "--nv" not in (web.runtime_arg or [])
+    assert "--nv" in parse("replica.py", planned.args("worker", run="r", worker="worker-01")).runtime_arg
+    step = parse("launch.py", [*planned.launch("service", gpus=planned.services["model"]["gpus"], run="r",
+                                               service="model")[2:], "app_service.py"])
+    assert "--gpus=2" in step.step_arg
+    charliecloud = plan_of(text.replace("image: m.sif", "image: m") + "runtime: charliecloud\n", **INSTALLED)
+    assert "--nv" not in (parse("app_service.py", charliecloud.args("service", run="r", service="model")).runtime_arg
+                          or [])
+    main = plan_of(text + "main: web\n", deployment=frozenset({"apptainer"}), **INSTALLED)
+    alone = text.replace("depends_on: [model], ", "") + "main: model\n"  # nothing may wait for main
+    assert main.main_gpus == 0 and plan_of(alone, deployment=frozenset({"apptainer"}), **INSTALLED).main_gpus == 2

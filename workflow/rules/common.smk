@@ -194,6 +194,7 @@ service_dependencies = lambda wildcards: PLAN.service_dependencies(
     wildcards.run, wildcards.service
 )
 service_cpus = lambda wildcards: PLAN.services[wildcards.service]["cpus"]
+service_gpus = lambda wildcards: PLAN.services[wildcards.service]["gpus"]
 service_gates = lambda wildcards: PLAN.service_gates(wildcards.run)
 worker_inputs = lambda wildcards: PLAN.worker_inputs(wildcards.run)
 worker_records = lambda wildcards: PLAN.worker_records(wildcards.run)

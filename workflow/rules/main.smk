@@ -21,6 +21,7 @@ rule run_main:
     threads: 0
     resources:
         cpus_per_task=main_cpus,
+        gpu=PLAN.main_gpus,
     params:
         launch=launch("main"),
         args=args("main"),

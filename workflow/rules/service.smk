@@ -27,6 +27,7 @@ rule serve_service:
     threads: 0
     resources:
         cpus_per_task=service_cpus,
+        gpu=service_gpus,
     params:
         launch=launch("service"),
         # With more than one node: relayed over TLS to the first node's network address too.

@@ -8,8 +8,9 @@ service file first thing, waits for the gates of the services it depends on
 then runs your command with the variables of its dependencies and its own
 (``ALLOCSTACK_<NAME>_HOST``, ``_PORT``, ``_ENDPOINT``, ``_TOKEN``, see
 allocstack/launch/program.py), and publishes ``SCRATCH/services/<name>.json``
-(``{"schemaVersion": 1, "endpoint", "token"}``, mode 0600) for its gate and its users.
-Your service must listen on ``$ALLOCSTACK_<NAME>_HOST`` at that port (and may require the token).
+(``{"schemaVersion": 1, "endpoint", "token", "pid", "pidStartedAt"}``, mode 0600) for its gate and its users.
+Your service must listen on ``$ALLOCSTACK_<NAME>_HOST`` at that port (and may require the token); what it
+listens on beyond loopback is named in a warning, while it runs (allocstack/launch/exposure.py).
 With an image of its own (``--image``) this supervisor runs beside it on the node and starts it
 in the image (allocstack/launch/program.py ``prepare``): the image's own command when ``--command-json``
 is not given, its mounts at their targets, its working directory; ``--port-from-image`` takes
@@ -71,8 +72,10 @@ from allocstack.common.endpoint import (
 from allocstack.common.errors import DIAGNOSTICS, AllocstackError, report
 from allocstack.common.events import append_event
 from allocstack.common.jsonio import atomic_write_json
+from allocstack.common.listening import process_start
 from allocstack.common.network import plan_listener
 from allocstack.common.scratch import make_private, private_level
+from allocstack.launch import exposure
 from allocstack.launch.program import (
     Placement,
     await_gates,
@@ -202,7 +205,8 @@ def main(argv: list[str] | None = None) -> int:
             "schemaVersion": SCHEMA_VERSION, "service": name, "status": "failed", "how": error.line(),
             "endedAt": time.time()})
         return report(error)
-    write_endpoint(published, endpoint, token, "")
+    # its gate looks at what that process listens on
+    write_endpoint(published, endpoint, token, "", process=(pid, process_start(pid)))
     if relayed:
         url, fingerprint = relayed
         write_endpoint(args.network_endpoint_file, url, token, "", tls=fingerprint is not None, fingerprint=fingerprint)
@@ -211,12 +215,16 @@ def main(argv: list[str] | None = None) -> int:
                  **{**runtime_facts(), **({"container": how.container} if how.container else {})})
     log(f"{describe(how.shown)} started on {endpoint}{f' in {how.container}' if how.container else ''} (pid {pid})")
     policy = RestartPolicy.from_args(args)
+    watching = [exposure.watch(pid, "service", name, events)]  # what it listens on beyond loopback
 
     def restarted(attempt: int, ended: Outcome, pid: int) -> None:  # same command, environment, port and token
         append_event(events, "service-restart", service=name, attempt=attempt, exitCode=ended.code, how=ended.how(),
                      pid=pid, endpoint=endpoint)
+        watching[0].set()
+        watching[0] = exposure.watch(pid, "service", name, events)
 
     outcome = program.wait(restart=policy, on_restart=restarted)
+    watching[0].set()
     published.unlink(missing_ok=True)
     if relayed:
         args.network_endpoint_file.unlink(missing_ok=True)

@@ -34,6 +34,7 @@ from allocstack.common.errors import EXIT_OK, AllocstackError, report
 from allocstack.common.events import append_event
 from allocstack.common.jsonio import atomic_write_json
 from allocstack.common.scratch import make_private
+from allocstack.launch import exposure
 from allocstack.launch.program import Placement, await_gates, describe, prepare, program_environment
 from allocstack.launch.supervise import Supervised
 
@@ -76,12 +77,14 @@ def main(argv: list[str] | None = None) -> int:
         started = time.time()
         append_event(events, "main-start", service=name,
                      **{**runtime_facts(), **({"container": how.container} if how.container else {})})
-        program.start(how.argv, how.env, cwd=how.cwd, deliver=how.deliver)
+        pid = program.start(how.argv, how.env, cwd=how.cwd, deliver=how.deliver)
     except AllocstackError as error:
         note_the_end(args.scratch, name, error.exit_code)
         append_event(events, "main-end", service=name, status=error.diag)
         return report(error)
+    watching = exposure.watch(pid, "main", name, events)  # what it listens on beyond loopback
     outcome = program.wait()
+    watching.set()
     ended = time.time()
     note_the_end(args.scratch, name, outcome.status)
     status = "done" if outcome.code == 0 else "failed"

@@ -19,6 +19,9 @@ coordinator's: it reads the endpoint published for the other nodes (https, the r
 certificate pinned by fingerprint) and proves the coordinator is reachable from here. Not
 reachable within the deadline, or a certificate that is not the run's: ``[network]``.
 
+The gate of a service of yours, once it passed, names what the service's process listens on beyond
+loopback (``warning:`` lines, allocstack/launch/exposure.py), before it writes its record.
+
 Exit codes: 0 ready, 24 timed out, 64 bad arguments (e.g. a non-loopback URL), 69 the
 coordinator's network address is unreachable from this node (``--off-node``).
 """
@@ -51,6 +54,7 @@ from allocstack.common.errors import EXIT_OK, AllocstackError, report
 from allocstack.common.events import append_event, ensure_log_dir
 from allocstack.common.jsonio import atomic_write_json, read_json
 from allocstack.coordinator import endrecord
+from allocstack.launch import exposure
 from allocstack.launch.program import Placement, ProgramError, describe, prepare, program_environment, run_program
 from allocstack.worker.httpclient import HttpConnection, TransportError
 
@@ -319,6 +323,22 @@ def unreachable(url: str, why: str) -> AllocstackError:
                                       "(null = the address the first node's hostname resolves to)")
 
 
+def look_at_service(args) -> None:
+    """Name what the service this gate passed listens on beyond loopback (allocstack/launch/exposure.py).
+
+    Now, before the gate's record is written, the service is up and nothing that uses it has started (nothing
+    stops it yet). Its process is in its endpoint file, on this node (a gate off the first node has none)."""
+    if not args.service or args.off_node or args.endpoint_file is None:
+        return
+    try:
+        process = read_endpoint(args.endpoint_file).process
+    except AllocstackError:
+        return  # it ended meanwhile: its end record says why
+    if process is not None:
+        exposure.look_at(process, "service", args.service, args.events,
+                         lambda line: print(line, file=sys.stderr, flush=True))
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     started, started_wall = time.monotonic(), time.time()
@@ -381,6 +401,7 @@ def main(argv: list[str] | None = None) -> int:
     probed_in = {"container": args.image} if args.mode == "command" and args.image else {}  # its command's image
     event = append_event(args.events, "gate-passed", endpoint=url, secondsToReady=round(seconds, 4),
                          attempts=attempts, **named, **{**runtime_facts(), **probed_in})
+    look_at_service(args)
     if args.record:
         atomic_write_json(args.record, {
             "schemaVersion": SCHEMA_VERSION, "status": "ready", "endpoint": url, "taskCount": args.task_count,

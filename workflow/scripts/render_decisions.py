@@ -27,7 +27,7 @@ THINGS = {
     "service_access": ("Access to the service", ("127.0.0.1 + bearer token; `status.py --url` and an SSH tunnel; with "
                                                  "`nodes` above 1 config `network.interface` and `network.tls` (TLS, "
                                                  "pinned per-run certificate)")),
-    "accelerators": ("Accelerators", "config `worker.gpus` -> sbatch/srun `--gpus`; `--nv` and CUDA_VISIBLE_DEVICES in the image"),
+    "accelerators": ("Accelerators", "config `worker.gpus`, `services.<name>.gpus` -> sbatch/srun `--gpus`; `--nv` and CUDA_VISIBLE_DEVICES in the image"),
 }
 
 

@@ -44,6 +44,7 @@ from allocstack.common.errors import EXIT_OK, AllocstackError, report
 from allocstack.common.events import append_event
 from allocstack.common.jsonio import atomic_write_json
 from allocstack.common.scratch import make_private
+from allocstack.launch import exposure
 from allocstack.launch.program import Placement, await_gates, describe, prepare, program_environment
 from allocstack.launch.restart import RestartPolicy, exhausted
 from allocstack.launch.restart import add_arguments as add_restart_arguments
@@ -108,20 +109,24 @@ def main(argv: list[str] | None = None) -> int:
         started = time.time()
         append_event(events, "worker-start", worker=worker,
                      **{**runtime_facts(), **({"container": how.container} if how.container else {})})
-        program.start(how.argv, how.env, cwd=how.cwd, deliver=how.deliver,
-                      grace=args.stop_grace if args.stop_when_main_ends else None)
+        pid = program.start(how.argv, how.env, cwd=how.cwd, deliver=how.deliver,
+                            grace=args.stop_grace if args.stop_when_main_ends else None)
     except AllocstackError as error:
         append_event(events, "worker-end", worker=worker, status=error.diag)
         return report(error)
     main_ended = args.scratch / names.MAIN_ENDED
     policy = RestartPolicy.from_args(args)
+    watching = [exposure.watch(pid, "worker", worker, events)]  # what it listens on beyond loopback
 
     def restarted(attempt: int, ended: Outcome, pid: int) -> None:
         append_event(events, "worker-restart", worker=worker, attempt=attempt, exitCode=ended.code, how=ended.how(),
                      pid=pid)
+        watching[0].set()
+        watching[0] = exposure.watch(pid, "worker", worker, events)
 
     outcome = program.wait(stop_when=main_ended.exists if args.stop_when_main_ends else None, restart=policy,
                            on_restart=restarted)
+    watching[0].set()
     ended = time.time()
     by_main = bool(args.stop_when_main_ends) and outcome.stopped_by is not None and main_ended.exists()
     status = "stopped" if by_main and outcome.clean_stop else "done" if outcome.code == 0 else "failed"

@@ -16,6 +16,7 @@ non-zero exit and neither.
 from __future__ import annotations
 
 import json
+import socket
 import sys
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import nullcontext
@@ -30,6 +31,7 @@ from allocstack.common.cli import ArgumentParser, argv_list, json_object, positi
 from allocstack.common.errors import EXIT_OK, AllocstackError, report
 from allocstack.common.forked import Forked
 from allocstack.common.jsonio import atomic_write_json, atomic_write_text, check_sidecar
+from allocstack.common.namespaces import isolation_fact
 from allocstack.common.taskset import (
     TaskSet,
     expected_digests_from_facts,
@@ -211,6 +213,10 @@ def check_program_images(checks: list[dict[str, Any]], runtime: str) -> dict[str
     return found
 
 
+#: The decision record's line on whether this node could give the stack a network of its own (issue 32).
+ISOLATION = "a private network for the stack (unprivileged user namespaces)"
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     try:
@@ -226,8 +232,9 @@ def main(argv: list[str] | None = None) -> int:
         summary[identities.KEY] = run_identity(args, summary)
         atomic_write_json(args.output, summary, 0o644)
         if args.decision_record:
-            atomic_write_text(args.decision_record, render_decisions(args.run, args.decisions_json, args.facts_json),
-                              0o644)
+            # read where Snakemake runs: before anything is submitted
+            facts = {**args.facts_json, ISOLATION: isolation_fact(socket.gethostname())}
+            atomic_write_text(args.decision_record, render_decisions(args.run, args.decisions_json, facts), 0o644)
     except AllocstackError as error:
         if args.compact_tasks:
             args.compact_tasks.unlink(missing_ok=True)  # bad inputs leave nothing behind

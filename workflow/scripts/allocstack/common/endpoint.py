@@ -3,7 +3,8 @@
 The endpoint file is ``{"schemaVersion": 1, "endpoint": "http://127.0.0.1:PORT",
 "token": "...", "viewToken": "..."}``, written atomically with mode 0600 inside the
 0700 job-scoped scratch. The coordinator and your own service (``app_service.py``)
-publish the same way.
+publish the same way; your service's also names its process (``"pid"``, ``"pidStartedAt"``), at which
+its gate looks.
 
 With more than one node the coordinator publishes a second document for the other nodes'
 workers, in the run's state directory (``<state_dir>/<run>/endpoint.json``, 0600 in a 0700
@@ -57,14 +58,18 @@ def require_loopback(url: str) -> str:
 
 
 def write_endpoint(path: str | os.PathLike, url: str, token: str, view_token: str,
-                   tls: bool | None = None, fingerprint: str | None = None) -> None:
+                   tls: bool | None = None, fingerprint: str | None = None,
+                   process: tuple[int, int | None] | None = None) -> None:
     """``token`` may claim and post; ``view_token`` may only read /status and the /ui page.
 
     ``tls`` is None for a loopback endpoint; for a network endpoint True (with the certificate's
-    ``fingerprint``) or False (plain text, where the center's config says so).
+    ``fingerprint``) or False (plain text, where the center's config says so). ``process``: the pid of your
+    service's process and when it started (its gate looks at what it listens on, allocstack/launch/exposure.py).
     """
     document: dict[str, Any] = {"schemaVersion": SCHEMA_VERSION, "endpoint": url, "token": token,
                                 "viewToken": view_token}
+    if process is not None:
+        document["pid"], document["pidStartedAt"] = process
     if tls is not None:
         document.update(tls=tls, tlsFingerprint=fingerprint)
     atomic_write_json(path, document)
@@ -155,11 +160,13 @@ def read_view_token(path: str | os.PathLike) -> str:
 @dataclass(frozen=True)
 class Endpoint:
     """Where a service listens: ``url``, the bearer ``token``, and for a TLS endpoint the
-    SHA-256 ``fingerprint`` of the one certificate to accept."""
+    SHA-256 ``fingerprint`` of the one certificate to accept; ``process``, the pid of a service of yours on this
+    node and when it started (:func:`allocstack.common.listening.process_start`; None: not published)."""
 
     url: str
     token: str
     fingerprint: str | None = None
+    process: tuple[int, int | None] | None = None
 
 
 FINGERPRINT = re.compile(r"^[0-9a-f]{64}$")
@@ -193,7 +200,9 @@ def read_endpoint(path: str | os.PathLike) -> Endpoint:
     if not isinstance(url, str) or not isinstance(token, str) or not token:
         raise AllocstackError("prerequisite", f"endpoint file {path} lacks 'endpoint' or 'token'")
     if tls is None:
-        return Endpoint(require_loopback(url), token)
+        pid, started = document.get("pid"), document.get("pidStartedAt")
+        process = (pid, started if type(started) is int else None) if type(pid) is int and pid > 0 else None
+        return Endpoint(require_loopback(url), token, process=process)
     if not isinstance(tls, bool):
         raise AllocstackError("prerequisite", f"endpoint file {path}: 'tls' must be true or false")
     fingerprint = document.get("tlsFingerprint")

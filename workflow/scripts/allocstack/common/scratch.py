@@ -30,6 +30,7 @@ import re
 import shutil
 import stat
 import tempfile
+import time
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -222,14 +223,27 @@ def make_private(path: Path) -> Path:
     return path
 
 
-def remove_scratch(path: Path) -> None:
+#: Times :func:`remove_scratch` tries again when a file appeared while it removed the directory.
+REMOVE_TRIES = 5
+
+
+def remove_scratch(path: Path, pause: float = 0.2) -> None:
     """Remove a run's scratch directory.
+
+    A component that is still ending may write its last record (its launcher's ``ended/`` note)
+    while the directory is being removed: "Directory not empty" is tried again, a few times
+    ``pause`` seconds apart, before it counts.
 
     :raises AllocstackError: ``cleanup`` when it cannot be removed.
     """
-    try:
-        shutil.rmtree(path)
-    except FileNotFoundError:
-        return
-    except OSError as exc:
-        raise AllocstackError("cleanup", f"cannot remove scratch directory {path}: {exc.strerror}") from exc
+    for attempt in range(REMOVE_TRIES):
+        try:
+            shutil.rmtree(path)
+            return
+        except FileNotFoundError:
+            return
+        except OSError as exc:
+            if exc.errno == errno.ENOTEMPTY and attempt + 1 < REMOVE_TRIES:
+                time.sleep(pause)
+                continue
+            raise AllocstackError("cleanup", f"cannot remove scratch directory {path}: {exc.strerror}") from exc

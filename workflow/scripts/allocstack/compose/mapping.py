@@ -1148,7 +1148,7 @@ def assemble(active: dict[str, dict[str, Any]], programs: dict[str, Program], ro
                                     "depends_on)")
                 depends.append(added)
             services[name] = {**own, "port": None if port == "refused" else port, "readiness": readiness or {},
-                              "depends_on": depends, "cpus": cpus,
+                              "depends_on": depends, "cpus": cpus, **({"gpus": gpus} if gpus else {}),
                               "stop_grace_period": number(grace if grace is not None else 10)}
             restart = restart_of(name, spec, role, roles.main, report)
             if restart:
@@ -1223,7 +1223,10 @@ def layout(services: dict[str, Any], parts: dict[str, Any], roles: Roles, contex
             f"{roles.workers}: the workers run `{daemon}`, a daemon that never ends by itself, and nothing ends the "
             "stack: the check waits for the workers to end, so the run would wait until its time limit; give it a way "
             "to end (`rq worker --burst` ends once the queue is empty) or end the stack from your producer")
-    if roles.check is None:
+    if roles.check is None and roles.main:
+        context.report.notes.append(f"no check: {roles.main}'s exit code is the verdict (as with --exit-code-from); "
+                                    "set verify.command to check the results too")
+    elif roles.check is None:
         context.report.gaps.append("no check: nothing says whether the results are correct; add a service that "
                                    f"waits for the workers (condition: {COMPLETED}) with a command, or set "
                                    "verify.command")
@@ -1378,26 +1381,48 @@ def resources(name: str, spec: dict[str, Any], role: str, report: Report) -> tup
         report.notes.append(f"{name}: memory limit {limits['memory']} -> set mem_mb in profiles/slurm/config.yaml")
     gpus = 0
     devices = listing(reserved.get("devices"), f"{where}.resources.reservations.devices", report)
-    if role != "workers" and (devices or "gpus" in spec):
-        report.gaps.append(f"{name}: asks for GPUs, which a service of yours does not get yet (only the workers do, "
-                           "worker.gpus; GPUs for a service: issue 25): as imported it runs without one; move its work "
-                           "to the workers, or leave it out")
-        return cpus_of(name, spec, limits, report), 0
     for device in devices:
         device = device if isinstance(device, dict) else {}
         device_count = count(device.get("count", 1))
         capabilities = device.get("capabilities") if isinstance(device.get("capabilities"), list) else []
         if "gpu" not in capabilities:
             report.refuse(f"{where}.resources.reservations.devices", "only GPUs map (capabilities: [gpu])")
+        elif device.get("count") == "all":
+            all_gpus(name, role, f"{where}.resources.reservations.devices", report)
         elif device_count is None:
             report.refuse(f"{where}.resources.reservations.devices", f"count {device.get('count')!r}: say how many "
                                                                      "GPUs each replica needs")
         else:
             gpus += device_count
     if "gpus" in spec:
-        report.refuse(f"services.{name}.gpus", "say how many GPUs each replica needs with "
-                                               "deploy.resources.reservations.devices (count, capabilities: [gpu])")
+        gpus += gpus_key(name, role, spec["gpus"], report)
+    if gpus and role == "check":
+        report.gaps.append(f"{name}: asks for GPUs, which the check does not get (only the services and the workers "
+                           "do): as imported it runs without one")
+        gpus = 0
     return cpus_of(name, spec, limits, report), gpus
+
+
+def gpus_key(name: str, role: str, value: Any, report: Report) -> int:
+    """Compose's ``gpus:`` (``all``, or device requests ``[{count: N, ...}]``) as a number of GPUs."""
+    where = f"services.{name}.gpus"
+    requests = value if isinstance(value, list) else None
+    if value == "all" or (requests and any(isinstance(r, dict) and r.get("count") == "all" for r in requests)):
+        all_gpus(name, role, where, report)
+        return 0
+    counts = [count(request.get("count", 1)) if isinstance(request, dict) else None for request in requests or []]
+    if requests is None or None in counts:
+        report.refuse(where, f"{value!r}: say how many GPUs it needs: gpus: [{{count: N}}] (or "
+                             "deploy.resources.reservations.devices with count and capabilities: [gpu])")
+        return 0
+    return sum(counts)
+
+
+def all_gpus(name: str, role: str, where: str, report: Report) -> None:
+    """``all`` GPUs (Docker's: whatever the host has): a Slurm job asks for a number, so it is a gap to fill."""
+    key = "worker.gpus" if role == "workers" else f"services.{name}.gpus"
+    report.gaps.append(f"{name}: asks for all the GPUs ({where}: all), but a Slurm job asks for a number: set {key} "
+                       "in the written config (as imported it gets none)")
 
 
 #: Compose's ``restart:`` values, as a restart policy's condition (config ``restart``).
@@ -1484,6 +1509,8 @@ def draft_decisions(config: dict[str, Any], order: list[str], sources: str) -> d
     images = sorted({program["image"] for program in programs if program["image"]}) or ["none"]
     ports = ", ".join(f"{name} on {spec['port']}" for name, spec in services.items() if spec["port"]) or "free ports"
     gpus = worker["gpus"]
+    asked = [f"{gpus} GPU(s) per worker"] if gpus else []
+    asked += [f"{spec['gpus']} for {name}" for name, spec in services.items() if spec["gpus"]]
     return {
         "allocation": {"owner": "scheduler policy", "how": (
             f"One node for a bounded time: {cpus} CPUs ({config['workers']} workers x {worker['cpus']}, plus each "
@@ -1500,8 +1527,8 @@ def draft_decisions(config: dict[str, Any], order: list[str], sources: str) -> d
             f"Loopback only ({ports}, each with a per-run token in $ALLOCSTACK_<NAME>_TOKEN); published ports reach "
             "a laptop only through an SSH tunnel the center allows.")},
         "accelerators": {"owner": "center configuration", "how": (
-            f"{gpus} GPU(s) per worker: sbatch --gpus, srun --gpus per worker step, Apptainer --nv." if gpus else
-            "None: the Compose file asks for no GPUs.")},
+            f"{', '.join(asked)}: summed into sbatch --gpus, srun --gpus for each step, Apptainer --nv." if asked
+            else "None: the Compose file asks for no GPUs.")},
     }
 
 

@@ -100,7 +100,9 @@ def launch(plan: Plan, component: str, run: str, gpus: int = 0, **wildcards: str
     """The command that starts ``component`` (see workflow/scripts/launch.py), ending in ``--``;
     a one-shot component outside what launch.py adds: the interpreter alone.
 
-    :param gpus: the job's ``gpu`` resource (workers only, config worker.gpus).
+    :param gpus: the job's ``gpu`` resource (config worker.gpus, services.<name>.gpus): its job step's
+        ``--gpus``; ``--nv`` where the component itself runs in an Apptainer image (a program of yours in
+        its own image gets it from :func:`programs.options`).
     """
     config = plan.config
     how = launched(plan, component, run, **wildcards)

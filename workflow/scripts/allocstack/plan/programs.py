@@ -107,6 +107,9 @@ def options(plan: Plan, spec: Mapping[str, Any], with_command: bool = True) -> l
         runtime = config["runtime"]
         pairs += [("--image", plan.facts.absolute(image)), ("--runtime", runtime)]
         pairs += [("--runtime-arg", arg) for arg in config[runtime]["args"]]
+        if spec.get("gpus") and runtime == "apptainer" and "--nv" not in config[runtime]["args"]:
+            # its GPUs (its job step's --gpus): the driver in the image (Charliecloud: ch-fromhost --nvidia, once)
+            pairs.append(("--runtime-arg", "--nv"))
         pairs += [("--bind", plan.facts.absolute(path)) for path in config[runtime]["binds"]]
     return pairs
 

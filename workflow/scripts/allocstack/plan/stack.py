@@ -94,6 +94,11 @@ class Plan:
     def main_cpus(self) -> int:
         return self.main_spec["cpus"] if self.main_spec else 1
 
+    @property
+    def main_gpus(self) -> int:
+        """GPUs of the main program's job step (its services.<name>.gpus)."""
+        return self.main_spec.get("gpus", 0) if self.main_spec else 0
+
     def main_records(self, run: str) -> list[str]:
         """The main program's record (it exited 0), when there is one."""
         return [self.files(run).main_record] if self.main else []

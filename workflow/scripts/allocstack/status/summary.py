@@ -22,6 +22,7 @@ from ..common.errors import LINE_PREFIX
 from ..common.events import read_events
 from ..coordinator.endrecord import failed_count
 from ..coordinator.journal import acknowledged
+from ..launch.exposure import summary_lines
 from ..plan import layout
 
 #: The files of ``results/<run>/`` a summary reads (any may be missing).
@@ -341,7 +342,8 @@ def quoted_failure(failures: list[Failure]) -> list[str]:
 
 
 def details(records: RunRecords, wall_seconds: float | None, interrupted: bool = False) -> list[str]:
-    """The summary's lines under its verdict: tasks, the journal, services, workers, wall time."""
+    """The summary's lines under its verdict: tasks, the journal, services, workers, wall time, and a warning for
+    each socket a program of yours listened on beyond loopback."""
     end, gate = records.get("end"), records.get("gate")
     lines = []
     if isinstance(end, dict):
@@ -368,6 +370,8 @@ def details(records: RunRecords, wall_seconds: float | None, interrupted: bool =
         times.append(f"the stack {_seconds(stack)} ({ready}{first} to last event)")
     if times:
         lines.append(f"  wall time   {'; '.join(times)}")
+    # a program of yours that listened beyond loopback, as its log said (allocstack/launch/exposure.py)
+    lines += [f"  {line}" for line in summary_lines(records.events)]
     return lines
 
 
