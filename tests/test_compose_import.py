@@ -168,9 +168,6 @@ def test_a_feature_that_cannot_map_is_refused_by_name(tmp_path, capsys, monkeypa
 
 #: Compose features that map with a difference, said in a note (never dropped silently) or named as a gap.
 SAID = {
-    "restart: always": (("services", "db", "restart"), "always", "note: db: restart 'always' not applied"),
-    "deploy.restart_policy": (("services", "db", "deploy"), {"restart_policy": {"condition": "on-failure"}},
-                              "note: db: deploy.restart_policy condition on-failure not applied"),
     "depends_on restart": (("services", "worker", "depends_on"), {"db": {"condition": "service_healthy",
                                                                          "restart": True}},
                            "note: worker: depends_on db restart: true: not applied"),
@@ -189,6 +186,84 @@ SAID = {
     "container_name": (("services", "db", "container_name"), "db-1", "note: db: container_name ignored"),
     "mem_limit": (("services", "db", "mem_limit"), "1g", "note: db: mem_limit ignored"),
 }
+
+
+#: Compose's restart policies -> config restart (what is added to BASE's services -> db's restart, the workers').
+RESTARTS = {
+    "restart: always": ({"db": {"restart": "always"}}, {"condition": "any", "delay": 0.1, "max_attempts": None,
+                                                        "window": 0}, None),
+    "restart: unless-stopped": ({"db": {"restart": "unless-stopped"}}, {"condition": "any", "delay": 0.1,
+                                                                        "max_attempts": None, "window": 0}, None),
+    "restart: on-failure:3": ({"db": {"restart": "on-failure:3"}}, {"condition": "on-failure", "delay": 0.1,
+                                                                    "max_attempts": 3, "window": 0}, None),
+    "restart: on-failure": ({"db": {"restart": "on-failure"}}, {"condition": "on-failure", "delay": 0.1,
+                                                                "max_attempts": None, "window": 0}, None),
+    "restart: no": ({"db": {"restart": "no"}}, None, None),
+    "deploy.restart_policy": ({"db": {"deploy": {"restart_policy": {"condition": "on-failure", "delay": "5s",
+                                                                    "max_attempts": 3, "window": "2m"}}}},
+                              {"condition": "on-failure", "delay": 5, "max_attempts": 3, "window": 120}, None),
+    "deploy.restart_policy's defaults": ({"db": {"deploy": {"restart_policy": {}}}},
+                                         {"condition": "any", "delay": 0, "max_attempts": None, "window": 0}, None),
+    "deploy.restart_policy replaces restart": ({"db": {"restart": "always",
+                                                       "deploy": {"restart_policy": {"condition": "none"}}}}, None, None),
+    "the workers' restart: always, without main": ({"worker": {"restart": "always"}}, {
+        "worker": {"condition": "on-failure", "delay": 0.1, "max_attempts": None, "window": 0}},
+        "note: worker: restart any as on-failure: the stack ends when every worker ended"),
+    "the workers' restart_policy": ({"worker": {"deploy": {"replicas": 2, "restart_policy": {
+        "condition": "on-failure", "max_attempts": 2}}}}, {"worker": {"condition": "on-failure", "delay": 0,
+                                                                      "max_attempts": 2, "window": 0}}, None),
+    "the check's restart": ({"check": {"restart": "on-failure"}}, None,
+                            "note: check: restart on-failure not applied: the check runs once and its end decides"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(RESTARTS))
+def test_restart_and_deploy_restart_policy_map_to_the_restart_policy(tmp_path, capsys, monkeypatch, case):
+    added, expected, said = RESTARTS[case]
+    document = copy.deepcopy(BASE)
+    for name, keys in added.items():
+        document["services"][name].update(keys)
+    code, config, _ = import_document(tmp_path, document, env={}, monkeypatch=monkeypatch)
+    out = capsys.readouterr().out
+    assert code == 0, out
+    if isinstance(expected, dict) and "worker" in expected:
+        assert config["worker"]["restart"] == expected["worker"]
+    else:
+        assert config["services"]["db"].get("restart") == expected
+        assert "restart" not in config["worker"] and "restart" not in config["verify"]
+    assert "not applied" not in out or said is not None, out  # a mapping, not a note
+    if said:
+        assert said in out, out
+
+
+@pytest.mark.parametrize(("value", "line"), [
+    ({"restart": "sometimes"}, "services.db.restart: 'sometimes' is not no, always, unless-stopped or on-failure[:N]"),
+    ({"restart": "always:3"}, "services.db.restart: 'always:3' is not no, always"),
+    ({"deploy": {"restart_policy": {"condition": "maybe"}}},
+     "services.db.deploy.restart_policy.condition: 'maybe' is not none, on-failure or any"),
+    ({"deploy": {"restart_policy": {"delay": "soon"}}},
+     "services.db.deploy.restart_policy.delay: 'soon' is not a duration"),
+])
+def test_a_restart_policy_that_cannot_map_is_refused_by_name(tmp_path, capsys, monkeypatch, value, line):
+    document = copy.deepcopy(BASE)
+    document["services"]["db"].update(value)
+    code, _, _ = import_document(tmp_path, document, env={}, monkeypatch=monkeypatch)
+    assert code == 65 and line in capsys.readouterr().err
+
+
+def test_the_main_programs_restart_is_not_applied(tmp_path, capsys, monkeypatch):
+    document = copy.deepcopy(BASE)
+    del document["services"]["check"]
+    document["services"]["producer"] = {"image": "app:1", "command": ["produce"], "restart": "on-failure",
+                                        "depends_on": {"worker": {"condition": "service_started"}}}
+    document["services"]["worker"]["restart"] = "always"
+    code, config, _ = import_document(tmp_path, document, "--exit-code-from", "producer", env={},
+                                      monkeypatch=monkeypatch)
+    out = capsys.readouterr().out
+    assert code == 0 and config["main"] == "producer", out
+    assert "restart" not in config["services"]["producer"]
+    assert "note: producer: restart on-failure not applied: the main program runs once" in out
+    assert config["worker"]["restart"]["condition"] == "any"  # with main, the workers are stopped when it ends
 
 
 @pytest.mark.parametrize("feature", sorted(SAID))

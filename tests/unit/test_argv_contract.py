@@ -45,8 +45,16 @@ IMAGES = ("tasks: null\nexpected: null\nvolumes: [work]\n"
           "  api: {image: images/api.sif, entrypoint: [python3, -m, api], port: 8080, depends_on: [redis],"
           " readiness: {mode: started}}\n")
 
+#: Restart policies (Compose restart:, deploy.restart_policy): a service's and the long-running workers'.
+RESTARTS = ("tasks: null\nexpected: null\nverify: {command: [python3, c.py]}\nmain: producer\n"
+            "worker: {mode: long-running, command: [rq, worker], restart: {condition: any}}\n"
+            "services:\n"
+            "  db: {command: [db], restart: {condition: on-failure, delay: 0.5, max_attempts: 3, window: 60}}\n"
+            "  producer: {command: [p], depends_on: [db]}\n")
+
 #: name -> (config, facts): between them every option the plan can give.
 STACKS = {
+    "restart policies": (RESTARTS, {}),
     "the baseline": ("", {}),
     "more nodes": ("nodes: 3\nworkers: 7\nnetwork: {interface: ib0, tls: false}\nservices: {kv: {command: [kv]}}",
                    {"environ": IN_STEP}),
@@ -200,6 +208,16 @@ def test_values_reach_the_scripts_as_the_config_says(workdir):
     collect = parse("collect.py", planned.args("collect", run="baseline"))
     assert collect.component == ["db", "web", "cache", "worker-01", "worker-02", "check"]
     assert collect.stop_timeout == 20 + 15
+
+
+def test_a_restart_policy_reaches_the_supervisors_and_none_adds_no_option(workdir):
+    planned = plan_of(RESTARTS)
+    db = parse("app_service.py", planned.args("service", run="baseline", service="db"))
+    assert (db.restart, db.restart_delay, db.restart_max_attempts, db.restart_window) == ("on-failure", 0.5, 3, 60.0)
+    replica = parse("replica.py", planned.args("worker", run="baseline", worker="worker-01"))
+    assert (replica.restart, replica.restart_delay, replica.restart_max_attempts) == ("any", 0.0, None)
+    assert not any(arg.startswith("--restart") for arg in plan_of(OWN_STACK + SERVICES).args("service", run="baseline",
+                                                                                             service="db"))
 
 
 def test_a_step_of_several_workers_gives_each_its_own_id_record_log_and_events(workdir):

@@ -75,7 +75,9 @@ def test_config_yaml_gives_the_schemas_defaults():
 
 
 def test_a_service_of_yours_gets_the_schemas_defaults():
-    assert service_defaults() == {key.split(".", 2)[2]: default for key, default in leaves(schema())
-                                  if key.startswith("services.<name>.") and "readiness" not in key} | {
-        "readiness": {key.rsplit(".", 1)[1]: default for key, default in leaves(schema())
-                      if key.startswith("services.<name>.readiness.")}}
+    expected: dict[str, Any] = {}
+    for key, default in leaves(schema()):
+        if key.startswith("services.<name>."):
+            *block, leaf = key.split(".", 2)[2].split(".")  # readiness.mode -> {"readiness": {"mode": ...}}
+            (expected.setdefault(block[0], {}) if block else expected)[leaf] = default
+    assert service_defaults() == expected

@@ -106,6 +106,19 @@ BAD = {
                                                    "services.db.mounts.0.target"),
     "tasks null with expected": ("tasks: null\nworker: {mode: long-running, command: [x]}",
                                  "expected is set but tasks is null: there are no task results to compare"),
+    "a restart condition misspelled": ("services: {db: {command: [x], restart: {condition: always}}}",
+                                       "services.db.restart.condition: 'always' is not one of"),
+    "a restart policy on main": (OWN + "services: {app: {command: [x], restart: {condition: on-failure}}}\nmain: app",
+                                 "services.app.restart: main: app runs once and its end ends the stack"),
+    "a restart window without max_attempts": ("services: {db: {command: [x], restart: {condition: any, window: 60}}}",
+                                              ("services.db.restart.window is set but services.db.restart.max_attempts "
+                                              "is null")),
+    "a restart policy for per-task workers": ("worker: {restart: {condition: on-failure}}",
+                                              "worker.restart is for long-running workers"),
+    "workers restarted after exit 0 without main": (OWN + "worker: {mode: long-running, command: [w], "
+                                                          "restart: {condition: any}}",
+                                                    ("worker.restart.condition is any, but without main the stack ends "
+                                                    "when every worker ended")),
 }
 
 
@@ -152,7 +165,7 @@ def test_the_older_service_block_is_the_service_app_with_the_services_defaults()
     assert planned.services == {"app": {
         "command": ["python3", "app.py"], "image": None, "entrypoint": None, "working_dir": None, "mounts": [],
         "port": None, "depends_on": [], "cpus": 1, "gpus": 0, "environment": {},
-        "stop_grace_period": 10,
+        "stop_grace_period": 10, "restart": {"condition": "none", "delay": 0, "max_attempts": None, "window": 0},
         "readiness": {"mode": "tcp", "path": "/health", "expect": {}, "command": None, "timeout": None,
                       "interval": None, "probe_timeout": 1}}}
     assert plan_of("service: {command: null}").services == {}

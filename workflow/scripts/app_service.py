@@ -24,6 +24,13 @@ and it stops by itself if its launcher is gone. A service still running
 ``killed`` (after the grace period) or ``exited`` (by itself, before the stack
 was done). Snakemake never checks a service's exit status: verification does, from this record.
 
+With a restart policy (``--restart``, config ``services.<name>.restart``: allocstack/launch/restart.py) a
+program that ended by itself is started again in this same job step, after the policy's delay, with the
+same command, environment, port and token (its users and its published endpoint stay valid); each restart
+is a ``service-restart`` event (attempt, exit code, how it ended) and a line in this log. One that ends once
+its restarts are used up ends as ``exited``, its line saying how many restarts it had. Stopped by
+allocstack (the stack's end), it is never restarted.
+
 With ``--network-endpoint-file`` (config ``nodes`` above 1) the service still listens on
 127.0.0.1, and this supervisor also relays it to this node's network address over TLS
 with a certificate of its own (``allocstack.launch.tunnel``), published there for the workers
@@ -78,6 +85,8 @@ from allocstack.launch.program import (
     program_environment,
     service_problem,
 )
+from allocstack.launch.restart import RestartPolicy, exhausted
+from allocstack.launch.restart import add_arguments as add_restart_arguments
 from allocstack.launch.supervise import Outcome, Supervised
 from allocstack.launch.tunnel import relay_to_loopback
 
@@ -121,6 +130,7 @@ def parse_args(argv: list[str] | None):
     add_gate_arguments(parser)
     parser.add_argument("--stop-grace", type=non_negative_float, default=10.0,
                         help="seconds it may take to stop after SIGTERM before it is killed")
+    add_restart_arguments(parser)
     parser.add_argument("--service-file", type=Path, help="the Snakemake service output, written first thing")
     add_network_options(parser)
     args = parser.parse_args(argv)
@@ -204,15 +214,25 @@ def main(argv: list[str] | None = None) -> int:
     append_event(events, "service-started", service=name, endpoint=endpoint, command=how.shown[0],
                  **{**runtime_facts(), **({"container": how.container} if how.container else {})})
     log(f"{describe(how.shown)} started on {endpoint}{f' in {how.container}' if how.container else ''} (pid {pid})")
-    watching = exposure.watch(pid, "service", name, events)  # what it listens on beyond loopback
-    outcome = program.wait()
-    watching.set()
+    policy = RestartPolicy.from_args(args)
+    watching = [exposure.watch(pid, "service", name, events)]  # what it listens on beyond loopback
+
+    def restarted(attempt: int, ended: Outcome, pid: int) -> None:  # same command, environment, port and token
+        append_event(events, "service-restart", service=name, attempt=attempt, exitCode=ended.code, how=ended.how(),
+                     pid=pid, endpoint=endpoint)
+        watching[0].set()
+        watching[0] = exposure.watch(pid, "service", name, events)
+
+    outcome = program.wait(restart=policy, on_restart=restarted)
+    watching[0].set()
     published.unlink(missing_ok=True)
     if relayed:
         args.network_endpoint_file.unlink(missing_ok=True)
     status = end_status(outcome)
+    given_up = exhausted(policy, outcome.code, program.stopping, outcome.restarts)
     record = {"schemaVersion": SCHEMA_VERSION, "service": name, "status": status, "exitCode": outcome.code,
-              "how": outcome.how(), "startedAt": started, "endedAt": time.time()}
+              "how": outcome.how() + (f"; {given_up}" if given_up else ""), "startedAt": started,
+              "endedAt": time.time(), "restarts": outcome.restarts}
     atomic_write_json(ended, record)
     append_event(events, "service-end", service=name, status=status, exitCode=outcome.code)
     problem = service_problem(name, record)

@@ -2,8 +2,8 @@
 """Draw the run's timeline from events.jsonl as a self-contained SVG (no plotting library).
 
 One lane per worker from its start to its end, labelled with its completed
-tasks; vertical marks for the coordinator listening, the gate passing and the
-coordinator's end. Shown in ``snakemake --report``.
+tasks; vertical marks for the coordinator listening, the gate passing, the
+coordinator's end and each restart of a program by its restart policy. Shown in ``snakemake --report``.
 """
 
 from __future__ import annotations
@@ -25,6 +25,16 @@ CHAR_WIDTH = 0.62 * FONT
 MARK_ROW = 16
 MARKS = {"coordinator-listening": ("listening", "#718096"), "gate-passed": ("gate passed", "#2b6cb0"),
          "coordinator-end": ("coordinator end", "#c05621")}
+RESTARTS, RESTART_COLOUR = ("service-restart", "worker-restart"), "#c53030"
+
+
+def mark_of(event: dict[str, Any]) -> tuple[str, str] | None:
+    """The label and colour of ``event``'s vertical mark (None: it has none): one of :data:`MARKS`, or a restart
+    (``restart kv (1)``: the program and its restart's number)."""
+    if event.get("event") in RESTARTS:
+        name = event.get("service") or event.get("worker") or "?"
+        return html.escape(f"restart {name} ({event.get('attempt', '?')})"), RESTART_COLOUR
+    return MARKS.get(event.get("event", ""))
 
 
 def text_width(text: str) -> float:
@@ -73,7 +83,8 @@ def render(events: list[dict[str, Any]]) -> str:
     counts = {worker: html.escape(lane.get("label", "0 tasks")) for worker, lane in workers.items()}
     right = WIDTH - 10 - max((text_width(label) + 4 for label in counts.values()), default=0)  # room for counts
     x = lambda t: LEFT + (t - t0) / (t1 - t0) * (right - LEFT)  # noqa: E731
-    marks = place_labels([(x(e["t"]), MARKS[e["event"]][0]) for e in events if e.get("event") in MARKS], WIDTH - 5)
+    marked = [(e["t"], mark) for e in events if (mark := mark_of(e)) is not None]
+    marks = place_labels([(x(t), label) for t, (label, _) in marked], WIDTH - 5)
     rows = 1 + max((row for _, row, _ in marks), default=0)
     lanes_end = TOP + LANE * max(1, len(workers))
     height = lanes_end + 16 + MARK_ROW * rows
@@ -86,8 +97,8 @@ def render(events: list[dict[str, Any]]) -> str:
         parts.append(f'<rect x="{x(start):.1f}" y="{y + 4}" width="{max(2.0, x(end) - x(start)):.1f}" height="16" '
                      f'fill="{"#38a169" if lane.get("status") == "done" else "#d69e2e"}"/>')
         parts.append(f'<text x="{max(x(end), x(start) + 2) + 4:.1f}" y="{y + 16}" fill="#4a5568">{counts[worker]}</text>')
-    colours = [MARKS[e["event"]][1] for e in events if e.get("event") in MARKS]
-    lines = [x(e["t"]) for e in events if e.get("event") in MARKS]
+    colours = [colour for _, (_, colour) in marked]
+    lines = [x(t) for t, _ in marked]
     for line_x, colour, (start, row, label) in zip(lines, colours, marks, strict=True):
         label_y = lanes_end + 16 + MARK_ROW * row
         parts.append(f'<line x1="{line_x:.1f}" x2="{line_x:.1f}" y1="{TOP - 6}" y2="{label_y - FONT}" '

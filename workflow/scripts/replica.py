@@ -15,6 +15,11 @@ With ``--max-lifetime`` (config ``worker.max_lifetime``) a program still running
 (a daemon that never ends by itself) is stopped (SIGTERM, ``--stop-grace``, SIGKILL), one line says
 max_lifetime ended it, and its record is written (status ``stopped``): the run goes on to the check.
 
+With a restart policy (``--restart``, config ``worker.restart``: allocstack/launch/restart.py) a program
+that ended by itself is started again in this same job step after the policy's delay, each restart a
+``worker-restart`` event and a line in this log; stopped by allocstack (``main`` ended, max_lifetime, the
+stack's end), it is never restarted.
+
 Exit codes: 0 your program exited 0, or max_lifetime ended it (the worker's record is written); 75 it
 exited otherwise or was stopped, with one line naming the replica, how it
 ended and its last line of stderr: the run fails; 69 a gate did not pass.
@@ -45,7 +50,9 @@ from allocstack.common.jsonio import atomic_write_json
 from allocstack.common.scratch import make_private
 from allocstack.launch import exposure
 from allocstack.launch.program import Placement, await_gates, describe, prepare, program_environment
-from allocstack.launch.supervise import Supervised
+from allocstack.launch.restart import RestartPolicy, exhausted
+from allocstack.launch.restart import add_arguments as add_restart_arguments
+from allocstack.launch.supervise import Outcome, Supervised
 from allocstack.launch.tunnel import remote_services_environment
 
 
@@ -83,6 +90,7 @@ def parse_args(argv: list[str] | None):
                              "--stop-grace, SIGKILL); its record is written and the run goes on")
     parser.add_argument("--stop-grace", type=float, default=10.0,
                         help="seconds from SIGTERM to SIGKILL when the main program ended or max_lifetime passed")
+    add_restart_arguments(parser)
     parser.add_argument("--record", type=Path, help="this worker's record (JSON), written when it exited 0")
     parser.add_argument("--events", type=Path, help=f"event log (default SCRATCH/{names.component_events('WORKER')})")
     parser.add_argument("--endpoint-file", type=Path,
@@ -127,10 +135,19 @@ def main(argv: list[str] | None = None) -> int:
         append_event(events, "worker-end", worker=worker, status=error.diag)
         return report(error)
     main_ended = args.scratch / names.MAIN_ENDED
-    watching = exposure.watch(pid, "worker", worker, events)  # what it listens on beyond loopback
+    policy = RestartPolicy.from_args(args)
     lifetime = Lifetime(args.max_lifetime)
-    outcome = program.wait(stop_when=lambda: (bool(args.stop_when_main_ends) and main_ended.exists()) or lifetime.over())
-    watching.set()
+    watching = [exposure.watch(pid, "worker", worker, events)]  # what it listens on beyond loopback
+
+    def restarted(attempt: int, ended: Outcome, pid: int) -> None:
+        append_event(events, "worker-restart", worker=worker, attempt=attempt, exitCode=ended.code, how=ended.how(),
+                     pid=pid)
+        watching[0].set()
+        watching[0] = exposure.watch(pid, "worker", worker, events)
+
+    outcome = program.wait(stop_when=lambda: (bool(args.stop_when_main_ends) and main_ended.exists()) or lifetime.over(),
+                           restart=policy, on_restart=restarted)
+    watching[0].set()
     ended = time.time()
     by_main = bool(args.stop_when_main_ends) and outcome.stopped_by is not None and main_ended.exists()
     by_lifetime = not by_main and outcome.stopped_by is not None and lifetime.ended
@@ -149,11 +166,13 @@ def main(argv: list[str] | None = None) -> int:
         log(f"{describe(how.shown)} stopped ({outcome.how()}) after main {args.stop_when_main_ends} ended")
     elif outcome.code != 0 and not by_lifetime:
         why = " (stopped by allocstack)" if outcome.stop_signal is not None else ""
+        given_up = exhausted(policy, outcome.code, program.stopping, outcome.restarts)
+        why += f"; {given_up}" if given_up else ""
         return report(AllocstackError("worker-exit", f"{worker} ({describe(how.shown)}) {outcome.how()}{why}"))
     if args.record:
         atomic_write_json(args.record, {"schemaVersion": SCHEMA_VERSION, "workerId": worker, "status": status,
                                         "mode": "long-running", "exitCode": outcome.code, "startedAt": started,
-                                        "endedAt": ended}, 0o644)
+                                        "endedAt": ended, "restarts": outcome.restarts}, 0o644)
     if status == "done":
         log(f"{describe(how.shown)} exited 0 after {ended - started:.3f} s")
     return EXIT_OK

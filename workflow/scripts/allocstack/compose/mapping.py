@@ -95,7 +95,7 @@ IGNORED_KEYS: dict[str, str] = {
     "dns_opt": "the node's resolver is used",
     "extra_hosts": "the node's own /etc/hosts applies (services are reached through $ALLOCSTACK_<NAME>_HOST)",
     "develop": "docker compose watch is for a developer's machine",
-    "restart": "",  # said below: which policy, and what allocstack does instead
+    "restart": "",  # mapped: config restart (restart_policy)
 }
 
 TOP_LEVEL = {"services", "volumes", "name", "version", "networks", "secrets", "configs"}
@@ -512,8 +512,8 @@ def check_depends_on(name: str, spec: dict[str, Any], report: Report) -> None:
             continue
         options = options or {}
         if options.get("restart"):
-            report.notes.append(f"{name}: depends_on {dependency} restart: true: not applied (a service that ends "
-                                "fails the run; restarts: issue 25)")
+            report.notes.append(f"{name}: depends_on {dependency} restart: true: not applied ({name} is not started "
+                                f"again when {dependency} restarts; {dependency} keeps its port and token)")
         if options.get("required") is False:
             report.notes.append(f"{name}: depends_on {dependency} required: false: allocstack starts {dependency} "
                                 "anyway and waits for its gate")
@@ -1173,11 +1173,15 @@ def assemble(active: dict[str, dict[str, Any]], programs: dict[str, Program], ro
             services[name] = {**own, "port": None if port == "refused" else port, "readiness": readiness or {},
                               "depends_on": depends, "cpus": cpus, **({"gpus": gpus} if gpus else {}),
                               "stop_grace_period": number(grace if grace is not None else 10)}
+            restart = restart_of(name, spec, role, roles.main, report)
+            if restart:
+                services[name]["restart"] = restart
         else:
             for key in ("healthcheck", "ports", "expose", "stop_grace_period"):
                 if key in spec:
                     report.notes.append(f"{name}: {key} ignored: the {role} are tracked as job steps, not gated")
-            parts[role] = {**own, "cpus": cpus, "gpus": gpus, "replicas": counts[name]}
+            parts[role] = {**own, "cpus": cpus, "gpus": gpus, "replicas": counts[name],
+                           "restart": restart_of(name, spec, role, roles.main, report)}
         if rewriter.done:
             report.notes.append(f"{name}: rewritten: {'; '.join(sorted(rewriter.done))}")
     return layout(services, parts, roles, context, runtime)
@@ -1268,7 +1272,8 @@ def layout(services: dict[str, Any], parts: dict[str, Any], roles: Roles, contex
         "tasks": None,
         "expected": None,
         "workers": max(1, workers["replicas"]),
-        "worker": {"mode": "long-running", **program(workers), "cpus": workers["cpus"], "gpus": workers["gpus"]},
+        "worker": {"mode": "long-running", **program(workers), "cpus": workers["cpus"], "gpus": workers["gpus"],
+                   **({"restart": workers["restart"]} if workers.get("restart") else {})},
         "services": services,
         "volumes": volumes,
         "verify": program(check),
@@ -1373,11 +1378,6 @@ def service_keys(name: str, spec: dict[str, Any], report: Report) -> None:
                 report.notes.append(f"{name}: {key} ignored: {IGNORED_KEYS[key]}")
         elif key not in SERVICE_KEYS and not str(key).startswith("x-"):
             report.refuse(f"services.{name}.{key}", "not a Compose service key allocstack knows")
-    restart = spec.get("restart", "no")
-    if restart not in ("no", False, None):
-        report.notes.append(f"{name}: restart {restart!r} not applied: allocstack starts it once and a program that "
-                            "ends before the stack is done fails the run (a rerun starts it again; restart policies: "
-                            "issue 25)")
     signal_name = spec.get("stop_signal", "SIGTERM")
     if signal_name not in ("SIGTERM", "TERM", 15):
         report.notes.append(f"{name}: stop_signal {signal_name}: allocstack stops it with SIGTERM (then SIGKILL after "
@@ -1396,11 +1396,6 @@ def resources(name: str, spec: dict[str, Any], role: str, report: Report) -> tup
     mode = deploy.get("mode", "replicated")
     if mode != "replicated":
         report.refuse(f"{where}.mode", f"{mode}: one copy per node of a swarm; the stack runs on one node")
-    policy = deploy.get("restart_policy")
-    condition = policy.get("condition", "any") if isinstance(policy, dict) else None
-    if condition not in (None, "none"):
-        report.notes.append(f"{name}: deploy.restart_policy condition {condition} not applied: a program that ends "
-                            "before the stack is done fails the run (restart policies: issue 25)")
     for key in ("update_config", "rollback_config", "labels"):
         if key in deploy:
             report.notes.append(f"{name}: deploy.{key} ignored: it only affects swarm updates")
@@ -1454,6 +1449,66 @@ def all_gpus(name: str, role: str, where: str, report: Report) -> None:
     key = "worker.gpus" if role == "workers" else f"services.{name}.gpus"
     report.gaps.append(f"{name}: asks for all the GPUs ({where}: all), but a Slurm job asks for a number: set {key} "
                        "in the written config (as imported it gets none)")
+
+
+#: Compose's ``restart:`` values, as a restart policy's condition (config ``restart``).
+RESTART_VALUES = {"always": "any", "unless-stopped": "any", "on-failure": "on-failure"}
+#: Seconds before a restart for ``restart:``: the pause Docker's daemon makes before its first (it has no ``delay``).
+RESTART_DELAY = 0.1
+
+
+def restart_policy(name: str, spec: dict[str, Any], report: Report) -> dict[str, Any] | None:
+    """Compose's ``deploy.restart_policy`` (which replaces ``restart:``), else ``restart:`` (``no``, ``always``,
+    ``unless-stopped``, ``on-failure[:N]``), as config ``restart`` (allocstack/launch/restart.py); None: none."""
+    deploy = spec.get("deploy") if isinstance(spec.get("deploy"), dict) else {}
+    if deploy.get("restart_policy") is not None:
+        where = f"services.{name}.deploy.restart_policy"
+        policy = mapping(deploy["restart_policy"], where, report)
+        condition = policy.get("condition", "any")
+        if condition not in ("none", "on-failure", "any"):
+            report.refuse(f"{where}.condition", f"{condition!r} is not none, on-failure or any")
+            return None
+        delay = seconds(policy.get("delay", 0), f"{where}.delay", report)
+        window = seconds(policy.get("window", 0), f"{where}.window", report)
+        attempts = count(policy.get("max_attempts", 0))
+        if attempts is None:
+            report.refuse(f"{where}.max_attempts", f"{policy.get('max_attempts')!r} is not a whole number")
+        if condition == "none" or delay is None or window is None or attempts is None:
+            return None
+        if window and not attempts:
+            report.notes.append(f"{name}: deploy.restart_policy window ignored: it bounds max_attempts, which is not "
+                                "set (no limit)")
+            window = 0
+        return {"condition": condition, "delay": number(delay), "max_attempts": attempts or None,
+                "window": number(window)}
+    restart = spec.get("restart", "no")
+    if restart in ("no", False, None):
+        return None
+    base, _, limit = str(restart).partition(":")
+    if base not in RESTART_VALUES or (limit and (base != "on-failure" or not limit.isdigit())):
+        report.refuse(f"services.{name}.restart", f"{restart!r} is not no, always, unless-stopped or on-failure[:N]")
+        return None
+    attempts = int(limit) if limit else 0  # on-failure:0, as Docker reads it: no limit
+    return {"condition": RESTART_VALUES[base], "delay": RESTART_DELAY, "max_attempts": attempts or None, "window": 0}
+
+
+def restart_of(name: str, spec: dict[str, Any], role: str, main: str | None, report: Report) -> dict[str, Any] | None:
+    """The restart policy of a service in its role: none for the main program and the check (each runs once and
+    its end decides the run); for the workers without ``main``, ``any`` becomes ``on-failure`` (the stack ends when
+    every worker ended, which a worker started again after exit 0 never does)."""
+    policy = restart_policy(name, spec, report)
+    if policy is None:
+        return None
+    if name == main or role == "check":
+        what = "the main program" if name == main else "the check"
+        report.notes.append(f"{name}: restart {policy['condition']} not applied: {what} runs once and its end decides "
+                            "the run")
+        return None
+    if role == "workers" and policy["condition"] == "any" and not main:
+        report.notes.append(f"{name}: restart any as on-failure: the stack ends when every worker ended, so a worker "
+                            "that exits 0 is not started again (one that fails or is killed is)")
+        return {**policy, "condition": "on-failure"}
+    return policy
 
 
 def cpus_of(name: str, spec: dict[str, Any], limits: dict[str, Any], report: Report) -> int:

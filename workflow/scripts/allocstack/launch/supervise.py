@@ -13,6 +13,10 @@
 * With ``keep_tail``, its stderr is copied to ours (the component's log) and its last
   lines are kept for the one-line error (:attr:`Outcome.tail`); without, it writes
   to our stderr directly.
+* With a restart policy (:meth:`Supervised.wait`'s ``restart``, allocstack/launch/restart.py), a child that
+  ended by itself is started again with the same command, environment and directory (so a service keeps its
+  port), after the policy's delay; each restart is a line in our log and a call of ``on_restart``. A child
+  ended by our stop signal is never restarted, and a stop signal during the delay cancels the restart.
 """
 
 from __future__ import annotations
@@ -24,12 +28,14 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import IO
 
 from ..common.errors import EXIT_TEMPFAIL, AllocstackError
-from .lifeline import forward_signals, watch_launcher
+from .lifeline import FORWARDED_SIGNALS, forward_signals, watch_launcher
+from .restart import RestartPolicy, restart_after
 
 PR_SET_PDEATHSIG = 1
 TAIL_LINES = 20
@@ -80,6 +86,10 @@ class Outcome:
     #: Every stop signal the supervisor itself got, passed on or not: a signal to the job's whole process group
     #: may kill a child without a handler before the supervisor's own handler runs (it then finds the child gone).
     received: frozenset[int] = frozenset()
+    restarts: int = 0  # how many times it was started again (a restart policy)
+    #: It had ended by itself and waited for its restart when a stop signal came: not started again, it counts as
+    #: stopped by that signal.
+    cancelled_restart: bool = False
 
     @property
     def ended_by_us(self) -> bool:
@@ -100,7 +110,7 @@ class Outcome:
     def clean_stop(self) -> bool:
         """Stopped by us and ended as a program stopped that way should: 0, or by that signal."""
         sig = self.stop_signal
-        return sig is not None and not self.killed and self.code in (0, -sig, 128 + sig)
+        return sig is not None and not self.killed and (self.cancelled_restart or self.code in (0, -sig, 128 + sig))
 
     @property
     def status(self) -> int:
@@ -133,6 +143,8 @@ class Supervised:
         self.reader: threading.Thread | None = None
         self._deliver = deliver
         self._keep_tail = keep_tail
+        self._started: tuple[list[str], Mapping[str, str], str | None] | None = None  # what a restart starts again
+        self.waiting_restart = False
         forward_signals(self._forward)
         watch_launcher(lambda: self._forward(signal.SIGTERM, None))
 
@@ -146,6 +158,7 @@ class Supervised:
         self.grace = grace
         if deliver is not None:
             self._deliver = deliver
+        self._started = (argv, env, cwd)
         try:
             self.child = subprocess.Popen(argv, env=dict(env), preexec_fn=die_with_parent, cwd=cwd,
                                           stderr=subprocess.PIPE if self._keep_tail else None)
@@ -172,6 +185,8 @@ class Supervised:
             os._exit(EXIT_TEMPFAIL)
         self.received.add(signum)
         if self.child.poll() is not None:
+            if self.waiting_restart and self.stopped_by is None:  # its restart is cancelled: stopped by this signal
+                self.stopped_by = signum
             return
         self.forwarded.add(signum)
         if self.stopped_by is None:
@@ -188,10 +203,69 @@ class Supervised:
             self.killed = True
             child.kill()
 
-    def wait(self, stop_when: Callable[[], bool] | None = None) -> Outcome:
+    def wait(self, stop_when: Callable[[], bool] | None = None, restart: RestartPolicy | None = None,
+             on_restart: Callable[[int, Outcome, int], None] | None = None) -> Outcome:
         """Wait for the child's end, looking for stop signals at least every :data:`SIGNAL_CHECK` seconds; with
         ``stop_when``, stop it (SIGTERM, then SIGKILL after the ``grace`` of :meth:`start`) once that says so
-        (asked every :data:`STOP_CHECK` seconds).
+        (asked every :data:`STOP_CHECK` seconds). With ``restart``, a child that ended by itself is started again
+        as its policy says (allocstack/launch/restart.py), and ``on_restart(restart number, how the child ended,
+        new pid)`` is called after each restart; the outcome returned is the last child's.
+        """
+        if self.child is None:
+            raise RuntimeError("wait() before start()")
+        made: list[float] = []  # when each restart was made (monotonic)
+        policy = restart or RestartPolicy()
+        while True:
+            outcome = replace(self._wait_child(stop_when), restarts=len(made))
+            pause = restart_after(policy, outcome.code, self.stopping, made, time.monotonic())
+            if pause is None:
+                return outcome
+            if outcome.status - 128 in FORWARDED_SIGNALS:
+                # A stop signal to the job's whole process group may end the child before our handler runs: give
+                # the handler its chance to say it was ours before starting the child again.
+                pause = max(pause, SIGNAL_CHECK)
+            limit = f" of at most {policy.max_attempts}" if policy.max_attempts is not None else ""
+            print(f"{self.label}: {outcome.how()}; starting it again in {pause:g} s (restart {len(made) + 1}{limit}; "
+                  f"{policy.describe()})", file=sys.stderr, flush=True)
+            if not self._pause(pause, stop_when):
+                print(f"{self.label}: not started again: the stack is stopping", file=sys.stderr, flush=True)
+                return replace(self._outcome(outcome.code), restarts=len(made), cancelled_restart=True)
+            argv, env, cwd = self._started or ([], {}, None)
+            try:
+                pid = self.start(argv, env, self.grace, cwd)
+            except AllocstackError as error:
+                print(f"{self.label}: {error.message}", file=sys.stderr, flush=True)
+                return outcome
+            made.append(time.monotonic())
+            if self.received:  # a stop signal came between the pause and the start: the new child gets it too
+                self._forward(min(self.received), None)
+            if on_restart is not None:
+                on_restart(len(made), outcome, pid)
+
+    @property
+    def stopping(self) -> bool:
+        """We were asked to stop (a stop signal came, or ``stop_when`` said so): no restart follows."""
+        return self.stopped_by is not None or bool(self.received)
+
+    def _pause(self, seconds: float, stop_when: Callable[[], bool] | None) -> bool:
+        """Wait ``seconds`` before a restart; False when a stop came meanwhile (the restart is cancelled)."""
+        self.waiting_restart = True
+        try:
+            deadline = time.monotonic() + seconds
+            while True:
+                if stop_when is not None and not self.stopping and stop_when():
+                    self._forward(signal.SIGTERM, None)
+                if self.stopping:
+                    return False
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return True
+                time.sleep(min(STOP_CHECK, left))
+        finally:
+            self.waiting_restart = False
+
+    def _wait_child(self, stop_when: Callable[[], bool] | None) -> Outcome:
+        """Wait for the current child's end (see :meth:`wait`).
 
         Python runs a signal's handler between two bytecodes: a signal that lands after the last look
         and before a blocking wait starts would be passed on only when the child ends (never, for a
@@ -208,5 +282,8 @@ class Supervised:
         code = child.wait()
         if self.reader is not None:
             self.reader.join(timeout=5)
+        return self._outcome(code)
+
+    def _outcome(self, code: int) -> Outcome:
         return Outcome(code, self.stopped_by, self.killed, list(self.tail), frozenset(self.forwarded),
                        frozenset(self.received))

@@ -16,6 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from ..launch.restart import RestartPolicy
 from . import connections, decisions, placement, programs, timeouts
 
 if TYPE_CHECKING:
@@ -233,7 +234,8 @@ def service(plan: Plan, run: str, service: str) -> list[str]:
     return [*options(("--service-file", files.service_file(service)), ("--name", service),
                      *programs.options(plan, spec), ("--environment-json", spec["environment"]),
                      *port, ("--gate-timeout", timeouts.start_bound(plan.config, service)),
-                     ("--stop-grace", spec["stop_grace_period"]), *each("--uses", plan.uses(spec["depends_on"])),
+                     ("--stop-grace", spec["stop_grace_period"]), *restart(spec),
+                     *each("--uses", plan.uses(spec["depends_on"])),
                      *each("--gate-record", plan.gates(run, spec["depends_on"])),
                      flags=("--port-from-image",) if from_image else ()),
             *network(plan, files.shared_service_endpoint(service))]
@@ -271,10 +273,16 @@ def worker(plan: Plan, run: str, worker: str) -> list[str]:
             pairs += [("--max-lifetime", config["worker"]["max_lifetime"])]
         if plan.main or config["worker"]["max_lifetime"]:
             pairs += [("--stop-grace", config["worker"]["stop_grace_period"])]
+        pairs += restart(config["worker"])
         flags = ("--uses-coordinator",) if plan.builtin_coordinator else ()
     else:
         pairs += per_task(plan)
     return [*options(*pairs, flags=flags), *worker_network(plan, run, worker)]
+
+
+def restart(spec: dict[str, Any]) -> list[tuple[str, Any]]:
+    """app_service.py / replica.py: the program's restart policy (none: no option)."""
+    return RestartPolicy.from_config(spec["restart"]).options()
 
 
 def main(plan: Plan, run: str) -> list[str]:

@@ -1,6 +1,7 @@
 """What the plan refuses before anything runs: each a :class:`PlanError`, ONE line naming the key.
 
-What the schema cannot say about a stack (:func:`refuse_bad_stack`), a stack over more than one
+What the schema cannot say about a stack (:func:`refuse_bad_stack`), a restart policy where none can apply
+(:func:`refuse_bad_restarts`), a stack over more than one
 node (:func:`refuse_bad_nodes`; outside Slurm only when it is run, :func:`refuse_without_allocation`),
 several workers in one job step (:func:`refuse_shared_steps`), missing input files (:func:`refuse_missing_inputs`), an
 allocation no node can hold (:func:`refuse_too_many_cpus`), what Slurm itself would refuse or
@@ -125,6 +126,36 @@ def refuse_bad_init(config: Mapping[str, Any]) -> None:
         if name not in config["services"]:
             known = ", ".join(config["services"]) or "none"
             raise PlanError("config", f"init_jobs: {name} is not one of services ({known})")
+
+
+def refuse_bad_restarts(config: Mapping[str, Any], spelled: Mapping[str, str]) -> None:
+    """A restart policy (``restart``) only where a program of yours can be started again without changing how the
+    stack ends: your services, and long-running workers whose restart after exit 0 cannot keep the stack from
+    ending; never the main program (its end is the stack's)."""
+    for name, spec in config["services"].items():
+        key = spelled.get(name, f"services.{name}")
+        restart = spec["restart"]
+        if name == config["main"] and restart["condition"] != "none":
+            raise PlanError("config", f"{key}.restart: main: {name} runs once and its end ends the stack (Compose "
+                                      "--exit-code-from): set its restart condition to none")
+        refuse_bad_window(f"{key}.restart", restart)
+    worker = config["worker"]
+    restart = worker["restart"]
+    refuse_bad_window("worker.restart", restart)
+    if restart["condition"] != "none" and worker["mode"] != "long-running":
+        raise PlanError("config", "worker.restart is for long-running workers: a per-task worker killed from outside "
+                                  "is tolerated already (its tasks go back to the queue); set worker.restart."
+                                  "condition: none")
+    if restart["condition"] == "any" and not config["main"]:
+        raise PlanError("config", "worker.restart.condition is any, but without main the stack ends when every worker "
+                                  "ended: a worker started again after exit 0 would never let it end; use on-failure, "
+                                  "or set main")
+
+
+def refuse_bad_window(key: str, restart: Mapping[str, Any]) -> None:
+    if restart["window"] and restart["max_attempts"] is None:
+        raise PlanError("config", f"{key}.window is set but {key}.max_attempts is null: the window is the time in "
+                                  "which restarts count toward max_attempts; set max_attempts, or window: 0")
 
 
 def refuse_bad_programs(config: Mapping[str, Any], facts: Facts) -> None:

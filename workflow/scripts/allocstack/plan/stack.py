@@ -403,6 +403,7 @@ def load(config: Mapping[str, Any], facts: Facts) -> Plan:
     refusals.refuse_unverified(complete, on)
     refusals.refuse_missing_runtime(complete, use_image, facts, on)
     refusals.refuse_unusable_tmpdir(complete, facts)
+    refusals.refuse_bad_restarts(complete, spelled)
     main_spec = None
     if complete["main"]:
         refusals.refuse_bad_main(complete, spelled)

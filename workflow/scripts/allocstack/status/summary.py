@@ -283,7 +283,7 @@ def worker_line(records: RunRecords) -> str:
         if record.get("status") == "killed":
             parts.append(f"{name} killed ({record.get('signal', '?')})")
         elif record.get("mode") == "long-running":  # your program, once: how it ended
-            parts.append(f"{name} exited {record.get('exitCode', '?')}")
+            parts.append(f"{name} exited {record.get('exitCode', '?')}{restarted(record)}")
         else:
             parts.append(f"{name} {_n(record.get('tasksCompleted', 0))} tasks")
     return f"{len(records.workers)}: " + ", ".join(parts) if parts else "none recorded"
@@ -305,13 +305,19 @@ def many_workers_line(records: RunRecords) -> str:
 
 
 def services_line(records: RunRecords) -> str | None:
-    """``kv stopped, api stopped``: how each of your services ended (None without services)."""
+    """``kv stopped, api stopped (restarted 1 time)``: how each of your services ended (None without services)."""
     document = records.get("services")
     services = document.get("services") if isinstance(document, dict) else None
     if not services:
         return None
-    return ", ".join(f"{name} {record.get('status', '?') if isinstance(record, dict) else '?'}"
-                     for name, record in sorted(services.items()))
+    return ", ".join(f"{name} {record.get('status', '?')}{restarted(record)}" if isinstance(record, dict) else
+                     f"{name} ?" for name, record in sorted(services.items()))
+
+
+def restarted(record: dict[str, Any]) -> str:
+    """`` (restarted 2 times)`` for a program its restart policy started again, else ''."""
+    count = record.get("restarts")
+    return f" (restarted {count} time{'' if count == 1 else 's'})" if isinstance(count, int) and count > 0 else ""
 
 
 def verdict(records: RunRecords) -> str:
