@@ -36,10 +36,11 @@ import time
 from pathlib import Path
 
 import pytest
-from test_stack_images import place_image
+from test_slurm import TEST_RESOURCES, steps, the_stack_job
+from test_stack_images import NO_APPTAINER_PATH, place_image
 
 from conftest import ROOT, pids_of_run, run_script
-from real_parts import unavailable
+from real_parts import require_slurm, unavailable
 from workflow_helpers import snakemake
 
 STACK = ROOT / "tests" / "public_stacks" / "fastapi-celery"
@@ -232,3 +233,46 @@ def test_fastapi_celery_runs_unchanged_in_its_images_with_apptainer(project):
     check_stack_ran(project, stack, ports)
     check_images_ran(project, "apptainer")
 
+
+@pytest.mark.charliecloud
+def test_fastapi_celery_runs_unchanged_in_its_images_with_charliecloud_and_no_apptainer(project):
+    stack, ports, _ = run_in_images(project, "charliecloud", "--cores", "4", env={"PATH": NO_APPTAINER_PATH})
+    check_stack_ran(project, stack, ports)
+    check_images_ran(project, "charliecloud")
+
+
+def check_job_steps(output: str, project: Path) -> dict[str, str]:
+    """The whole stack was one sbatch job, each of its programs a job step that completed; its steps."""
+    job = the_stack_job(output, project)
+    services = ("redis", "web", "dashboard")
+    wanted = {*services, *(f"{service}-readiness" for service in services), "tests",
+              *(f"worker-0{i}" for i in range(1, 5))}
+    for _ in range(20):  # accounting records a step when it ends
+        job_steps = steps(job)
+        if wanted <= set(job_steps):
+            break
+        time.sleep(0.5)
+    assert all(job_steps.get(step) == "COMPLETED" for step in wanted), job_steps
+    return job_steps
+
+
+@pytest.mark.slurm
+@pytest.mark.apptainer
+def test_fastapi_celery_runs_unchanged_in_its_images_through_the_slurm_profile_with_apptainer(project):
+    require_slurm()
+    stack, ports, output = run_in_images(project, "apptainer", "--profile", "profiles/slurm", *TEST_RESOURCES,
+                                         "runtime=10")
+    check_stack_ran(project, stack, ports)
+    check_images_ran(project, "apptainer")
+    check_job_steps(output, project)
+
+
+@pytest.mark.slurm
+@pytest.mark.charliecloud
+def test_fastapi_celery_runs_unchanged_in_its_images_through_the_slurm_profile_with_charliecloud(project):
+    require_slurm()
+    stack, ports, output = run_in_images(project, "charliecloud", "--profile", "profiles/slurm", *TEST_RESOURCES,
+                                         "runtime=10", env={"PATH": NO_APPTAINER_PATH})
+    check_stack_ran(project, stack, ports)
+    check_images_ran(project, "charliecloud")
+    check_job_steps(output, project)
