@@ -53,18 +53,26 @@ def import_jobs(project: Path, runtime: str, run: str, items: int = 30) -> str:
     done = run_script("import_compose.py", "stacks/jobs/compose.yaml", "--output", f"config/{run}.yaml", "--run", run,
                       *extra, cwd=project, env={"ITEMS": str(items)})
     assert done.returncode == 0 and "0 gap(s)" in done.stdout, done.stdout + done.stderr
-    (project / "images").mkdir()
     for name, source in IMAGES.items():
-        image = Path(stack_image(runtime, source))
-        target = project / "images" / (name.format(run=run) + (".sif" if runtime == "apptainer" else ""))
-        if runtime == "apptainer":
-            shutil.copy(image, target)
-            digest = Path(f"{image}.sha256").read_text().split()[0]
-            (project / "images" / f"{target.name}.sha256").write_text(f"{digest}  {target.name}\n")
-        else:
-            shutil.copytree(image, target, symlinks=True)
-            assert run_script("image_digest.py", target).returncode == 0
+        place_image(project, runtime, source, name.format(run=run))
     return f"config/{run}.yaml"
+
+
+def place_image(project: Path, runtime: str, source: str, name: str) -> Path:
+    """Put the stack image ``source`` (container/stacks/SOURCE) where an imported config expects the image NAME
+    (``images/NAME.sif`` for Apptainer, ``images/NAME/`` for Charliecloud) with its sidecar, as a user would after
+    `apptainer build` or `ch-image pull` + `ch-convert`; skip (in CI: fail) when prepare.sh has not built it."""
+    image = Path(stack_image(runtime, source))
+    (project / "images").mkdir(exist_ok=True)
+    target = project / "images" / (name + (".sif" if runtime == "apptainer" else ""))
+    if runtime == "apptainer":
+        shutil.copy(image, target)
+        digest = Path(f"{image}.sha256").read_text().split()[0]
+        (project / "images" / f"{target.name}.sha256").write_text(f"{digest}  {target.name}\n")
+    else:
+        shutil.copytree(image, target, symlinks=True)
+        assert run_script("image_digest.py", target).returncode == 0
+    return target
 
 
 def check_jobs_ran(project: Path, run: str, runtime: str, items: int = 30) -> dict:

@@ -12,8 +12,9 @@
 #      and partitions, the multinode tests use partition `multi`),
 #   2. the Apptainer toolbox (tests/cluster/apptainer.sh install),
 #   3. the test image, built from container/test.def and cached by its hash, and the stack images
-#      (container/stacks/NAME.def with NAME.oci.json: Redis, a Python application; built as Docker Hub
-#      gives images, build.sh --oci), cached the same way,
+#      (container/stacks/NAME.def with NAME.oci.json: Redis, a Python application, the app image of the real
+#      public stack fastapi-celery with its pinned packages; built as Docker Hub gives images, build.sh --oci),
+#      cached the same way,
 #   4. Charliecloud's ch-run and the same images as directories (the test image also as a SquashFS
 #      file) (charliecloud.sh),
 #   5. Debian's chromium, for the live status page test; tmux, a real terminal for the tests of

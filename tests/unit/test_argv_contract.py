@@ -274,6 +274,28 @@ def test_programs_of_yours_run_in_their_images_and_their_supervisors_beside_them
     assert launch.image.endswith("w.sif")
 
 
+def test_a_main_program_and_every_program_in_its_image_need_no_image_for_a_check_it_has_not(workdir):
+    """A Compose stack imported with --exit-code-from (config ``main``, no check: main's exit code is the verdict),
+    each program in its own image: ``image: auto`` resolves to none under --sdm apptainer, nothing asks for
+    container/allocstack.sif (the real public stack tests/test_public_stacks.py runs so)."""
+    stack = ("tasks: null\nexpected: null\nmain: app\n"
+             "worker: {mode: long-running, image: images/app.sif, command: [celery, worker]}\n"
+             "services:\n  redis: {image: images/redis-7.sif, port: 6379}\n"
+             "  app: {image: images/app.sif, command: [python, -m, pytest], depends_on: [redis]}\n")
+    planned = plan_of(stack, deployment=frozenset({"apptainer"}), **INSTALLED)
+    assert planned.image is None and not planned.use_image
+    inputs = parse("validate_inputs.py", planned.args("validate_inputs", run="r"))
+    assert inputs.image is None
+    assert {entry["what"]: entry["image"] for entry in inputs.program_images_json} == {
+        "services.redis": "images/redis-7.sif", "worker": "images/app.sif", "services.app": "images/app.sif"}
+    check = parse("check.py", planned.args("check", run="r"))
+    assert check.main_decides and not check.image
+    # a check of yours without an image of its own still runs in ``image``: auto is this checkout's
+    with_check = plan_of(stack + "verify: {command: [python3, c.py]}\n", deployment=frozenset({"apptainer"}),
+                         **INSTALLED)
+    assert with_check.image.endswith("container/allocstack.sif")
+
+
 def test_a_main_program_runs_once_its_end_stops_the_workers_and_the_check_waits_for_it(workdir):
     planned = plan_of(STACKS["your own stack with a main program"][0])
     assert "cache" not in planned.services and planned.main_spec["depends_on"] == ["db", "web"]

@@ -27,9 +27,13 @@ def images_on(config: Mapping[str, Any], deployment: frozenset[str]) -> bool:
 
 
 def parts_of_yours(config: Mapping[str, Any]) -> list[tuple[str, Mapping[str, Any]]]:
-    """(config key, config) of every program of yours: each service, the workers, the check."""
+    """(config key, config) of every program of yours: each service, the workers, the check. No check where there
+    is none: config ``main`` set and ``verify`` without a command, an entrypoint or an image (main's exit code is
+    the verdict), so a stack whose every program has its own image needs no ``image`` for a check it has not."""
+    check = config["verify"]
+    no_check = config["main"] and not (check["command"] or check["entrypoint"] or check["image"])
     return [*((f"services.{name}", spec) for name, spec in config["services"].items()),
-            ("worker", config["worker"]), ("verify", config["verify"])]
+            ("worker", config["worker"]), *([] if no_check else [("verify", check)])]
 
 
 def program_image(config: Mapping[str, Any], on: bool, spec: Mapping[str, Any]) -> str | None:
