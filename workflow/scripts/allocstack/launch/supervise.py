@@ -13,6 +13,8 @@
 * With ``keep_tail``, its stderr is copied to ours (the component's log) and its last
   lines are kept for the one-line error (:attr:`Outcome.tail`); without, it writes
   to our stderr directly.
+* What the child's own children leave running when it ends, or when the supervisor dies, is stopped by its
+  watchdog (allocstack/launch/watchdog.py): the parent-death signal reaches the child alone.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from dataclasses import dataclass, field
 from typing import IO
 
 from ..common.errors import EXIT_TEMPFAIL, AllocstackError
+from . import watchdog
 from .lifeline import forward_signals, watch_launcher
 
 PR_SET_PDEATHSIG = 1
@@ -133,6 +136,7 @@ class Supervised:
         self.reader: threading.Thread | None = None
         self._deliver = deliver
         self._keep_tail = keep_tail
+        self.watchdog: watchdog.Watchdog | None = None
         forward_signals(self._forward)
         watch_launcher(lambda: self._forward(signal.SIGTERM, None))
 
@@ -151,6 +155,7 @@ class Supervised:
                                           stderr=subprocess.PIPE if self._keep_tail else None)
         except OSError as exc:
             raise AllocstackError("prerequisite", f"cannot start {self.label} ({argv[0]}): {exc.strerror}") from exc
+        self.watchdog = watchdog.start(self.child.pid, self.label, grace)
         if self.child.stderr is not None:
             self.reader = threading.Thread(target=self._copy_stderr, args=(self.child.stderr,), name="stderr",
                                            daemon=True)
@@ -206,6 +211,8 @@ class Supervised:
             if stop_when is not None and self.stopped_by is None and stop_when():
                 self._forward(signal.SIGTERM, None)
         code = child.wait()
+        if self.watchdog is not None:
+            self.watchdog.child_ended()
         if self.reader is not None:
             self.reader.join(timeout=5)
         return Outcome(code, self.stopped_by, self.killed, list(self.tail), frozenset(self.forwarded),
