@@ -23,16 +23,14 @@ from allocstack.launch.supervise import Supervised
 from conftest import SCRIPTS
 from workflow_helpers import snakemake
 
-#: Started by the child: ignores SIGHUP (and, with argv[2] == "stubborn", SIGTERM), notes "PID START" in argv[1].
+#: Started by the child: ignores SIGHUP (and, with argv[2] == "stubborn", SIGTERM), notes its pid in argv[1].
 GRANDCHILD = textwrap.dedent("""
     import os, signal, sys, time
-    sys.path.insert(0, os.environ["SCRIPTS"])
-    from allocstack.launch.watchdog import running_start
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
     if sys.argv[2] == "stubborn":
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
     with open(sys.argv[1] + ".tmp", "w") as note:
-        note.write(f"{os.getpid()} {running_start(os.getpid())}")
+        note.write(str(os.getpid()))
     os.rename(sys.argv[1] + ".tmp", sys.argv[1])
     time.sleep(300)
 """)
@@ -79,9 +77,12 @@ def wait_for(condition, what: str, limit: float = 60) -> None:
 
 
 def noted(note: Path) -> tuple[int, int]:
+    """The grandchild's pid and start time."""
     wait_for(note.exists, "the grandchild")
-    pid, start = note.read_text().split()
-    return int(pid), int(start)
+    pid = int(note.read_text())
+    start = watchdog.running_start(pid)
+    assert start is not None, "the grandchild ended by itself"
+    return pid, start
 
 
 def running(pid: int, start: int) -> bool:
@@ -89,7 +90,7 @@ def running(pid: int, start: int) -> bool:
 
 
 def watchdogs_of(parent: int) -> list[int]:
-    from allocstack.launch.containers import child_pids
+    from allocstack.launch.procfs import child_pids
 
     return [pid for pid in child_pids(parent) if watchdog.is_watchdog(pid)]
 
@@ -97,6 +98,7 @@ def watchdogs_of(parent: int) -> list[int]:
 def test_the_grandchild_is_stopped_when_its_supervisor_is_sigkilled(tmp_path):
     note = tmp_path / "grandchild"
     supervisor = subprocess.Popen([sys.executable, "-c", SUPERVISOR, str(note), "calm", "stay"], env=environment())
+    grandchild = None
     try:
         grandchild = noted(note)
         wait_for(lambda: watchdogs_of(supervisor.pid), "the watchdog")
@@ -109,8 +111,10 @@ def test_the_grandchild_is_stopped_when_its_supervisor_is_sigkilled(tmp_path):
         supervisor.wait(timeout=30)
         wait_for(lambda: not running(*grandchild), "the grandchild to be stopped")
     finally:
-        if note.exists() and running(*noted(note)):
-            os.kill(noted(note)[0], signal.SIGKILL)
+        supervisor.kill()
+        supervisor.wait()
+        if grandchild is not None and running(*grandchild):  # what this test would otherwise leave running
+            os.kill(grandchild[0], signal.SIGKILL)
 
 
 def test_a_normal_end_stops_what_the_child_left_a_stubborn_process_by_sigkill(tmp_path, capfd):

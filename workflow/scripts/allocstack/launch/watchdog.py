@@ -27,20 +27,20 @@ the watchdog's first one, about 50 ms after the child started) is not seen. Stan
 
 from __future__ import annotations
 
-import argparse
-import contextlib
 import os
 import select
 import signal
-import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
-from pathlib import Path
+from typing import TYPE_CHECKING
 
-from .containers import child_pids
 from .lifeline import FORWARDED_SIGNALS
+from .procfs import child_pids, running_start
+
+if TYPE_CHECKING:
+    import argparse
+    import subprocess
 
 MODULE = "allocstack.launch.watchdog"
 #: Seconds between two records of the child's descendants.
@@ -54,24 +54,11 @@ Tree = dict[int, int]
 StartOf = Callable[[int], "int | None"]
 
 
-def running_start(pid: int) -> int | None:
-    """When process ``pid`` started (``/proc/PID/stat`` field 22); None when it is gone or a zombie (it is dead:
-    only its parent's wait is missing)."""
-    try:
-        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as handle:
-            fields = handle.read().rsplit(")", 1)[1].split()
-    except (OSError, IndexError):
-        return None
-    try:
-        return None if fields[0] in ("Z", "X") else int(fields[19])
-    except (IndexError, ValueError):
-        return None
-
-
 def is_watchdog(pid: int) -> bool:
     """Whether process ``pid`` is a watchdog (of a supervisor inside the child)."""
     try:
-        return MODULE.encode() in Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        with open(f"/proc/{pid}/cmdline", "rb") as handle:
+            return MODULE.encode() in handle.read().split(b"\0")
     except OSError:
         return False
 
@@ -97,21 +84,25 @@ def record(tree: Mapping[int, int], start_of: StartOf = running_start,
     return found
 
 
+def signal_all(pids: Iterable[int], signum: int) -> None:
+    for pid in pids:
+        try:
+            os.kill(pid, signum)
+        except (ProcessLookupError, PermissionError):
+            continue
+
+
 def stop(tree: Mapping[int, int], grace: float, start_of: StartOf = running_start) -> tuple[list[int], list[int]]:
     """SIGTERM to every process of ``tree`` still running, SIGKILL to those still running ``grace`` seconds later;
     (the pids signalled, the pids killed)."""
     targets = still_running(tree, {pid: start_of(pid) for pid in tree})
-    for pid in targets:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.kill(pid, signal.SIGTERM)
+    signal_all(targets, signal.SIGTERM)
     deadline = time.monotonic() + grace
     left = targets
     while left and time.monotonic() < deadline:
         time.sleep(POLL)
         left = still_running({pid: tree[pid] for pid in left}, {pid: start_of(pid) for pid in left})
-    for pid in left:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.kill(pid, signal.SIGKILL)
+    signal_all(left, signal.SIGKILL)
     return targets, left
 
 
@@ -136,12 +127,12 @@ def watch(fd: int, pid: int, start: int, grace: float, label: str, period: float
     return stopped
 
 
-@dataclass
 class Watchdog:
     """The supervisor's side: the write end of the watchdog's pipe, and the watchdog process."""
 
-    fd: int | None
-    process: subprocess.Popen[bytes]
+    def __init__(self, fd: int, process: subprocess.Popen[bytes]) -> None:
+        self.fd: int | None = fd
+        self.process = process
 
     def child_ended(self) -> None:
         """Close our end: the watchdog stops what the child left running, and exits."""
@@ -153,11 +144,13 @@ class Watchdog:
 def start(pid: int, label: str, grace: float | None) -> Watchdog | None:
     """Start the watchdog of child ``pid`` (just started, not yet waited for: its pid is not reused); None, with a
     line on stderr, when it cannot be started (the child runs on without it)."""
+    import subprocess  # here: the watchdog process itself does without (its memory: docs/performance.md)
+
     start_time = running_start(pid)
     if start_time is None:  # it ended already: its children were seen by nobody
         return None
     reading, writing = os.pipe()  # both close-on-exec: the child, started before, has neither
-    scripts = str(Path(__file__).resolve().parents[2])
+    scripts = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [scripts, os.environ.get("PYTHONPATH")]))}
     argv = [sys.executable, "-m", MODULE, "--fd", str(reading), "--pid", str(pid), "--start", str(start_time),
             "--grace", str(GRACE if grace is None else grace), "--label", label]
@@ -175,6 +168,8 @@ def start(pid: int, label: str, grace: float | None) -> Watchdog | None:
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    import argparse
+
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--fd", type=int, required=True, help="the read end of the supervisor's pipe")
     parser.add_argument("--pid", type=int, required=True, help="the supervised child")
