@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from allocstack.launch import watchdog
+from allocstack.launch.containers import runtime_environ
 from allocstack.launch.lifeline import ENV as LIFELINE_ENV
 from allocstack.launch.lifeline import FORWARDED_SIGNALS
 from allocstack.launch.supervise import Supervised
@@ -34,22 +35,25 @@ GRANDCHILD = textwrap.dedent("""
     os.rename(sys.argv[1] + ".tmp", sys.argv[1])
     time.sleep(300)
 """)
-#: The child: starts the grandchild and does not wait for it; then sleeps (argv[3] "stay") or exits 0 once the
-#: watchdog has had time to see the grandchild (argv[3] "leave").
+#: The child (a file beside GRANDCHILD's): starts the grandchild and does not wait for it; then sleeps (argv[3]
+#: "stay") or exits 0 once the watchdog has had time to see the grandchild (argv[3] "leave").
 CHILD = textwrap.dedent("""
     import os, subprocess, sys, time
-    subprocess.Popen([sys.executable, "-c", os.environ["GRANDCHILD"], sys.argv[1], sys.argv[2]])
+    grandchild = os.path.join(os.path.dirname(os.path.abspath(__file__)), "grandchild.py")
+    subprocess.Popen([sys.executable, grandchild, sys.argv[1], sys.argv[2]])
     while not os.path.exists(sys.argv[1]):
         time.sleep(0.02)
-    time.sleep(300 if sys.argv[3] == "stay" else 4 * float(os.environ["SCAN"]))
+    time.sleep(300 if sys.argv[3] == "stay" else 4 * float(sys.argv[4]))
 """)
-#: The supervisor: Supervised runs CHILD (argv: NOTE MODE stay) and waits.
+#: The supervisor: Supervised runs CHILD (argv: ITS FILE, NOTE MODE stay) with the Python of $PYTHON_ARGV (JSON: a
+#: container runtime's command line and the image's python3, or this Python), and waits.
 SUPERVISOR = textwrap.dedent("""
-    import os, sys
+    import json, os, sys
     sys.path.insert(0, os.environ["SCRIPTS"])
     from allocstack.launch.supervise import Supervised
     program = Supervised("service web")
-    program.start([sys.executable, "-c", os.environ["CHILD"], *sys.argv[1:]], dict(os.environ), grace=1)
+    python = json.loads(os.environ["PYTHON_ARGV"])
+    program.start([*python, *sys.argv[1:]], dict(os.environ), grace=1)
     sys.exit(program.wait().status)
 """)
 
@@ -63,9 +67,15 @@ def own_signals(monkeypatch):
         signal.signal(signum, handler)
 
 
-def environment() -> dict[str, str]:
-    return {**os.environ, "SCRIPTS": str(SCRIPTS), "GRANDCHILD": GRANDCHILD, "CHILD": CHILD,
-            "SCAN": str(watchdog.SCAN)}
+def environment(python: list[str] | None = None) -> dict[str, str]:
+    return {**os.environ, "SCRIPTS": str(SCRIPTS), "PYTHON_ARGV": json.dumps(python or [sys.executable])}
+
+
+def child_argv(directory: Path, mode: str, end: str) -> list[str]:
+    """CHILD's arguments (its file first), its grandchild noting its pid in DIRECTORY/grandchild."""
+    (directory / "grandchild.py").write_text(GRANDCHILD)
+    (directory / "child.py").write_text(CHILD)
+    return [str(directory / "child.py"), str(directory / "grandchild"), mode, end, str(watchdog.SCAN)]
 
 
 def wait_for(condition, what: str, limit: float = 60) -> None:
@@ -95,12 +105,16 @@ def watchdogs_of(parent: int) -> list[int]:
     return [pid for pid in child_pids(parent) if watchdog.is_watchdog(pid)]
 
 
-def test_the_grandchild_is_stopped_when_its_supervisor_is_sigkilled(tmp_path):
-    note = tmp_path / "grandchild"
-    supervisor = subprocess.Popen([sys.executable, "-c", SUPERVISOR, str(note), "calm", "stay"], env=environment())
+def sigkill_the_supervisor(directory: Path, python: list[str] | None = None) -> None:
+    """Run SUPERVISOR (its child starts a grandchild that ignores SIGHUP and stays), SIGKILL it once the watchdog
+    had time to record the grandchild: the grandchild must end."""
+    supervisor = subprocess.Popen([sys.executable, "-c", SUPERVISOR, *child_argv(directory, "calm", "stay")],
+                                  env=runtime_environ(environment(python)))  # ch-run wants $USER
     grandchild = None
     try:
-        grandchild = noted(note)
+        wait_for(lambda: (directory / "grandchild").exists() or supervisor.poll() is not None, "the grandchild")
+        assert supervisor.poll() is None, f"the supervisor ended: {supervisor.returncode}"
+        grandchild = noted(directory / "grandchild")
         wait_for(lambda: watchdogs_of(supervisor.pid), "the watchdog")
         time.sleep(4 * watchdog.SCAN)  # a few of its records with the grandchild in them
         # the watchdog is in a session of its own: a kill of the job's process group does not reach it
@@ -117,11 +131,32 @@ def test_the_grandchild_is_stopped_when_its_supervisor_is_sigkilled(tmp_path):
             os.kill(grandchild[0], signal.SIGKILL)
 
 
+def test_the_grandchild_is_stopped_when_its_supervisor_is_sigkilled(tmp_path):
+    sigkill_the_supervisor(tmp_path)
+
+
+@pytest.mark.parametrize("runtime", ["apptainer", "charliecloud"])
+def test_in_an_image_too_the_grandchild_is_stopped_when_its_supervisor_is_sigkilled(runtime, tmp_path):
+    """Apptainer's and ch-run's processes are host processes: the watchdog sees and stops them the same way (the
+    parent-death signal reaches the runtime, not the program in the image, let alone its children)."""
+    from allocstack.launch.containers import container_prefix, mount_tree_dirs
+    from real_parts import require_apptainer, require_charliecloud
+
+    image = require_apptainer() if runtime == "apptainer" else require_charliecloud()
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    tree = tmp_path / "tree"
+    for directory in mount_tree_dirs([str(shared)], str(shared), tree):
+        directory.mkdir(parents=True, exist_ok=True)
+    args = ["--cleanenv", "--contain"] if runtime == "apptainer" else []  # config apptainer.args' default
+    prefix = container_prefix(runtime, image, args, [str(shared)], {}, str(shared), tree)
+    sigkill_the_supervisor(shared, [*prefix, "python3"])
+
+
 def test_a_normal_end_stops_what_the_child_left_a_stubborn_process_by_sigkill(tmp_path, capfd):
-    note = tmp_path / "grandchild"
     program = Supervised("service web")
-    program.start([sys.executable, "-c", CHILD, str(note), "stubborn", "leave"], environment(), grace=0.5)
-    grandchild = noted(note)
+    program.start([sys.executable, *child_argv(tmp_path, "stubborn", "leave")], environment(), grace=0.5)
+    grandchild = noted(tmp_path / "grandchild")
     outcome = program.wait()
     assert outcome.code == 0
     assert program.watchdog is not None and program.watchdog.process.wait(timeout=60) == 0
