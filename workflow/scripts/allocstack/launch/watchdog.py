@@ -11,7 +11,8 @@ watchdog (:func:`start`) beside its child:
   reach the child as before: the child's process group and session are not touched;
 * holding the read end of a pipe whose write end only the supervisor holds (close-on-exec: the child does not
   get it). The pipe's end (EOF) is its one message: the supervisor closes it when the child ended
-  (:meth:`Watchdog.child_ended`), and the kernel closes it when the supervisor died, SIGKILL included;
+  (:meth:`Watchdog.child_ended`, which then waits for the watchdog to end: when the supervisor goes on, nothing
+  of its child runs any more), and the kernel closes it when the supervisor died, SIGKILL included;
 * while the pipe is open, every :data:`SCAN` seconds it records the child's descendants
   (``/proc/PID/task/*/children``, recursively, from the child and from every process recorded before, so a
   daemon's orphaned children are kept too), each with its start time (``/proc/PID/stat`` field 22): a
@@ -47,6 +48,8 @@ MODULE = "allocstack.launch.watchdog"
 SCAN = 0.5
 #: Seconds a leftover process gets between SIGTERM and SIGKILL when the component has no stop grace.
 GRACE = 5.0
+#: Seconds the supervisor waits for its watchdog at the child's end beyond the grace (its last record, SIGKILL).
+END_SLACK = 10.0
 #: Seconds between two looks whether the signalled processes are gone.
 POLL = 0.05
 #: pid -> its start time (clock ticks since boot).
@@ -130,15 +133,25 @@ def watch(fd: int, pid: int, start: int, grace: float, label: str, period: float
 class Watchdog:
     """The supervisor's side: the write end of the watchdog's pipe, and the watchdog process."""
 
-    def __init__(self, fd: int, process: subprocess.Popen[bytes]) -> None:
+    def __init__(self, fd: int, process: subprocess.Popen[bytes], grace: float) -> None:
         self.fd: int | None = fd
         self.process = process
+        self.grace = grace
 
     def child_ended(self) -> None:
-        """Close our end: the watchdog stops what the child left running, and exits."""
-        if self.fd is not None:
-            os.close(self.fd)
-            self.fd = None
+        """Close our end and wait for the watchdog: it stops what the child left running (at once when it left
+        nothing; at most its grace, and a moment, when something ignores SIGTERM), and exits. So when the
+        supervisor goes on, nothing of its child runs any more."""
+        import subprocess
+
+        if self.fd is None:
+            return
+        os.close(self.fd)
+        self.fd = None
+        try:
+            self.process.wait(timeout=self.grace + END_SLACK)
+        except subprocess.TimeoutExpired:  # it ends by itself; the supervisor does not wait longer
+            pass
 
 
 def start(pid: int, label: str, grace: float | None) -> Watchdog | None:
@@ -152,8 +165,9 @@ def start(pid: int, label: str, grace: float | None) -> Watchdog | None:
     reading, writing = os.pipe()  # both close-on-exec: the child, started before, has neither
     scripts = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [scripts, os.environ.get("PYTHONPATH")]))}
+    grace = GRACE if grace is None else grace
     argv = [sys.executable, "-m", MODULE, "--fd", str(reading), "--pid", str(pid), "--start", str(start_time),
-            "--grace", str(GRACE if grace is None else grace), "--label", label]
+            "--grace", str(grace), "--label", label]
     try:
         process = subprocess.Popen(argv, env=env, cwd="/", stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                    pass_fds=(reading,), start_new_session=True)
@@ -164,7 +178,7 @@ def start(pid: int, label: str, grace: float | None) -> Watchdog | None:
         return None
     finally:
         os.close(reading)
-    return Watchdog(writing, process)
+    return Watchdog(writing, process, grace)
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
