@@ -50,6 +50,8 @@ SCAN = 0.5
 GRACE = 5.0
 #: Seconds the supervisor waits for its watchdog at the child's end beyond the grace (its last record, SIGKILL).
 END_SLACK = 10.0
+#: Seconds the child gets to die of its parent-death signal after the supervisor died, before it is signalled too.
+SETTLE = 0.5
 #: Seconds between two looks whether the signalled processes are gone.
 POLL = 0.05
 #: pid -> its start time (clock ticks since boot).
@@ -124,6 +126,11 @@ def watch(fd: int, pid: int, start: int, grace: float, label: str, period: float
         ready, _, _ = select.select([fd], [], [], period)
         if ready and not os.read(fd, 512):
             break
+    # The supervisor died: the parent-death signal (SIGKILL) is on its way to the child; let it land, so that the
+    # child is stopped (and named) only where that signal does not reach it (a set-user-ID runtime).
+    deadline = time.monotonic() + SETTLE
+    while running_start(pid) == start and time.monotonic() < deadline:
+        time.sleep(POLL)
     stopped, killed = stop(record(tree), grace)
     if stopped:
         print(report(label, stopped, killed), file=sys.stderr, flush=True)
