@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from ..common.errors import AllocstackError
+from .procfs import child_pids
 
 #: runtime (config ``runtime``) -> the program that runs an image.
 PROGRAMS = {"apptainer": "apptainer", "charliecloud": "ch-run"}
@@ -209,17 +210,6 @@ def forks_component(runtime: str, image: str) -> bool:
     With a directory image ch-run becomes the component (exec), and the signal goes to it.
     """
     return runtime == "charliecloud" and is_squashfs(image)
-
-
-def child_pids(pid: int) -> list[int]:
-    """The children of process ``pid`` (Linux ``/proc/PID/task/*/children``); [] when it is gone."""
-    found: list[int] = []
-    for task in Path(f"/proc/{pid}/task").glob("*"):
-        try:
-            found += [int(child) for child in (task / "children").read_text().split()]
-        except OSError:
-            continue
-    return found
 
 
 def process_name(pid: int) -> str | None:

@@ -17,6 +17,8 @@
   ended by itself is started again with the same command, environment and directory (so a service keeps its
   port), after the policy's delay; each restart is a line in our log and a call of ``on_restart``. A child
   ended by our stop signal is never restarted, and a stop signal during the delay cancels the restart.
+* What the child's own children leave running when it ends, or when the supervisor dies, is stopped by its
+  watchdog (allocstack/launch/watchdog.py): the parent-death signal reaches the child alone.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from dataclasses import dataclass, field, replace
 from typing import IO
 
 from ..common.errors import EXIT_TEMPFAIL, AllocstackError
+from . import watchdog
 from .lifeline import FORWARDED_SIGNALS, forward_signals, watch_launcher
 from .restart import RestartPolicy, restart_after
 
@@ -145,6 +148,7 @@ class Supervised:
         self._keep_tail = keep_tail
         self._started: tuple[list[str], Mapping[str, str], str | None] | None = None  # what a restart starts again
         self.waiting_restart = False
+        self.watchdog: watchdog.Watchdog | None = None
         forward_signals(self._forward)
         watch_launcher(lambda: self._forward(signal.SIGTERM, None))
 
@@ -164,6 +168,7 @@ class Supervised:
                                           stderr=subprocess.PIPE if self._keep_tail else None)
         except OSError as exc:
             raise AllocstackError("prerequisite", f"cannot start {self.label} ({argv[0]}): {exc.strerror}") from exc
+        self.watchdog = watchdog.start(self.child.pid, self.label, grace)
         if self.child.stderr is not None:
             self.reader = threading.Thread(target=self._copy_stderr, args=(self.child.stderr,), name="stderr",
                                            daemon=True)
@@ -280,6 +285,8 @@ class Supervised:
             if stop_when is not None and self.stopped_by is None and stop_when():
                 self._forward(signal.SIGTERM, None)
         code = child.wait()
+        if self.watchdog is not None:
+            self.watchdog.child_ended()
         if self.reader is not None:
             self.reader.join(timeout=5)
         return self._outcome(code)
