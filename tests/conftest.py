@@ -33,6 +33,19 @@ def signal_handlers_as_they_were():
             signal.signal(signum, handler)
 
 
+@pytest.fixture
+def supervisor_in_this_process(monkeypatch):
+    """A supervisor (allocstack/launch/supervise.py) run in the test process: no launcher's lifeline in its
+    environment, and the handlers it installs for the signals that end a job undone after the test."""
+    from allocstack.launch.lifeline import ENV, FORWARDED_SIGNALS
+
+    monkeypatch.delenv(ENV, raising=False)
+    saved = {signum: signal.getsignal(signum) for signum in FORWARDED_SIGNALS}
+    yield
+    for signum, handler in saved.items():
+        signal.signal(signum, handler)
+
+
 def together_with_the_multinode_tests(nodeid: str) -> bool:
     """The multi-node tests share three nodes that each of them needs idle (and some crash one): under ``pytest
     -n`` (make test) they run one after another on one process, beside the rest. They are told by their id

@@ -10,11 +10,10 @@ import shutil
 import socket
 import sys
 import textwrap
-import time
 from pathlib import Path
 
 import pytest
-from test_slurm import TEST_RESOURCES, cluster_project, steps, the_stack_job  # noqa: F401 (a fixture)
+from test_slurm import TEST_RESOURCES, cluster_project, recorded_steps, the_stack_job  # noqa: F401 (a fixture)
 
 from conftest import ROOT, run_script
 from workflow_helpers import snakemake
@@ -128,11 +127,7 @@ def test_an_imported_stack_runs_on_the_cluster(cluster_project, name):  # noqa: 
     check_stack_ran(project, name)
     job = the_stack_job(output, project)  # the whole stack is one sbatch job
     wanted = {*STACK[name][2], *(f"{s}-readiness" for s in STACK[name][2]), "worker-01", "worker-02", "check"}
-    for _ in range(20):  # accounting records a step when it ends
-        job_steps = steps(job)
-        if wanted <= set(job_steps):
-            break
-        time.sleep(0.5)
+    job_steps = recorded_steps(job, wanted)
     assert all(job_steps.get(step) == "COMPLETED" for step in wanted), job_steps
     provenance = json.loads((project / f"results/{STACK[name][0]}/provenance.json").read_text())
     assert all(component["container"] in {str(project / path) for path in images}

@@ -36,7 +36,7 @@ import time
 from pathlib import Path
 
 import pytest
-from test_slurm import TEST_RESOURCES, steps, the_stack_job
+from test_slurm import TEST_RESOURCES, recorded_steps, the_stack_job
 from test_stack_images import NO_APPTAINER_PATH, place_image
 
 from conftest import ROOT, pids_of_run, run_script
@@ -249,11 +249,7 @@ def check_job_steps(output: str, project: Path) -> dict[str, str]:
     services = ("redis", "web", "dashboard")
     wanted = {*services, *(f"{service}-readiness" for service in services), "tests",
               *(f"worker-0{i}" for i in range(1, 5))}
-    for _ in range(20):  # accounting records a step when it ends
-        job_steps = steps(job)
-        if wanted <= set(job_steps):
-            break
-        time.sleep(0.5)
+    job_steps = recorded_steps(job, wanted)
     assert all(job_steps.get(step) == "COMPLETED" for step in wanted), job_steps
     return job_steps
 

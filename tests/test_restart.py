@@ -15,21 +15,14 @@ import time
 
 import pytest
 
-from allocstack.launch.lifeline import ENV as LIFELINE_ENV
-from allocstack.launch.lifeline import FORWARDED_SIGNALS
 from allocstack.launch.restart import RestartPolicy, counted, exhausted, restart_after
 from allocstack.launch.supervise import Outcome, Supervised
 
 ON_FAILURE = RestartPolicy("on-failure", delay=2.5, max_attempts=2)
 
 
-@pytest.fixture(autouse=True)
-def own_signals(monkeypatch):
-    monkeypatch.delenv(LIFELINE_ENV, raising=False)
-    saved = {signum: signal.getsignal(signum) for signum in FORWARDED_SIGNALS}
-    yield
-    for signum, handler in saved.items():
-        signal.signal(signum, handler)
+#: A supervisor in this process (tests/conftest.py: no launcher's lifeline, its signal handlers undone after).
+pytestmark = pytest.mark.usefixtures("supervisor_in_this_process")
 
 
 # -- the policy, pure ---------------------------------------------------------------------------------------------

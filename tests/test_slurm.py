@@ -57,6 +57,17 @@ def steps(job: str) -> dict[str, str]:
     return {name: state for _, name, state in (line.split("|") for line in listing.splitlines() if line)}
 
 
+def recorded_steps(job: str, wanted) -> dict[str, str]:
+    """The job's steps once accounting lists every one of ``wanted`` (it records a step when the step ends; slurmdbd
+    is given up to 10 s), else as they are then."""
+    for _ in range(20):
+        job_steps = steps(job)
+        if set(wanted) <= set(job_steps):
+            break
+        time.sleep(0.5)
+    return job_steps
+
+
 COMPONENTS = ("coordinator", "readiness", "worker-01", "worker-02", "verify")
 
 
@@ -66,11 +77,7 @@ def assert_a_completed_step_per_component(job: str, project: Path) -> None:
     it COMPLETED or CANCELLED depends on which it notes first (the coordinator exits within milliseconds, on a
     loaded machine slurmstepd may see the signal first). Either is an orderly end when the coordinator says
     it stopped on the signal, after draining."""
-    for _ in range(20):  # accounting records a step when it ends; give slurmdbd a moment
-        job_steps = steps(job)
-        if set(COMPONENTS) <= set(job_steps):
-            break
-        time.sleep(0.5)
+    job_steps = recorded_steps(job, COMPONENTS)
     for name in COMPONENTS:
         state = job_steps.get(name)
         if name == "coordinator" and state == "CANCELLED":

@@ -17,8 +17,6 @@ from pathlib import Path
 import pytest
 
 from allocstack.common.errors import AllocstackError
-from allocstack.launch.lifeline import ENV as LIFELINE_ENV
-from allocstack.launch.lifeline import FORWARDED_SIGNALS
 from allocstack.launch.program import ProgramError, run_program
 from allocstack.launch.supervise import Outcome, Supervised, exit_status
 from conftest import SCRIPTS
@@ -34,13 +32,8 @@ IGNORES_TERM = ("import pathlib, signal, sys, time\n"
                 "time.sleep(60)\n")
 
 
-@pytest.fixture(autouse=True)
-def own_signals(monkeypatch):
-    monkeypatch.delenv(LIFELINE_ENV, raising=False)
-    saved = {signum: signal.getsignal(signum) for signum in FORWARDED_SIGNALS}
-    yield
-    for signum, handler in saved.items():
-        signal.signal(signum, handler)
+#: A supervisor in this process (tests/conftest.py: no launcher's lifeline, its signal handlers undone after).
+pytestmark = pytest.mark.usefixtures("supervisor_in_this_process")
 
 
 def start_and_signal(supervised: Supervised, code: str, ready: Path, grace: float | None = None) -> Outcome:

@@ -18,8 +18,6 @@ import pytest
 
 from allocstack.launch import watchdog
 from allocstack.launch.containers import runtime_environ
-from allocstack.launch.lifeline import ENV as LIFELINE_ENV
-from allocstack.launch.lifeline import FORWARDED_SIGNALS
 from allocstack.launch.supervise import Supervised
 from conftest import SCRIPTS
 from workflow_helpers import snakemake
@@ -58,13 +56,8 @@ SUPERVISOR = textwrap.dedent("""
 """)
 
 
-@pytest.fixture(autouse=True)
-def own_signals(monkeypatch):
-    monkeypatch.delenv(LIFELINE_ENV, raising=False)
-    saved = {signum: signal.getsignal(signum) for signum in FORWARDED_SIGNALS}
-    yield
-    for signum, handler in saved.items():
-        signal.signal(signum, handler)
+#: A supervisor in this process (tests/conftest.py: no launcher's lifeline, its signal handlers undone after).
+pytestmark = pytest.mark.usefixtures("supervisor_in_this_process")
 
 
 def environment(python: list[str] | None = None) -> dict[str, str]:
