@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import random
 import shutil
 import socket
 import sys
@@ -27,10 +28,21 @@ STACK = {
 }
 
 
+#: Where a stack's fixed ports are moved to: below the kernel's ephemeral range (ip_local_port_range, 32768 up), so
+#: no connection another test opens meanwhile takes the port between this choice and the service's bind.
+LISTEN_PORTS = range(20000, 32000)
+
+
 def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
+    """A port on loopback that nothing holds now, outside the ephemeral range (:data:`LISTEN_PORTS`)."""
+    while True:
+        port = random.choice(LISTEN_PORTS)  # noqa: S311 (a port to try, not a secret)
+        with socket.socket() as probe:
+            try:
+                probe.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
 
 
 def import_test_stack(project, name: str, *extra: str) -> str:

@@ -146,7 +146,7 @@ def test_a_service_in_its_image_behind_a_command_gate_in_the_same_image(tmp_path
     mounts = ["--mounts-json", json.dumps([{"target": "/data", "volume": "data"}])]
     service = subprocess.Popen(
         [PYTHON, str(SCRIPTS / "app_service.py"), "--name", "redis", "--scratch", str(scratch), "--port", str(port),
-         "--command-json", json.dumps(["redis-server", "--port", str(port), "--save", "", "--appendonly", "yes"]),
+         "--command-json", json.dumps(["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "yes"]),
          *placement(runtime, image, *mounts)],
         stderr=subprocess.PIPE, text=True, env=env, cwd=tmp_path)
     try:
