@@ -59,7 +59,7 @@ from allocstack.common.taskset import (
     ascending,
     by_id,
     ids_sha256,
-    listing_sha256,
+    listing_sha256_of_chunks,
     load_expected,
     load_tasks_and_digest,
     validated_summary,
@@ -156,12 +156,8 @@ def verify_validated(args) -> tuple[dict[str, Any], list[Any] | StagedMarker] | 
         document = decode_results_fast(raw, RESULTS_TEXT if staged is not None else RESULTS_DOCUMENT)
         results = document.results if document is not None else []
         ids = [result.taskId for result in results]
-        outputs = ([result.output for result in results] if staged is not None
-                   else list(map(encode_basestring_ascii, [result.output for result in results])))
         same = (document is not None and len(results) == count and ascending(ids)  # in order: so sorted by task id
-                and listing_sha256(ids_sha256(ids), b"".join(outputs) if staged is not None
-                                   else "".join(outputs).encode("ascii"),
-                                   "\n".join([result.sha256 for result in results])) == listing)
+                and results_listing_sha256(ids, results, staged is not None) == listing)
     except BaseException:
         discard(staged)
         raise
@@ -169,6 +165,23 @@ def verify_validated(args) -> tuple[dict[str, Any], list[Any] | StagedMarker] | 
         discard(staged)
         return None
     return facts, results if staged is None else staged
+
+
+def results_listing_sha256(ids: list[str], results: list[Any], raw_outputs: bool) -> str:
+    """:func:`listing_sha256` of results.json's ``results`` (records, whose ids are ``ids``), a chunk of
+    :data:`MARKER_CHUNK` at a time (no text of all the outputs or digests at once).
+
+    :param raw_outputs: each output is its JSON text (:data:`RESULTS_TEXT`'s records), else a string.
+    """
+    bounds = [(start, start + MARKER_CHUNK) for start in range(0, len(results), MARKER_CHUNK)]
+
+    def outputs(start: int, end: int) -> bytes:
+        chunk = [result.output for result in results[start:end]]
+        return b"".join(chunk) if raw_outputs else "".join(map(encode_basestring_ascii, chunk)).encode("ascii")
+
+    return listing_sha256_of_chunks(ids_sha256(ids), (outputs(*bound) for bound in bounds),
+                                    ("\n".join([result.sha256 for result in results[slice(*bound)]])
+                                     for bound in bounds))
 
 
 class StagedMarker:
