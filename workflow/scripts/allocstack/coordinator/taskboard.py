@@ -240,29 +240,31 @@ class TaskBoard:
 
     def result_entries(self) -> Iterator[bytes]:
         """results.json's entries (:data:`RESULT_ENTRY`, joined by ",\\n"), in task id order, a chunk at a time:
-        a few operations per chunk, each over all of its results (the stored output is its JSON text). Ids
-        that ascend in task order make a chunk's values a slice of each store; others are gathered from
-        where their tasks are (a C call or two a value: about a second a million)."""
-        tasks, digests, at, size, blob = self.tasks, self.digests, self.output_at, self.output_size, self.outputs
+        a few operations per chunk, each over all of its results (the stored output is its JSON text). Ids that ascend in task order make a chunk's values a slice of each store; others
+        are gathered from where their tasks are (a C call or two a value). Outputs and digests are taken as
+        views of their stores, not copies (a third less CPU for a shuffled million's gathers); the stores
+        do not grow meanwhile (every task has its result, or the server is closed)."""
+        tasks, at, size, workers = self.tasks, self.output_at, self.output_size, self.result_worker
         names = [encode_basestring_ascii(name).encode("ascii") for name in self.worker_names]
-        for ranks, positions in self.done_in_id_order():
-            if not positions:
-                continue
-            if type(positions) is range:
-                start, end = positions.start, positions.stop
-                starts, numbers = at[start:end], self.result_worker[start:end]
-                outputs = map(blob.__getitem__, map(slice, starts, map(add, starts, size[start:end])))
-                hexes = digests[32 * start:32 * end].hex()
-            else:  # gathered (a list comprehension: fewer objects a value than a chain of maps)
-                outputs = [blob[at[p]:at[p] + size[p]] for p in positions]
-                numbers = map(self.result_worker.__getitem__, positions)
-                hexes = b"".join([digests[32 * p:32 * p + 32] for p in positions]).hex()
-            chunk_ids = tasks.ranked_ids(ranks.start, ranks.stop) if ranks is not None else tasks.ids_at(positions)
-            hexes = hexes.encode("ascii")
-            digest = map(hexes.__getitem__, map(slice, range(0, len(hexes), 64), range(64, len(hexes) + 64, 64)))
-            yield _ENTRY[0] + _ENTRY_SEPARATOR.join(map(b"".join, zip(
-                outputs, repeat(_ENTRY[1]), digest, repeat(_ENTRY[2]), chunk_ids, repeat(_ENTRY[3]),
-                map(names.__getitem__, numbers), strict=False))) + _ENTRY[4]  # (repeat() never ends)
+        with memoryview(self.outputs) as blob, memoryview(self.digests) as digests:
+            for ranks, positions in self.done_in_id_order():
+                if not positions:
+                    continue
+                if type(positions) is range:
+                    start, end = positions.start, positions.stop
+                    starts, numbers = at[start:end], workers[start:end]
+                    outputs = map(blob.__getitem__, map(slice, starts, map(add, starts, size[start:end])))
+                    hexes = digests[32 * start:32 * end].hex()
+                else:  # gathered (a list comprehension: fewer objects a value than a chain of maps)
+                    outputs = [blob[at[p]:at[p] + size[p]] for p in positions]
+                    numbers = map(workers.__getitem__, positions)
+                    hexes = b"".join([digests[32 * p:32 * p + 32] for p in positions]).hex()
+                chunk_ids = tasks.ranked_ids(ranks.start, ranks.stop) if ranks is not None else tasks.ids_at(positions)
+                hexes = hexes.encode("ascii")
+                digest = map(hexes.__getitem__, map(slice, range(0, len(hexes), 64), range(64, len(hexes) + 64, 64)))
+                yield _ENTRY[0] + _ENTRY_SEPARATOR.join(map(b"".join, zip(
+                    outputs, repeat(_ENTRY[1]), digest, repeat(_ENTRY[2]), chunk_ids, repeat(_ENTRY[3]),
+                    map(names.__getitem__, numbers), strict=False))) + _ENTRY[4]  # (repeat() never ends)
 
     def results_json(self) -> Iterator[bytes]:
         """results.json, in chunks: ``{"results": [...], "schemaVersion": 1}`` sorted by task id (see
