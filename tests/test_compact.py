@@ -373,6 +373,32 @@ def test_results_json_of_a_board_partly_done_in_chunks(monkeypatch):
         {"schemaVersion": 1, "results": results}, indent=2, sort_keys=True) + "\n"
 
 
+def test_results_json_leaves_the_stores_free_to_grow_written_or_not(monkeypatch):
+    """results.json reads the outputs' and digests' stores through views: none outlives the writing, even
+    when the writing stops half-way, so a result recorded afterwards still grows them (shuffled ids: the
+    gathered path)."""
+    monkeypatch.setattr("allocstack.coordinator.taskboard.RESULTS_CHUNK", 2)
+    board = TaskBoard(parse_tasks({"schemaVersion": 1, "tasks": [{"id": f"t{i}", "payload": {}}
+                                                                 for i in (3, 0, 4, 1, 2)]}), lease_seconds=60)
+    board.claim("w-1", 5, now=0)
+
+    def record(positions):
+        staged, rejected = board.stage("w-1", [{"taskId": board.tasks.task_id(p), "output": TRICKY_OUTPUTS[p],
+                                                 "sha256": digest_of(TRICKY_OUTPUTS[p])} for p in positions], now=1)
+        assert not rejected
+        board.commit(staged, now=1)
+
+    record([0, 1, 2])
+    partial = board.results_json()
+    next(partial), next(partial)
+    partial.close()  # stopped half-way
+    b"".join(board.results_json())  # written whole
+    record([3, 4])  # the stores grow
+    results = [board.result(f"t{i}") for i in range(5)]
+    assert b"".join(board.results_json()).decode("ascii") == json.dumps(
+        {"schemaVersion": 1, "results": results}, indent=2, sort_keys=True) + "\n"
+
+
 def test_a_claims_tasks_share_a_lease_and_a_heartbeat_renews_only_the_tasks_it_names():
     board = TaskBoard(parse_tasks(make_tasks(4)), lease_seconds=10)
     claim = board.claim("a", 3, now=0)

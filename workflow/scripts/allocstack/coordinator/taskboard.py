@@ -250,21 +250,28 @@ class TaskBoard:
             for ranks, positions in self.done_in_id_order():
                 if not positions:
                     continue
+                chunk_ids = tasks.ranked_ids(ranks.start, ranks.stop) if ranks is not None else tasks.ids_at(positions)
                 if type(positions) is range:
                     start, end = positions.start, positions.stop
                     starts, numbers = at[start:end], workers[start:end]
                     outputs = map(blob.__getitem__, map(slice, starts, map(add, starts, size[start:end])))
-                    hexes = digests[32 * start:32 * end].hex()
-                else:  # gathered (a list comprehension: fewer objects a value than a chain of maps)
-                    outputs = [blob[at[p]:at[p] + size[p]] for p in positions]
-                    numbers = map(workers.__getitem__, positions)
-                    hexes = b"".join([digests[32 * p:32 * p + 32] for p in positions]).hex()
-                chunk_ids = tasks.ranked_ids(ranks.start, ranks.stop) if ranks is not None else tasks.ids_at(positions)
-                hexes = hexes.encode("ascii")
-                digest = map(hexes.__getitem__, map(slice, range(0, len(hexes), 64), range(64, len(hexes) + 64, 64)))
-                yield _ENTRY[0] + _ENTRY_SEPARATOR.join(map(b"".join, zip(
-                    outputs, repeat(_ENTRY[1]), digest, repeat(_ENTRY[2]), chunk_ids, repeat(_ENTRY[3]),
-                    map(names.__getitem__, numbers), strict=False))) + _ENTRY[4]  # (repeat() never ends)
+                    hexes = digests[32 * start:32 * end].hex().encode("ascii")
+                    digest = map(hexes.__getitem__, map(slice, range(0, len(hexes), 64), range(64, len(hexes) + 64, 64)))
+                    yield _ENTRY[0] + _ENTRY_SEPARATOR.join(map(b"".join, zip(
+                        outputs, repeat(_ENTRY[1]), digest, repeat(_ENTRY[2]), chunk_ids, repeat(_ENTRY[3]),
+                        map(names.__getitem__, numbers), strict=False))) + _ENTRY[4]  # (repeat() never ends)
+                else:  # gathered (list comprehensions: fewer objects a value than chains of maps), one join
+                    count = len(positions)
+                    hexes = b"".join([digests[32 * p:32 * p + 32] for p in positions]).hex().encode("ascii")
+                    parts = [_ENTRY_SEPARATOR, b"", _ENTRY[1], b"", _ENTRY[2], b"", _ENTRY[3], b""] * count
+                    parts[0] = _ENTRY[0]
+                    parts[1::8] = [blob[at[p]:at[p] + size[p]] for p in positions]
+                    parts[3::8] = map(hexes.__getitem__, map(slice, range(0, 64 * count, 64),
+                                                             range(64, 64 * count + 64, 64)))
+                    parts[5::8] = chunk_ids
+                    parts[7::8] = map(names.__getitem__, map(workers.__getitem__, positions))
+                    parts.append(_ENTRY[4])
+                    yield b"".join(parts)
 
     def results_json(self) -> Iterator[bytes]:
         """results.json, in chunks: ``{"results": [...], "schemaVersion": 1}`` sorted by task id (see
