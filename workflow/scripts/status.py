@@ -66,6 +66,13 @@ def render(status: dict[str, Any], url: str) -> str:
         for node, stats in nodes.items():
             lines.append(f"  {node:<12}{len(stats['workers']):>7,} {stats['completed']:>11,}  "
                          f"{stats['lastSeenSecondsAgo']:.1f} s ago  ({', '.join(stats['workers'])})")
+    events = status.get("events") or []
+    if events:
+        lines.append("  events    (restarts, sockets beyond loopback, failed gates; the newest last)")
+        now = time.time()
+        for event in events:
+            ago = f"{max(0.0, now - event['t']):.0f} s ago" if isinstance(event.get("t"), (int, float)) else "-"
+            lines.append(f"  {ago:>10}  {event['line']}")
     return "\n".join(lines)
 
 

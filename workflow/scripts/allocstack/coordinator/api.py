@@ -26,6 +26,7 @@ from urllib.parse import parse_qs
 from .. import SCHEMA_VERSION
 from ..common.errors import AllocstackError
 from ..common.jsonio import dumps_compact, msgspec
+from ..status.stackevents import EventTail
 from .httpserver import ClientError, HttpError, Request, Response
 from .journal import Journal, result_line, result_lines
 from .progress import Clock, Progress
@@ -137,8 +138,10 @@ class CoordinatorApi:
 
     def __init__(self, board: TaskBoard, journal: Journal, progress: Progress, *, event: Event,
                  on_fault: Callable[[AllocstackError], None], on_change: Callable[[], None],
-                 log: Callable[[str], None]) -> None:
+                 log: Callable[[str], None], stack_events: EventTail | None = None) -> None:
         self.board = board
+        #: The other components' event logs: their restarts, exposed sockets and failed gates go in /status.
+        self.stack_events = stack_events
         self.journal = journal
         self.progress = progress
         self.clock: Clock = progress.clock
@@ -175,6 +178,7 @@ class CoordinatorApi:
         summary = self.progress.summary(self.board)
         if parse_qs(request.query).get("history") == ["1"]:
             summary["history"] = list(self.progress.history)
+        summary["events"] = self.stack_events.poll() if self.stack_events is not None else []
         return Response.json(200, summary)
 
     async def submit_batch(self, worker: str, results: list[Any]) -> list[str] | None:
