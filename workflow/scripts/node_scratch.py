@@ -29,6 +29,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--dir", type=Path, action="append", default=[],
                         help="a directory the runtime needs in the run's scratch (repeatable)")
+    parser.add_argument("--hosts-name", action="append", default=[], metavar="SERVICE=NAME,...",
+                        help="a service of the stack and its other names: the stack's hosts file on this node "
+                             "(allocstack/launch/hostsfile.py; repeatable)")
     parser.add_argument("command", nargs="*", help="-- COMMAND...: what the step runs (none: the task epilog)")
     args = parser.parse_args(argv)
     try:
@@ -39,6 +42,10 @@ def main(argv: list[str] | None = None) -> int:
         if not all(d.is_absolute() and d.is_relative_to(scratch) for d in args.dir):
             parser.error(f"--dir must be inside {scratch}")
         enter(scratch, component, args.dir)
+        if args.hosts_name:
+            from allocstack.launch.hostsfile import write_named
+
+            write_named(scratch, args.hosts_name)
         environ = {name: value for name, value in os.environ.items() if name != STEP_ENV}  # the component's as before
         try:
             os.execvpe(args.command[0], args.command, environ)  # noqa: S606 - an argv list; returns only by raising
