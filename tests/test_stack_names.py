@@ -1,0 +1,149 @@
+"""Service names as in Compose (issue 32, point 2): a stack whose programs find their service by its Compose name,
+its ``hostname:`` and a network alias written in a CONFIG FILE (tests/stacks/names), imported with ``--no-hostnames``
+(every value as written), verifies without an image, in Apptainer, in Charliecloud and through the Slurm profile:
+each name resolves through the stack's hosts file (allocstack/launch/hostsfile.py), bound at /etc/hosts in each
+image and, without one, in a mount namespace of the program's own (allocstack/launch/privatenames.py). The node's
+own /etc/hosts is the same byte for byte afterwards, and none of the names resolves outside the stack's programs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+from pathlib import Path
+
+import pytest
+from test_compose_stacks import free_port
+from test_slurm import TEST_RESOURCES, the_stack_job
+
+from conftest import pids_of_run, run_script
+from real_parts import require_apptainer, require_charliecloud, require_slurm
+from workflow_helpers import ROOT, copy_project, snakemake
+
+NAMES = ("kv", "keyvalue", "queue")
+RESOLVED = "names resolved: keyvalue -> 127.0.0.1, kv -> 127.0.0.1, queue -> 127.0.0.1"
+
+
+@pytest.fixture
+def project(tmp_path):
+    workdir = copy_project(tmp_path / "project")
+    before = Path("/etc/hosts").read_bytes()
+    yield workdir
+    assert Path("/etc/hosts").read_bytes() == before  # the node's own file, untouched
+    leftovers = pids_of_run(workdir, "Apptainer runtime parent", "squashfuse")
+    for pid in leftovers:
+        os.kill(pid, signal.SIGKILL)
+    assert not leftovers, f"processes of the run left on the node: {leftovers}"
+
+
+def resolves_here(name: str) -> bool:
+    try:
+        socket.gethostbyname(name)
+    except OSError:
+        return False
+    return True
+
+
+def import_names(project: Path, runtime: str = "apptainer", run: str = "names") -> str:
+    """Copy tests/stacks/names (and the kv service's program) with a free port in the Compose file and in the
+    settings file, import it with ``--no-hostnames``; the config's path."""
+    for stack in ("names", "kv"):
+        shutil.copytree(ROOT / "tests" / "stacks" / stack, project / "stacks" / stack)
+    port = str(free_port())
+    for path in (project / "stacks/names/compose.yaml", project / "stacks/names/app/settings.ini"):
+        path.write_text(path.read_text().replace("8080", port))
+    extra = ["--runtime", "charliecloud"] if runtime == "charliecloud" else []
+    done = run_script("import_compose.py", "stacks/names/compose.yaml", "--no-hostnames", "--output",
+                      f"config/{run}.yaml", "--run", run, *extra, cwd=project)
+    assert done.returncode == 0 and "0 gap(s)" in done.stdout, done.stdout + done.stderr
+    assert "values are left as written (--no-hostnames)" in done.stdout
+    config = (project / f"config/{run}.yaml").read_text()
+    assert "ALLOCSTACK_KV_HOST" not in config and "hostnames: [keyvalue, queue]" in config
+    return f"config/{run}.yaml"
+
+
+def place_test_image(project: Path, runtime: str, run: str) -> None:
+    """The test image (python3 on Debian) where the import expects ``build: ./app``'s image, with its sidecar."""
+    (project / "images").mkdir(exist_ok=True)
+    if runtime == "apptainer":
+        image = require_apptainer()
+        (project / f"images/{run}-app.sif").symlink_to(image)
+        digest = Path(f"{image}.sha256").read_text().split()[0]
+        (project / f"images/{run}-app.sif.sha256").write_text(f"{digest}  {run}-app.sif\n")
+    else:
+        target = project / f"images/{run}-app"
+        shutil.copytree(require_charliecloud(), target, symlinks=True)
+        assert run_script("image_digest.py", target).returncode == 0
+
+
+def check_names_resolved(project: Path, run: str, output: str) -> None:
+    assert json.loads((project / f"results/{run}/result.json").read_text())["status"] == "success", output[-4000:]
+    assert RESOLVED in (project / f"logs/run_check/{run}.log").read_text()
+    assert "jobs through http://queue:" in (project / f"logs/run_worker/{run}/worker-01.log").read_text()
+    assert not any(resolves_here(name) for name in NAMES)
+
+
+def test_names_in_a_config_file_resolve_without_an_image(project):
+    config = import_names(project)
+    done = snakemake(project, "--cores", "4", "--configfile", config)
+    output = done.stdout + done.stderr
+    assert done.returncode == 0, output[-4000:]
+    check_names_resolved(project, "names", output)
+
+
+@pytest.mark.apptainer
+def test_names_in_a_config_file_resolve_in_apptainer(project):
+    config = import_names(project)
+    place_test_image(project, "apptainer", "names")
+    done = snakemake(project, "--cores", "4", "--sdm", "apptainer", "--configfile", config)
+    output = done.stdout + done.stderr
+    assert done.returncode == 0, output[-4000:]
+    check_names_resolved(project, "names", output)
+    assert "/hosts:/etc/hosts:ro" in (project / "logs/serve_service/names/kv.log").read_text()
+
+
+@pytest.mark.charliecloud
+def test_names_in_a_config_file_resolve_in_charliecloud(project):
+    config = import_names(project, "charliecloud", "names-ch")
+    place_test_image(project, "charliecloud", "names-ch")
+    done = snakemake(project, "--cores", "4", "--configfile", config)
+    output = done.stdout + done.stderr
+    assert done.returncode == 0, output[-4000:]
+    check_names_resolved(project, "names-ch", output)
+    assert "/hosts:/etc/hosts" in (project / "logs/serve_service/names-ch/kv.log").read_text()
+
+
+@pytest.mark.slurm
+@pytest.mark.apptainer
+def test_names_in_a_config_file_resolve_through_the_slurm_profile(project):
+    require_slurm()
+    config = import_names(project)
+    place_test_image(project, "apptainer", "names")
+    done = snakemake(project, "--profile", "profiles/slurm", *TEST_RESOURCES, "runtime=10", "--configfile", config,
+                     timeout=600)
+    output = done.stdout + done.stderr
+    assert done.returncode == 0, output[-4000:]
+    the_stack_job(output, project)
+    check_names_resolved(project, "names", output)
+
+
+def test_a_name_resolves_only_inside_the_program(tmp_path):
+    """Without an image: the program sees the stack's hosts file at /etc/hosts; this process, before and after, and
+    the node's /etc/hosts do not change."""
+    import sys
+
+    sys.path.insert(0, str(ROOT / "workflow/scripts"))
+    from allocstack.launch.hostsfile import write_hosts
+    from allocstack.launch.program import names_preexec, run_program
+
+    before = Path("/etc/hosts").read_bytes()
+    hosts = write_hosts(tmp_path, {"kv": ["keyvalue", "queue"]})
+    done = run_program(["getent", "hosts", "queue"], preexec=names_preexec(hosts, "test"))
+    assert done.returncode == 0 and done.stdout.split()[:2] == [b"127.0.0.1", b"kv"], done.text()
+    assert subprocess.run(["getent", "hosts", "queue"], capture_output=True, check=False).returncode != 0
+    assert not resolves_here("queue")
+    assert Path("/etc/hosts").read_bytes() == before
