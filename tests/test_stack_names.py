@@ -147,3 +147,51 @@ def test_a_name_resolves_only_inside_the_program(tmp_path):
     assert subprocess.run(["getent", "hosts", "queue"], capture_output=True, check=False).returncode != 0
     assert not resolves_here("queue")
     assert Path("/etc/hosts").read_bytes() == before
+
+
+#: A per-task program that finds the service by a name in a settings file (not its variables), and says how it
+#: resolved that name.
+PER_TASK = """
+import configparser, json, os, socket, sys, urllib.request
+settings = configparser.ConfigParser()
+settings.read(sys.argv[1])
+url = settings["app"]["url"]
+word = json.load(sys.stdin)["message"]
+request = urllib.request.Request(url + "/word/" + word,
+                                 headers={"Authorization": "Bearer " + os.environ["ALLOCSTACK_APP_TOKEN"]})
+value = json.load(urllib.request.urlopen(request, timeout=5))["value"]
+sys.stdout.write(value + " " + socket.gethostbyname("shouter"))
+"""
+
+
+def test_per_task_programs_find_a_service_by_a_name_in_their_settings(project):
+    """Per-task programs without an image (worker.py runs each one): the service's alias in a settings file."""
+    import hashlib
+    import sys
+
+    from test_own_service import SERVICE
+
+    from conftest import make_tasks, write_json
+
+    tasks = make_tasks(6, message="w")
+    results = []
+    for task in tasks["tasks"]:
+        output = task["payload"]["message"].upper() + " 127.0.0.1"
+        results.append({"taskId": task["id"], "output": output, "sha256": hashlib.sha256(output.encode()).hexdigest()})
+    write_json(project / "inputs/names.json", tasks)
+    write_json(project / "expected/names.json", {"schemaVersion": 1, "results": results})
+    (project / "apps").mkdir()
+    (project / "apps/service.py").write_text(SERVICE)
+    (project / "apps/client.py").write_text(PER_TASK)
+    port = free_port()
+    (project / "apps/settings.ini").write_text(f"[app]\nurl = http://shouter:{port}\n")
+    python = json.dumps(sys.executable)
+    (project / "config/names.yaml").write_text(
+        f"run: names\ntasks: inputs/names.json\nexpected: expected/names.json\n"
+        f"services:\n  app:\n    command: [{python}, apps/service.py]\n    port: {port}\n    hostnames: [shouter]\n"
+        f"    readiness: {{mode: http, path: /health, expect: {{status: ok}}}}\n"
+        f"worker: {{command: [{python}, apps/client.py, apps/settings.ini]}}\n")
+    done = snakemake(project, "--cores", "4", "--configfile", "config/names.yaml")
+    assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
+    assert json.loads((project / "results/names/result.json").read_text())["status"] == "success"
+    assert not resolves_here("shouter")

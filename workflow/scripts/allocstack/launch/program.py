@@ -336,13 +336,21 @@ def stack_hosts() -> Path | None:
     return existing_hosts(Path(scratch) if scratch else None)
 
 
+def already_bound(hosts: Path, etc_hosts: Path = Path("/etc/hosts")) -> bool:
+    """This process already sees the stack's hosts file at /etc/hosts (it runs in the image it is bound in)."""
+    try:
+        return etc_hosts.read_bytes() == hosts.read_bytes()
+    except OSError:
+        return False
+
+
 def names_preexec(hosts: Path | None, where: str) -> Callable[[], None]:
     """What a program without an image runs before exec: into a mount namespace where ``hosts`` is /etc/hosts
     (where this node allows one; else it says once why not), then the parent-death signal."""
     from .privatenames import entering, mode
     from .supervise import die_with_parent
 
-    if hosts is None:
+    if hosts is None or already_bound(hosts):
         return die_with_parent
     how, why = mode()
     if how is None:
