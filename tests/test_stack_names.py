@@ -80,8 +80,10 @@ def place_test_image(project: Path, runtime: str, run: str) -> None:
         assert run_script("image_digest.py", target).returncode == 0
 
 
-def check_names_resolved(project: Path, run: str, output: str) -> None:
+def check_names_resolved(project: Path, run: str, output: str, how: str = "bound at /etc/hosts in each image") -> None:
     assert json.loads((project / f"results/{run}/result.json").read_text())["status"] == "success", output[-4000:]
+    record = (project / f"results/{run}/decision-record.md").read_text()
+    assert "service names (Compose's names, hostnames and aliases)" in record and how in record, record
     assert RESOLVED in (project / f"logs/run_check/{run}.log").read_text()
     assert "jobs through http://queue:" in (project / f"logs/run_worker/{run}/worker-01.log").read_text()
     assert not any(resolves_here(name) for name in NAMES)
@@ -92,7 +94,7 @@ def test_names_in_a_config_file_resolve_without_an_image(project):
     done = snakemake(project, "--cores", "4", "--configfile", config)
     output = done.stdout + done.stderr
     assert done.returncode == 0, output[-4000:]
-    check_names_resolved(project, "names", output)
+    check_names_resolved(project, "names", output, "a mount namespace of its own")
 
 
 @pytest.mark.apptainer

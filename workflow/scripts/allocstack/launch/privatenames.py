@@ -59,6 +59,20 @@ def mode(euid: int | None = None, allowed: tuple[bool, str] | None = None) -> tu
                   "and environment do where the import rewrote them")
 
 
+def names_fact(host: str, in_images: bool, how: tuple[str | None, str]) -> str:
+    """The decision record's line: whether the stack's service names resolve in its programs' files, and how
+    (pure; ``how`` is :func:`mode` on ``host``)."""
+    if in_images:
+        return ("resolve in every program as in Compose: the stack's hosts file (SCRATCH/hosts: each service's name, "
+                "hostname and aliases at 127.0.0.1) bound at /etc/hosts in each image")
+    way, why = how
+    if way is None:
+        return (f"do NOT resolve in your programs' files on {host}: {why}; the import's rewriting of names in "
+                "commands and environment values still works")
+    return (f"resolve in every program as in Compose: the stack's hosts file (SCRATCH/hosts) bound at /etc/hosts in "
+            f"{why} (read on {host})")
+
+
 def _check(result: int, what: str) -> None:
     if result != 0:
         error = ctypes.get_errno()
