@@ -3,10 +3,11 @@
 
 launch.py runs this on the node of a job step off the first node (see allocstack/launch/nodescratch.py)::
 
-    srun --task-epilog=node_scratch.py ... python3 node_scratch.py [--dir DIR]... -- COMMAND...
+    srun --task-epilog=node_scratch.py ... python3 node_scratch.py [--dir DIR]... [--hosts-name S=N,...]... -- COMMAND...
 
 With a command: make ``$ALLOCSTACK_SCRATCH`` (0700, ours) and each ``--dir`` in it on this node,
-record ``$ALLOCSTACK_STEP`` as using it, and exec COMMAND (the runtime: ``apptainer exec``,
+record ``$ALLOCSTACK_STEP`` as using it, write the stack's hosts file there (``--hosts-name``, once per node:
+allocstack/launch/hostsfile.py), and exec COMMAND (the runtime: ``apptainer exec``,
 ``ch-run``, or python3). Without one (slurmstepd runs it so once the step's process ended):
 forget the step, and remove the run's scratch on this node when it was the last one there.
 
