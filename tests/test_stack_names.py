@@ -197,3 +197,57 @@ def test_per_task_programs_find_a_service_by_a_name_in_their_settings(project):
     assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
     assert json.loads((project / "results/names/result.json").read_text())["status"] == "success"
     assert not resolves_here("shouter")
+
+
+#: A per-task program that reaches the service by its alias: the address from the stack's hosts file, the port from
+#: its variables (off the first node, the tunnel's local end listens on a port of its own).
+BY_ALIAS = """
+import json, os, socket, sys, urllib.request
+from urllib.parse import urlsplit
+port = urlsplit(os.environ["ALLOCSTACK_APP_ENDPOINT"]).port
+word = json.load(sys.stdin)["message"]
+request = urllib.request.Request(f"http://shouter:{port}/word/{word}",
+                                 headers={"Authorization": "Bearer " + os.environ["ALLOCSTACK_APP_TOKEN"]})
+sys.stdout.write(json.load(urllib.request.urlopen(request, timeout=5))["value"] + " " + socket.gethostbyname("shouter"))
+"""
+
+
+@pytest.mark.multinode
+@pytest.mark.slurm
+@pytest.mark.apptainer
+def test_multinode_workers_on_three_nodes_reach_the_service_by_its_alias(tmp_path):
+    """Workers on each of three nodes (per-task, in Apptainer) find the service by its alias: the hosts file is
+    written on every node (node_scratch.py) and bound in each image; off the first node the name is the local end
+    of the service's TLS tunnel."""
+    import hashlib
+
+    from test_multinode import cluster_args
+    from test_own_service import SERVICE
+
+    from conftest import write_json
+    from real_parts import require_multinode
+
+    layout, image = require_multinode(), require_apptainer()
+    project = copy_project(tmp_path / "project")
+    document = {"schemaVersion": 1, "tasks": [{"id": f"task-{i:04d}", "payload": {"message": f"w{i}"}}
+                                              for i in range(24)]}
+    outputs = [(task["id"], task["payload"]["message"].upper() + " 127.0.0.1") for task in document["tasks"]]
+    write_json(project / "inputs/names.json", document)
+    write_json(project / "expected/names.json", {"schemaVersion": 1, "results": [
+        {"taskId": task, "output": output, "sha256": hashlib.sha256(output.encode()).hexdigest()}
+        for task, output in outputs]})
+    (project / "apps").mkdir()
+    (project / "apps/service.py").write_text(SERVICE)
+    (project / "apps/client.py").write_text(BY_ALIAS)
+    (project / "config/names.yaml").write_text(
+        "run: names\ntasks: inputs/names.json\nexpected: expected/names.json\nsimulate: {task_seconds: 0.5}\n"
+        "worker: {batch: 2, command: [python3, apps/client.py]}\n"
+        "services: {app: {command: [python3, apps/service.py], hostnames: [shouter], "
+        "readiness: {mode: http, path: /health, expect: {status: ok}}}}\n"
+        f"apptainer: {{binds: [{project / 'apps'}]}}\n")
+    done = snakemake(project, "--configfile", "config/names.yaml", *cluster_args(layout, image), timeout=600)
+    output = done.stdout + done.stderr
+    assert done.returncode == 0, output[-4000:]
+    assert json.loads((project / "results/names/result.json").read_text())["status"] == "success"
+    events = [json.loads(line) for line in (project / "results/names/events.jsonl").read_text().splitlines()]
+    assert len({event["node"] for event in events if event["event"] == "worker-start"}) == 3
