@@ -8,20 +8,28 @@ own /etc/hosts is the same byte for byte afterwards, and none of the names resol
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
 import signal
 import socket
 import subprocess
+import sys
+import tempfile
 from pathlib import Path
 
 import pytest
 from test_compose_stacks import free_port
+from test_multinode import cluster_args
+from test_own_service import SERVICE
 from test_slurm import TEST_RESOURCES, the_stack_job
 
-from conftest import pids_of_run, run_script
-from real_parts import require_apptainer, require_charliecloud, require_slurm
+from allocstack.common.namespaces import user_namespaces
+from allocstack.launch.hostsfile import write_hosts
+from allocstack.launch.program import names_preexec, run_program
+from conftest import ensure_other_user, make_tasks, pids_of_run, run_script, write_json
+from real_parts import require_apptainer, require_charliecloud, require_multinode, require_slurm
 from workflow_helpers import ROOT, copy_project, snakemake
 
 NAMES = ("kv", "keyvalue", "queue")
@@ -136,12 +144,6 @@ def test_names_in_a_config_file_resolve_through_the_slurm_profile(project):
 def test_a_name_resolves_only_inside_the_program(tmp_path):
     """Without an image: the program sees the stack's hosts file at /etc/hosts; this process, before and after, and
     the node's /etc/hosts do not change."""
-    import sys
-
-    sys.path.insert(0, str(ROOT / "workflow/scripts"))
-    from allocstack.launch.hostsfile import write_hosts
-    from allocstack.launch.program import names_preexec, run_program
-
     before = Path("/etc/hosts").read_bytes()
     hosts = write_hosts(tmp_path, {"kv": ["keyvalue", "queue"]})
     done = run_program(["getent", "hosts", "queue"], preexec=names_preexec(hosts, "test"))
@@ -168,13 +170,6 @@ sys.stdout.write(value + " " + socket.gethostbyname("shouter"))
 
 def test_per_task_programs_find_a_service_by_a_name_in_their_settings(project):
     """Per-task programs without an image (worker.py runs each one): the service's alias in a settings file."""
-    import hashlib
-    import sys
-
-    from test_own_service import SERVICE
-
-    from conftest import make_tasks, write_json
-
     tasks = make_tasks(6, message="w")
     results = []
     for task in tasks["tasks"]:
@@ -219,14 +214,6 @@ def test_multinode_workers_on_three_nodes_reach_the_service_by_its_alias(tmp_pat
     """Workers on each of three nodes (per-task, in Apptainer) find the service by its alias: the hosts file is
     written on every node (node_scratch.py) and bound in each image; off the first node the name is the local end
     of the service's TLS tunnel."""
-    import hashlib
-
-    from test_multinode import cluster_args
-    from test_own_service import SERVICE
-
-    from conftest import write_json
-    from real_parts import require_multinode
-
     layout, image = require_multinode(), require_apptainer()
     project = copy_project(tmp_path / "project")
     document = {"schemaVersion": 1, "tasks": [{"id": f"task-{i:04d}", "payload": {"message": f"w{i}"}}
@@ -251,3 +238,35 @@ def test_multinode_workers_on_three_nodes_reach_the_service_by_its_alias(tmp_pat
     assert json.loads((project / "results/names/result.json").read_text())["status"] == "success"
     events = [json.loads(line) for line in (project / "results/names/events.jsonl").read_text().splitlines()]
     assert len({event["node"] for event in events if event["event"] == "worker-start"}) == 3
+
+
+#: Run by another, unprivileged user: a program started as allocstack starts one without an image.
+AS_A_USER = """
+import sys
+sys.path.insert(0, sys.argv[1])
+from pathlib import Path
+from allocstack.launch.program import names_preexec, run_program
+done = run_program(["getent", "hosts", "queue"], preexec=names_preexec(Path(sys.argv[2]), "test"))
+sys.stdout.write(done.text())
+sys.exit(done.returncode)
+"""
+
+
+def test_a_user_without_privileges_gets_the_names_in_a_user_namespace_of_the_same_ids():
+    """Not root: the program's own user namespace (mapping the user's uid and gid to themselves) and mount
+    namespace, where the kernel allows unprivileged user namespaces (this machine's does)."""
+    user = ensure_other_user()
+    if not user_namespaces()[0]:
+        pytest.skip(f"this kernel allows no unprivileged user namespaces ({user_namespaces()[1]})")
+    holder = Path(tempfile.mkdtemp(prefix="allocstack-names-"))  # the other user reads the script and the file
+    try:
+        holder.chmod(0o755)
+        hosts = write_hosts(holder, {"kv": ["keyvalue", "queue"]})
+        (holder / "as_a_user.py").write_text(AS_A_USER)
+        done = subprocess.run(["runuser", "-u", user, "--", "/usr/bin/python3", str(holder / "as_a_user.py"),
+                               str(ROOT / "workflow/scripts"), str(hosts)], capture_output=True, text=True,
+                              timeout=60, cwd="/", check=False)
+    finally:
+        shutil.rmtree(holder)
+    assert done.returncode == 0 and done.stdout.split()[:2] == ["127.0.0.1", "kv"], done.stdout + done.stderr
+    assert not resolves_here("queue")
