@@ -874,7 +874,8 @@ def aliases(name: str, spec: dict[str, Any], report: Report) -> list[str]:
     for link in listing(spec.get("links"), f"services.{name}.links", report):
         alias = str(link).partition(":")[2]
         names += [alias] if alias else []
-    return [alias for alias in names if re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", alias)]
+    return [alias for alias in dict.fromkeys(names)  # each once, in the order Compose gives them
+            if alias != name and re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", alias)]
 
 
 MetaReader = Callable[[str], "ImageMeta | None"]
