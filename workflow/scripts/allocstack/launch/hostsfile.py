@@ -13,7 +13,8 @@ first node it listens there; on another, a worker reaches it through its tunnel'
                                      # without the stack's names, which the stack's own lines answer
 
 Its launcher writes it once per node and attempt (:func:`write_once`, after the attempt's first launcher emptied
-the scratch); each program of yours sees it at ``/etc/hosts``: bound there in its image (Apptainer
+the scratch; off the first node, node_scratch.py does, or finds the first node's where the nodes share the scratch,
+and its node lines are then the first node's); each program of yours sees it at ``/etc/hosts``: bound there in its image (Apptainer
 ``--bind``, ch-run ``--bind``), or without an image in a mount namespace of its own
 (:mod:`allocstack.launch.privatenames`). The node's ``/etc/hosts`` is never changed.
 """
