@@ -199,7 +199,7 @@ def main(argv: list[str] | None = None) -> int:
         if how.container:
             log(f"in its image: {how.line()}")
         started = time.time()
-        pid = program.start(how.argv, how.env, args.stop_grace, how.cwd, how.deliver)
+        pid = program.start(how.argv, how.env, args.stop_grace, how.cwd, how.deliver, how.preexec)
     except AllocstackError as error:  # its gate reads this and fails at once, with the reason
         atomic_write_json(service_end_path(args.scratch, name), {
             "schemaVersion": SCHEMA_VERSION, "service": name, "status": "failed", "how": error.line(),

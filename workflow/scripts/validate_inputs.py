@@ -43,6 +43,7 @@ from allocstack.common.taskset import (
     write_compact,
 )
 from allocstack.launch.containers import PROGRAMS, Bind, check_image_format, check_mount_targets
+from allocstack.launch.privatenames import mode, names_fact
 from allocstack.worker.handlers import check_baseline_tasks
 
 #: An expected document this large is checked in a second process while this one reads the task document,
@@ -215,6 +216,7 @@ def check_program_images(checks: list[dict[str, Any]], runtime: str) -> dict[str
 
 #: The decision record's line on whether this node could give the stack a network of its own (issue 32).
 ISOLATION = "a private network for the stack (unprivileged user namespaces)"
+NAMES = "service names (Compose's names, hostnames and aliases)"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -234,6 +236,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.decision_record:
             # read where Snakemake runs: before anything is submitted
             facts = {**args.facts_json, ISOLATION: isolation_fact(socket.gethostname())}
+            if args.facts_json.get("services", "none") != "none":
+                facts[NAMES] = names_fact(socket.gethostname(), bool(args.program_images_json), mode())
             atomic_write_text(args.decision_record, render_decisions(args.run, args.decisions_json, facts), 0o644)
     except AllocstackError as error:
         if args.compact_tasks:

@@ -403,7 +403,7 @@ def verify_tasks(args) -> tuple[dict[str, Any], list[Any] | memoryview]:
         try:
             with tempfile.TemporaryDirectory(prefix="verify-", dir=os.environ.get("ALLOCSTACK_SCRATCH")) as private:
                 how = prepare(placement, args.command_json, env, set(args.environment_json), Path(private), "verify")
-                run_check(how.argv, how.env, how.cwd, how.shown)
+                run_check(how.argv, how.env, how.cwd, how.shown, how.preexec)
         except BaseException:
             discard(checked[1])
             raise

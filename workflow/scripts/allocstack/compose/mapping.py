@@ -874,7 +874,8 @@ def aliases(name: str, spec: dict[str, Any], report: Report) -> list[str]:
     for link in listing(spec.get("links"), f"services.{name}.links", report):
         alias = str(link).partition(":")[2]
         names += [alias] if alias else []
-    return [alias for alias in names if re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", alias)]
+    return [alias for alias in dict.fromkeys(names)  # each once, in the order Compose gives them
+            if alias != name and re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", alias)]
 
 
 MetaReader = Callable[[str], "ImageMeta | None"]
@@ -982,6 +983,8 @@ def import_stack(compose: dict[str, Any], compose_dir: Path, project_dir: Path, 
     allowed = host_edges(programs, active, roles, names, report) if hostnames else {}
     ports = choose_ports(programs, roles, active, names, waited, image_meta, report)
     config = assemble(active, programs, roles, counts, ports, allowed, names, waited, context, runtime, hostnames)
+    if roles.services:
+        report.notes.append(names_note(hostnames))
     config["run"] = run
     if roles.main:
         config["main"] = roles.main
@@ -1069,8 +1072,8 @@ def host_edges(programs: dict[str, Program], active: dict[str, dict[str, Any]], 
             if name in roles.services and other not in graph[name]:
                 if reaches(graph, other, name):
                     report.notes.append(f"{name}: {alias} left as written (naming it as a host would make {name} "
-                                        f"wait for {other}, which waits for {name}); it resolves once each stack has "
-                                        "a network of its own (issue 32)")
+                                        f"wait for {other}, which waits for {name}); it resolves through the "
+                                        "stack's hosts file")
                     continue
                 graph[name].append(other)
             allowed[name].add(alias)
@@ -1170,8 +1173,10 @@ def assemble(active: dict[str, dict[str, Any]], programs: dict[str, Program], ro
                 report.notes.append(f"{name}: uses {added} as a hostname: starts after {added}'s gate (added to "
                                     "depends_on)")
                 depends.append(added)
+            more = [alias for alias in names[name] if alias != name]
             services[name] = {**own, "port": None if port == "refused" else port, "readiness": readiness or {},
                               "depends_on": depends, "cpus": cpus, **({"gpus": gpus} if gpus else {}),
+                              **({"hostnames": more} if more else {}),
                               "stop_grace_period": number(grace if grace is not None else 10)}
             restart = restart_of(name, spec, role, roles.main, report)
             if restart:
@@ -1185,6 +1190,15 @@ def assemble(active: dict[str, dict[str, Any]], programs: dict[str, Program], ro
         if rewriter.done:
             report.notes.append(f"{name}: rewritten: {'; '.join(sorted(rewriter.done))}")
     return layout(services, parts, roles, context, runtime)
+
+
+def names_note(hostnames: bool) -> str:
+    """What the import says about service names: they resolve as in Compose, and whether values are rewritten."""
+    how = ("names in commands and environment values are also rewritten to ${ALLOCSTACK_<NAME>_HOST} (--no-hostnames "
+           "leaves them as written)" if hostnames else "values are left as written (--no-hostnames)")
+    return ("names: each service's name, hostname and aliases resolve to 127.0.0.1 in every program, in its code and "
+            "config files too, through the stack's hosts file at /etc/hosts (in its image; without one, in a mount "
+            f"namespace of its own where the node allows one); {how}")
 
 
 def service_of(alias: str, names: dict[str, list[str]]) -> str:
@@ -1320,6 +1334,9 @@ def rename_reserved(config: dict[str, Any], report: Report) -> None:
         return node
 
     config["services"] = {renamed.get(name, name): walk(spec) for name, spec in services.items()}
+    for old, new in renamed.items():  # still reached by its Compose name, through the stack's hosts file
+        spec = config["services"][new]
+        spec["hostnames"] = [old, *(alias for alias in spec.get("hostnames", []) if alias != old)]
     for spec in config["services"].values():
         spec["depends_on"] = [renamed.get(name, name) for name in spec["depends_on"]]
     if "init_jobs" in config:

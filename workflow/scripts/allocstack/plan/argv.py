@@ -122,6 +122,8 @@ def launch(plan: Plan, component: str, run: str, gpus: int = 0, **wildcards: str
                      ("--marker", plan.files(run).marker))]
     argv += ["--no-scratch"] if not how.scratch else options(*each("--volume", config["volumes"]),
                                                               *each("--keep-volume", config["keep_volumes"]))
+    if how.scratch:
+        argv += options(*each("--hosts-name", hosts_names(plan)))
     if how.job_end_time:
         argv.append("--job-end-time")
     argv += options(*each("--tolerate-kill", how.tolerate_kill))
@@ -145,6 +147,12 @@ def launch(plan: Plan, component: str, run: str, gpus: int = 0, **wildcards: str
                         *each("--bind", [*bind_paths(plan, run), *how.binds]),
                         *each("--pass-env", programs.env_references(config["worker"])))
     return [*argv, "--"]
+
+
+def hosts_names(plan: Plan) -> list[str]:
+    """The stack's services with their other names, for its hosts file (allocstack/launch/hostsfile.py):
+    ``SERVICE=NAME,...`` each."""
+    return [f"{name}={','.join(spec.get('hostnames') or [])}" for name, spec in plan.services.items()]
 
 
 def bind_paths(plan: Plan, run: str) -> list[str]:
