@@ -14,6 +14,9 @@ import textwrap
 import time
 import urllib.request
 
+import pytest
+from test_slurm import TEST_RESOURCES, cluster_project, job_state  # noqa: F401 - cluster_project: a fixture
+
 from workflow_helpers import SNAKEMAKE, snakemake
 
 PYTHON = json.dumps(sys.executable)
@@ -144,3 +147,101 @@ def test_an_init_job_failing_stops_the_serving_stack_before_its_dependents_start
     assert " is UP after " not in output and not (project / "results/srvinit/result.json").exists()
     web_log = project / "logs/serve_service/srvinit/web.log"
     assert not web_log.exists() or "started on" not in web_log.read_text()  # its dependent never started
+
+
+# -- under the Slurm profile (the test cluster, Apptainer) ------------------------------------------------------
+WEB_APP = WEB  # python3 in the image runs it
+
+
+def start_on_slurm(project, image: str, run: str, runtime: int = 10) -> subprocess.Popen:
+    """A serving stack of the web service (python3 in the image) submitted with the Slurm profile; no retries."""
+    (project / "apps").mkdir(exist_ok=True)
+    (project / "apps/web.py").write_text(WEB_APP)
+    (project / f"config/{run}.yaml").write_text(
+        f"run: {run}\nmode: serve\ntasks: null\nexpected: null\nservices:\n  web:\n    command: [python3, apps/web.py]\n"
+        "    readiness: {mode: http, path: /health, expect: {status: ok}}\n")
+    return subprocess.Popen(["timeout", "-k", "10", "600", SNAKEMAKE, "--profile", "profiles/slurm", *TEST_RESOURCES,
+                             f"runtime={runtime}", "--retries", "0", "--configfile", f"config/{run}.yaml",
+                             "--config", f"image={image}"], cwd=project, text=True, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, start_new_session=True,
+                            env={**os.environ, "TMPDIR": str(project / "tmp")})
+
+
+def wait_for_file(path, run: subprocess.Popen, timeout: float = 300) -> dict:
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        assert run.poll() is None, f"snakemake ended before {path} was written: {run.communicate()[0][-3000:]}"
+        assert time.monotonic() < deadline, f"no {path}"
+        time.sleep(0.05)
+    return json.loads(path.read_text())
+
+
+def tunnel_target(line: str) -> tuple[str, int, str]:
+    """``ssh [-J hop] -N -L LOCAL:127.0.0.1:PORT user@NODE`` -> (127.0.0.1, PORT, NODE)."""
+    found = re.search(r"-N -L (\d+):(127\.0\.0\.1):(\d+) \S+@(\S+)$", line)
+    assert found and found.group(1) == found.group(3), line
+    return found.group(2), int(found.group(3)), found.group(4)
+
+
+@pytest.mark.slurm
+@pytest.mark.apptainer
+def test_under_slurm_a_serving_stack_is_up_reachable_and_scancel_ends_it_as_a_success(cluster_project):  # noqa: F811 - the fixture
+    project, image = cluster_project
+    started = time.monotonic()
+    run = start_on_slurm(project, image, "srvscancel")
+    try:
+        up = wait_for_file(project / "results/srvscancel/up.json", run)
+        up_after = time.monotonic() - started
+        host, port, node = tunnel_target(up["services"]["web"]["tunnel"])
+        job = up_job(project)
+        assert node == job_node(job)  # the tunnel goes to the node the service runs on
+        # the printed line's target, from the node (the test cluster's node is this machine)
+        with urllib.request.urlopen(f"http://{host}:{port}/hello", timeout=10) as answer:
+            assert json.load(answer)["served"] == "hello"
+        cancelled = time.monotonic()
+        subprocess.run(["scancel", job], check=True, timeout=30)
+        marker = wait_for_file(project / "results/srvscancel/result.json", run, timeout=60)
+        marker_after = time.monotonic() - cancelled
+        output, _ = run.communicate(timeout=300)
+    finally:
+        if run.poll() is None:
+            os.killpg(run.pid, signal.SIGKILL)
+    assert marker["status"] == "success" and marker["endedBy"] == "scancel", marker
+    assert re.fullmatch(r"ended by scancel after \d+ s up", marker["ended"]), marker
+    assert run.returncode == 0, output[-3000:]
+    assert "VERIFIED: a serving stack, ended by scancel after" in output
+    assert job_state(job).startswith("CANCELLED")
+    assert "is UP after" in (project / "logs/serve_stack/srvscancel.log").read_text()
+    print(f"serve under Slurm: up {up_after:.1f} s after the command started; marker {marker_after:.2f} s after "
+          "scancel")
+
+
+@pytest.mark.slurm
+@pytest.mark.apptainer
+def test_under_slurm_the_time_limit_ends_a_serving_stack_as_a_success(cluster_project):  # noqa: F811 - the fixture
+    project, image = cluster_project
+    run = start_on_slurm(project, image, "srvlimit", runtime=1)
+    try:
+        wait_for_file(project / "results/srvlimit/up.json", run)
+        job = up_job(project)
+        marker = wait_for_file(project / "results/srvlimit/result.json", run, timeout=300)
+        output, _ = run.communicate(timeout=300)
+    finally:
+        if run.poll() is None:
+            os.killpg(run.pid, signal.SIGKILL)
+    assert marker["status"] == "success" and marker["endedBy"] == "the time limit", marker
+    assert run.returncode == 0, output[-3000:]
+    assert job_state(job) == "TIMEOUT"
+
+
+def up_job(project) -> str:
+    """The running job of the stack (its working directory is ``project``)."""
+    listing = subprocess.run(["squeue", "--noheader", "--format=%A %Z"], capture_output=True, text=True, timeout=30,
+                             check=True).stdout
+    [job] = [line.split()[0] for line in listing.splitlines() if line.split()[1:] == [str(project)]]
+    return job
+
+
+def job_node(job: str) -> str:
+    return subprocess.run(["squeue", "--noheader", "--jobs", job, "--format=%N"], capture_output=True, text=True,
+                          timeout=30, check=True).stdout.strip()

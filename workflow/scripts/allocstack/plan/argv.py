@@ -83,7 +83,7 @@ def launched(plan: Plan, component: str, run: str, worker: str = "", service: st
         case "instance_gate":  # its gate, on its node (it probes that node's loopback)
             return Launched(f"{placement.instance_name(service, node)}-readiness", node=int(node) - 1)
         case "serve":
-            return Launched("serve")
+            return Launched("serve", job_end_time=True)  # scancel or the time limit: told apart by the end
         case "worker":
             # A per-task worker killed from outside is tolerated (its tasks go back to the queue); a
             # long-running one is not: the run fails.
