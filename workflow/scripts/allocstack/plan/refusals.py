@@ -79,6 +79,8 @@ def refuse_bad_stack(config: Mapping[str, Any], spelled: Mapping[str, str], imag
                                       f"without an image: set services.{name}.port, or run it in its image")
         if spec["readiness"]["mode"] == "command" and not spec["readiness"]["command"]:
             raise PlanError("config", f"{key}.readiness.mode is command but {key}.readiness.command is null")
+    if config["mode"] == "serve":
+        return  # no workers, no check: their blocks are not used
     worker = config["worker"]
     if long_running and not worker["command"] and not worker["entrypoint"] and not program_image(config, images_on,
                                                                                                   worker):
