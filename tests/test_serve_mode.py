@@ -80,6 +80,9 @@ def test_a_serving_stack_is_up_reachable_and_ctrl_c_ends_it_as_a_success(project
             assert json.load(answer)["served"] == "hello"
         up = json.loads((project / "results/srv/up.json").read_text())
         assert up["status"] == "up" and up["services"]["web"]["url"] == url
+        status = subprocess.run([sys.executable, "workflow/scripts/status.py", "--run", "srv"], cwd=project,
+                                capture_output=True, text=True, timeout=60, check=False)
+        assert "allocstack: run srv is UP since" in status.stdout and f"web: {url}" in status.stdout, status
         os.killpg(run.pid, signal.SIGINT)  # Ctrl-C: the terminal's process group
         rest, _ = run.communicate(timeout=120)
     finally:
