@@ -15,7 +15,7 @@ import time
 import urllib.request
 
 import pytest
-from test_slurm import TEST_RESOURCES, cluster_project, job_state  # noqa: F401 - cluster_project: a fixture
+from test_slurm import TEST_RESOURCES, cluster_project, job_state, the_stack_job  # noqa: F401 - cluster_project: a fixture
 
 from workflow_helpers import SNAKEMAKE, snakemake
 
@@ -156,15 +156,15 @@ def test_an_init_job_failing_stops_the_serving_stack_before_its_dependents_start
 WEB_APP = WEB  # python3 in the image runs it
 
 
-def start_on_slurm(project, image: str, run: str, runtime: int = 10) -> subprocess.Popen:
-    """A serving stack of the web service (python3 in the image) submitted with the Slurm profile; no retries."""
+def start_on_slurm(project, image: str, run: str, runtime: int = 10, *options: str) -> subprocess.Popen:
+    """A serving stack of the web service (python3 in the image) submitted with the Slurm profile (its retries: 3)."""
     (project / "apps").mkdir(exist_ok=True)
     (project / "apps/web.py").write_text(WEB_APP)
     (project / f"config/{run}.yaml").write_text(
         f"run: {run}\nmode: serve\ntasks: null\nexpected: null\nservices:\n  web:\n    command: [python3, apps/web.py]\n"
         "    readiness: {mode: http, path: /health, expect: {status: ok}}\n")
     return subprocess.Popen(["timeout", "-k", "10", "600", SNAKEMAKE, "--profile", "profiles/slurm", *TEST_RESOURCES,
-                             f"runtime={runtime}", "--retries", "0", "--configfile", f"config/{run}.yaml",
+                             f"runtime={runtime}", *options, "--configfile", f"config/{run}.yaml",
                              "--config", f"image={image}"], cwd=project, text=True, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, start_new_session=True,
                             env={**os.environ, "TMPDIR": str(project / "tmp")})
@@ -214,6 +214,7 @@ def test_under_slurm_a_serving_stack_is_up_reachable_and_scancel_ends_it_as_a_su
     assert run.returncode == 0, output[-3000:]
     assert "VERIFIED: a serving stack, ended by scancel after" in output
     assert job_state(job).startswith("CANCELLED")
+    assert the_stack_job(output, project) == job  # the profile's retries: none for a serving stack (retries: 0)
     assert "is UP after" in (project / "logs/serve_stack/srvscancel.log").read_text()
     print(f"serve under Slurm: up {up_after:.1f} s after the command started; marker {marker_after:.2f} s after "
           "scancel")
@@ -223,7 +224,7 @@ def test_under_slurm_a_serving_stack_is_up_reachable_and_scancel_ends_it_as_a_su
 @pytest.mark.apptainer
 def test_under_slurm_the_time_limit_ends_a_serving_stack_as_a_success(cluster_project):  # noqa: F811 - the fixture
     project, image = cluster_project
-    run = start_on_slurm(project, image, "srvlimit", runtime=1)
+    run = start_on_slurm(project, image, "srvlimit", 1, "--retries", "0")
     try:
         wait_for_file(project / "results/srvlimit/up.json", run)
         job = up_job(project)
