@@ -36,6 +36,7 @@ from allocstack.status.summary import (
     read_run,
     render_finished,
     render_interrupted,
+    served,
 )
 
 
@@ -163,6 +164,8 @@ def live_status(path: Path) -> tuple[str, dict[str, Any]]:
 
 def show_finished(args, run: str) -> int:
     """The run from its records; an error when it left none."""
+    if args.end_of_run in ("interrupted", "error") and served(read_run(args.results_dir, run, args.since)):
+        args.end_of_run = "success"  # a serving stack ended after it was up (Ctrl-C, scancel, the time limit)
     if args.end_of_run == "interrupted":
         records = read_run(args.results_dir, run, args.since)
         wall = time.time() - args.since if args.since else None

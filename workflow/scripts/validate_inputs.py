@@ -27,7 +27,7 @@ from render_decisions import render as render_decisions
 
 from allocstack import SCHEMA_VERSION
 from allocstack.common import identity as identities
-from allocstack.common.cli import ArgumentParser, argv_list, json_object, positive_int, run
+from allocstack.common.cli import ArgumentParser, argv_list, json_object, run
 from allocstack.common.errors import EXIT_OK, AllocstackError, report
 from allocstack.common.forked import Forked
 from allocstack.common.jsonio import atomic_write_json, atomic_write_text, check_sidecar
@@ -64,7 +64,7 @@ def parse_args(argv: list[str] | None):
     parser = ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--tasks", type=Path, help="task document (none: your own stack, no built-in coordinator)")
     parser.add_argument("--expected", type=Path, help="expected results document (optional with verify.command)")
-    parser.add_argument("--workers", required=True, type=positive_int, help="worker count of the run")
+    parser.add_argument("--workers", required=True, type=int, help="worker count of the run (0: a serving stack)")
     parser.add_argument("--handler", default="baseline", choices=["baseline", "command", "long-running"],
                         help="baseline: check the built-in handler's payloads; otherwise the user's program does")
     parser.add_argument("--command-json", type=argv_list, default=None,

@@ -559,8 +559,17 @@ def workers_of(services: dict[str, dict[str, Any]], counts: dict[str, int], wait
         return next((name for name in replicated if name in waited), replicated[0])
     depended = {d for spec in services.values() for d in conditions(spec)}
     only_by_leaves = [d for d in dict.fromkeys(waited)
-                      if all(name not in depended for name in services if d in waits[name])]
+                      if all(name not in depended and not long_running(services[name])
+                             for name in services if d in waits[name])]
     return only_by_leaves[0] if len(only_by_leaves) == 1 else None
+
+
+def long_running(spec: dict[str, Any]) -> bool:
+    """A service shaped to serve, not to check and end: it publishes ports, has a healthcheck or runs a known daemon
+    (what it waits for to complete is then an init job, such as a migration before an API)."""
+    command = spec.get("command")
+    argv = command.split() if isinstance(command, str) else command if isinstance(command, list) else None
+    return bool(spec.get("ports") or spec.get("healthcheck") or daemon_of(argv))
 
 
 def assign_roles(services: dict[str, dict[str, Any]], counts: dict[str, int], report: Report,
@@ -587,8 +596,10 @@ def assign_roles(services: dict[str, dict[str, Any]], counts: dict[str, int], re
                                                           "to complete: allocstack runs one check, after the workers")
         return Roles(None, None, list(services))
     init = [name for name in services if name != workers and any(name in waited for waited in waits.values())]
-    if not replicated and workers is None and init:
-        report.refuse(f"services.{init[0]}", f"{', '.join(init)} are waited for to complete ({COMPLETED}), and none "
+    ambiguous = [name for name in init if any(name in waits[other] and not long_running(services[other])
+                                              for other in services)]
+    if not replicated and workers is None and ambiguous:
+        report.refuse(f"services.{ambiguous[0]}", f"{', '.join(ambiguous)} are waited for to complete ({COMPLETED}), and none "
                                              "of them is the workers plainly: mark the workers with deploy.replicas "
                                              "(or --scale), the others are then init jobs")
         return Roles(None, None, list(services))
@@ -596,7 +607,11 @@ def assign_roles(services: dict[str, dict[str, Any]], counts: dict[str, int], re
         report.notes.append(f"{name}: an init job (others wait for it with {COMPLETED}): it runs once, before "
                             f"{', '.join(other for other in services if name in waits[other])}, and must exit 0 "
                             "(config init_jobs)")
-    if workers is None and not replicated:
+    if workers is None and not replicated and not checks:
+        report.notes.append("no workers and no check: a serving stack (mode: serve): your services run until the "
+                            "allocation's time limit, scancel or Ctrl-C" + (f", or until {main} ends" if main else "")
+                            + "; once every gate passed it is UP, with each service's SSH tunnel line")
+    elif workers is None and not replicated:
         report.gaps.append("no workers: nothing here runs to an end (no replicated service, no service the check "
                            f"waits for with {COMPLETED}); allocstack runs a stack until its workers end: give the "
                            "program that uses the services as worker.command (in a config file of yours given after "
@@ -1174,9 +1189,10 @@ def assemble(active: dict[str, dict[str, Any]], programs: dict[str, Program], ro
                                     "depends_on)")
                 depends.append(added)
             more = [alias for alias in names[name] if alias != name]
+            per_node = isinstance(spec.get("deploy"), dict) and spec["deploy"].get("mode") == "global"
             services[name] = {**own, "port": None if port == "refused" else port, "readiness": readiness or {},
                               "depends_on": depends, "cpus": cpus, **({"gpus": gpus} if gpus else {}),
-                              **({"hostnames": more} if more else {}),
+                              **({"hostnames": more} if more else {}), **({"mode": "global"} if per_node else {}),
                               "stop_grace_period": number(grace if grace is not None else 10)}
             restart = restart_of(name, spec, role, roles.main, report)
             if restart:
@@ -1254,6 +1270,7 @@ def layout(services: dict[str, Any], parts: dict[str, Any], roles: Roles, contex
     workers = parts.get("workers") or {**empty, "cpus": default["worker"]["cpus"], "gpus": default["worker"]["gpus"],
                                        "replicas": 1}
     check = parts.get("check") or empty
+    serving = not parts.get("workers") and roles.check is None and roles.workers is None
     daemon = daemon_of(workers["command"])
     if daemon and parts.get("workers") and not roles.main:
         context.report.gaps.append(
@@ -1264,7 +1281,7 @@ def layout(services: dict[str, Any], parts: dict[str, Any], roles: Roles, contex
     if roles.check is None and roles.main:
         context.report.notes.append(f"no check: {roles.main}'s exit code is the verdict (as with --exit-code-from); "
                                     "set verify.command to check the results too")
-    elif roles.check is None:
+    elif roles.check is None and not serving:
         context.report.gaps.append("no check: nothing says whether the results are correct; add a service that "
                                    f"waits for the workers (condition: {COMPLETED}) with a command, or set "
                                    "verify.command")
@@ -1292,6 +1309,8 @@ def layout(services: dict[str, Any], parts: dict[str, Any], roles: Roles, contex
         "volumes": volumes,
         "verify": program(check),
     }
+    if serving:  # no workers, no check: config mode serve (its worker and verify blocks are not used)
+        config = {"run": "", "mode": "serve", **{key: value for key, value in config.items() if key != "run"}}
     kept = [volume for volume in volumes if kept_volume(context.declared.get(volume))]
     if kept:
         config["keep_volumes"] = kept
@@ -1411,8 +1430,12 @@ def resources(name: str, spec: dict[str, Any], role: str, report: Report) -> tup
                       "endpoint_mode": "swarm service discovery: services are on loopback"}.get(key, "not imported")
             report.refuse(f"{where}.{key}", reason)
     mode = deploy.get("mode", "replicated")
-    if mode != "replicated":
-        report.refuse(f"{where}.mode", f"{mode}: one copy per node of a swarm; the stack runs on one node")
+    if mode == "global" and role == "service":
+        report.notes.append(f"{name}: deploy.mode global -> services.{name}.mode: global: one instance on every node "
+                            "of the allocation (config nodes), each gated on its node; a node's programs use their own")
+    elif mode != "replicated":
+        report.refuse(f"{where}.mode", f"{mode}: only a service (not the {role}) runs once per node"
+                      if mode == "global" else f"{mode}: not a Compose deploy mode")
     for key in ("update_config", "rollback_config", "labels"):
         if key in deploy:
             report.notes.append(f"{name}: deploy.{key} ignored: it only affects swarm updates")
@@ -1542,6 +1565,8 @@ def draft_decisions(config: dict[str, Any], order: list[str], sources: str) -> d
     """The seed's decision record, drafted from what the import did: review it, then keep or edit it."""
     full = completed(config)  # every key the schema gives a default
     services, worker = full["services"], full["worker"]
+    if full["mode"] == "serve":
+        full["workers"] = 0  # as the plan has it: a serving stack has no workers
     cpus = allocation(full).cpus
     gate_of = {"command": "its healthcheck", "tcp": "its port", "started": "its start"}
     gated = [f"{name} ({gate_of.get(spec['readiness'].get('mode'), 'its gate')})" for name, spec in services.items()]
@@ -1554,14 +1579,20 @@ def draft_decisions(config: dict[str, Any], order: list[str], sources: str) -> d
     gpus = worker["gpus"]
     asked = [f"{gpus} GPU(s) per worker"] if gpus else []
     asked += [f"{spec['gpus']} for {name}" for name, spec in services.items() if spec["gpus"]]
+    if full["mode"] == "serve":
+        shape = f"{cpus} CPUs (each service's)"
+        then = ("then it serves (UP, with each service's SSH tunnel line) until the allocation's time limit, scancel "
+                "or Ctrl-C")
+    else:
+        shape = f"{cpus} CPUs ({config['workers']} workers x {worker['cpus']}, plus each service's)"
+        then = (f"then {config['workers']} long-running workers; the check once every worker ended, while the services "
+                "are up")
     return {
         "allocation": {"owner": "scheduler policy", "how": (
-            f"One node for a bounded time: {cpus} CPUs ({config['workers']} workers x {worker['cpus']}, plus each "
-            "service's), runtime and memory from profiles/slurm/config.yaml; one sbatch job for the whole stack.")},
+            f"One node for a bounded time: {shape}, runtime and memory from profiles/slurm/config.yaml; one sbatch job "
+            "for the whole stack.")},
         "startup_order": {"owner": "launch script", "how": (
-            f"Imported from {sources}: {start}, each after the services it depends on passed their gates; then "
-            f"{config['workers']} long-running workers; the check once every worker ended, while the services are "
-            "up.")},
+            f"Imported from {sources}: {start}, each after the services it depends on passed their gates; {then}.")},
         "runtime_state": {"owner": "launch script", "how": (
             f"Named volumes ({volumes}) are job-scoped scratch (0700, $SLURM_TMPDIR or $TMPDIR), removed after the "
             f"run, mounted where the Compose file says; binds ({', '.join(binds)}) are paths of the project; each "
