@@ -1,26 +1,34 @@
-"""A real public Compose stack that we did not write, run from its Compose file (issues 24 and 25, "How it must be
-shown"): a broker (Redis), daemon workers (Celery) and a producer, imported as `docker compose up --scale worker=4
---exit-code-from tests` takes it, with an override file that holds only what a batch run on an HPC node demands.
+"""Real public Compose stacks that we did not write, run from their Compose files (issues 24 and 25, "How it must be
+shown"): each a broker (Redis), daemon workers (Celery) and a producer, imported as `docker compose up --scale
+worker=N --exit-code-from tests` takes it, with an override file that holds only what a batch run on an HPC node
+demands. Every test runs once per stack (:data:`STACKS`), through the same functions.
 
-The stack: testdrivenio/fastapi-celery, docker-compose.yml at commit 191ff138701777838c363772253f73a276c16d68
-(MIT licence, kept as LICENSE), copied with the few files its programs need into tests/public_stacks/fastapi-celery/
-(tests/public_stacks/MANIFEST.yaml: what was copied, what is ours and why). Its services: redis:7, a FastAPI app
-(uvicorn), `celery worker` (a daemon: it never ends by itself) and a Flower dashboard. The producer is the
-upstream's own test suite (project/tests/: it queues a Celery task through Redis and waits for a worker's result),
-run as the one-shot service `tests` of the override: the upstream runs it with `docker-compose exec web python -m
-pytest`, and a batch job has nobody at a terminal to exec it.
+The stacks (tests/public_stacks/MANIFEST.yaml: what was copied, what is ours and why), each copied with the few
+files its programs need into tests/public_stacks/NAME/, its licence kept as LICENSE:
 
-Here every program runs on this machine, no image: redis-server from Debian (`make test` installs it:
+- testdrivenio/fastapi-celery, docker-compose.yml at commit 191ff138701777838c363772253f73a276c16d68 (MIT): redis:7,
+  a FastAPI app (uvicorn), `celery worker` (a daemon: it never ends by itself) and a Flower dashboard;
+- testdrivenio/flask-celery, docker-compose.yml at commit 5c66be55b203d5a5f0522c5f535f8af121ee753c (MIT):
+  redis:6-alpine, a Flask app (its development server, `image: web` beside `build: .`, a container_name), `celery
+  worker` and Flower, which imports the app's code.
+
+The producer is each upstream's own test suite (it queues a Celery task through Redis and waits for a worker's
+result), run as the one-shot service `tests` of the override: the upstreams run it with `docker-compose exec web
+python -m pytest`, and a batch job has nobody at a terminal to exec it.
+
+On the host every program runs on this machine, no image: redis-server from Debian (`make test` installs it:
 tests/cluster/prepare.sh), the stack's Python packages in a venv of its own, made here from the upstream's
-project/requirements.txt and our constraints.txt (the stack pins old versions that allocstack's own requirements.txt
-cannot hold beside its own: requests 2.28.2, pydantic 1).
+requirements.txt and our constraints.txt (the stacks pin old versions that allocstack's own requirements.txt cannot
+hold beside its own).
 
-And the same files, unchanged, in per-service images: the import names two (``images/redis-7.sif`` for ``image:
-redis:7``, ``images/fastapi-celery-project.sif`` for ``build: ./project``; directories for Charliecloud), and they are
-put there as a user would after building them: the stack images tests/cluster/prepare.sh builds from Debian packages
-(container/stacks/: ``redis``; ``fastapi-celery``, the app's image as its project/Dockerfile makes it, bookworm's
-python3 and the same pinned packages in /opt/venv, WORKDIR /usr/src/app). Run with ``snakemake --cores 4 --sdm
-apptainer``, with Charliecloud (the import's ``--runtime charliecloud``) and through the Slurm profile."""
+And the same files, unchanged, in per-service images: the import names them (fastapi-celery: ``images/redis-7.sif``
+for ``image: redis:7``, ``images/fastapi-celery-project.sif`` for ``build: ./project``; flask-celery:
+``images/redis-6-alpine.sif``, ``images/web.sif`` for the web app's ``image: web`` + ``build: .`` and
+``images/flask-celery.sif`` for the other ``build: .``; directories for Charliecloud), and they are put there as a
+user would after building them: the stack images tests/cluster/prepare.sh builds from Debian packages
+(container/stacks/: ``redis``; ``fastapi-celery`` and ``flask-celery``, each app's image as its Dockerfile makes it,
+bookworm's python3 and the same pinned packages in /opt/venv, WORKDIR /usr/src/app). Run with ``snakemake --cores 4
+--sdm apptainer``, with Charliecloud (the import's ``--runtime charliecloud``) and through the Slurm profile."""
 
 from __future__ import annotations
 
