@@ -109,14 +109,13 @@ class Staged:
 
 @dataclass(slots=True)
 class StagedRun:
-    """A batch staged by :meth:`TaskBoard.stage_run`: results for the consecutive positions ``start`` on,
-    every one accepted: the outputs as JSON text (``encode_basestring_ascii``), their digests (hex)."""
+    """A batch staged by :meth:`TaskBoard.stage_run`: results for the ``count`` consecutive positions ``start`` on,
+    every one accepted, by ``worker``. Their outputs and digests are already in the board's stores (the decoded
+    batch need not wait for the journal); they become the tasks' results at :meth:`TaskBoard.commit_run`."""
 
     start: int
-    task_ids: list[str]
+    count: int
     worker: str
-    escaped: list[str]
-    sha256: list[str]
 
 
 @dataclass
@@ -444,11 +443,16 @@ class TaskBoard:
         return staged, rejected
 
     def stage_run(self, worker: str, task_ids: list[str], outputs: list[str], sha256: list[str],
-                  now: float) -> StagedRun | None:
+                  now: float) -> tuple[StagedRun, list[str]] | None:
         """:meth:`stage` for a batch of results (strings all) when every one is accepted and their tasks are
         consecutive positions (a batch as it was claimed), in a few operations over the whole batch.
 
-        :returns: the staged batch, or None (nothing changed) when :meth:`stage` must judge it result by result.
+        The outputs (as JSON text) and digests go to the board's stores now, at the reserved positions: what
+        waits for the journal is the staged run and its journal lines, not the batch as it was decoded (a
+        result staged and then aborted leaves its output's bytes unused in the blob; no position points there).
+
+        :returns: the staged batch and its outputs as JSON text (``encode_basestring_ascii``, for the journal's
+            lines), or None (nothing changed) when :meth:`stage` must judge it result by result.
         """
         count = len(task_ids)
         start = self.tasks.position(task_ids[0]) if count else None
@@ -472,27 +476,28 @@ class TaskBoard:
             return None
         self._seen(worker, now)
         self.committing[start:end] = _ONE * count
-        return StagedRun(start, task_ids, worker, list(map(encode_basestring_ascii, outputs)), sha256)
+        escaped = list(map(encode_basestring_ascii, outputs))
+        sizes = list(map(len, escaped))
+        self.output_at[start:end] = array("Q", islice(accumulate(sizes, initial=len(self.outputs)), count))
+        self.output_size[start:end] = array("I", sizes)
+        self.outputs += "".join(escaped).encode("ascii")
+        self.digests[32 * start:32 * end] = bytes.fromhex("".join(sha256))
+        return StagedRun(start, count, worker), escaped
 
     def commit_run(self, run: StagedRun, now: float) -> None:
         """:meth:`commit` of a :meth:`stage_run` batch: the same state, written a slice at a time."""
-        start, count = run.start, len(run.task_ids)
+        start, count = run.start, run.count
         end = start + count
         self.committing[start:end] = bytes(count)
         deque(map(self.leases.pop, range(start, end), repeat(None)), maxlen=0)
         self.state[start:end] = _DONE_BYTE * count
-        sizes = list(map(len, run.escaped))
-        self.output_at[start:end] = array("Q", islice(accumulate(sizes, initial=len(self.outputs)), count))
-        self.output_size[start:end] = array("I", sizes)
-        self.outputs += "".join(run.escaped).encode("ascii")
-        self.digests[32 * start:32 * end] = bytes.fromhex("".join(run.sha256))
         self.result_worker[start:end] = array("I", [self._number(run.worker)]) * count
         self.done += count
         self._seen(run.worker, now).completed += count
 
     def abort_run(self, run: StagedRun) -> None:
         """The journal could not store ``run``: nothing of it was accepted."""
-        self.committing[run.start:run.start + len(run.task_ids)] = bytes(len(run.task_ids))
+        self.committing[run.start:run.start + run.count] = bytes(run.count)
 
     def commit(self, staged: list[Staged], now: float) -> None:
         """The journal holds ``staged`` durably: their tasks are done."""
