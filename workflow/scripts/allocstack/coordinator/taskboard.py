@@ -313,14 +313,15 @@ class TaskBoard:
         lapses one lease later: a worker that never comes holds back work no longer than a
         worker that died holding it.
         """
-        pending = len(self.state) - self.done - len(self.failures) - len(self.leases)
+        unfinished = len(self.state) - self.done - len(self.failures)
+        pending = unfinished - len(self.leases)
         if self.reservation is None:
             self.reservation = (pending // self.expected_workers, now + self.lease_seconds)
         reserve_each = self.reservation[0] if now < self.reservation[1] else 0
         newcomer = stats.claimed == 0
         waiting = max(0, self.expected_workers - self.workers_with_work - newcomer)
         return fair_share(max_tasks, pending, self.expected_workers, newcomer=newcomer, waiting=waiting,
-                          reserve_each=reserve_each)
+                          reserve_each=reserve_each, unfinished=unfinished)
 
     def _next_pending(self) -> int | None:
         """Take the next queued task that is still pending (a late result may have finished a requeued one)."""
@@ -559,19 +560,23 @@ class TaskBoard:
 
 
 def fair_share(max_tasks: int, pending: int, workers: int, *, newcomer: bool = False, waiting: int = 0,
-               reserve_each: int = 0) -> int:
+               reserve_each: int = 0, unfinished: int | None = None) -> int:
     """How many tasks one claim may take (0 = wait).
 
-    At most an equal share of what is pending (``ceil(pending / workers)``), so a big batch
-    never starves the other workers. While some expected workers have had no work yet
+    At most an equal share of what is unfinished (``ceil(unfinished / workers)``: pending or leased, no
+    result yet), and no more than is pending, so a big batch never starves the other workers: no worker
+    holds more than its part of the work left. (An equal share of what is *pending* instead shrinks with
+    every claim while the others hold theirs: with thousands of workers the tasks went out in ever smaller
+    claims, several a worker where one does.) While some expected workers have had no work yet
     (``waiting`` of them, not counting this one), ``reserve_each`` tasks stay held back for
     each of them; a ``newcomer`` (its first grant) may take its own reserved share at once.
     So with as many tasks as workers, every worker gets work, however late it starts.
 
     :param max_tasks: what the worker asked for (its batch size).
     :param reserve_each: ``tasks // workers`` at the first grant; 0 once the reservation lapsed.
+    :param unfinished: the tasks without a result (pending and leased); ``pending`` when not given.
     """
-    share = -(-pending // max(workers, 1))
+    share = -(-(pending if unfinished is None else unfinished) // max(workers, 1))
     if newcomer:
         share = max(share, reserve_each)
     share = min(share, pending - waiting * reserve_each)
