@@ -219,20 +219,20 @@ class CoordinatorApi:
         if staged is None:
             return None
         run, lines = staged
-        await self.store([lines], run.count, lambda: self.board.abort_run(run),
+        await self.store(lines, run.count, lambda: self.board.abort_run(run),
                          lambda: self.board.commit_run(run, self.clock()))
         return [result.taskId for result in results]
 
-    def stage_typed(self, worker: str, results: list[Any], now: float) -> tuple[StagedRun, bytes] | None:
-        """:meth:`TaskBoard.stage_run` of typed results, and their journal lines; None when they must be judged
-        one by one."""
+    def stage_typed(self, worker: str, results: list[Any], now: float) -> tuple[StagedRun, list[bytes]] | None:
+        """:meth:`TaskBoard.stage_run` of typed results, and their journal lines (one item, a list the journal
+        empties); None when they must be judged one by one."""
         task_ids = [result.taskId for result in results]
         digests = [result.sha256 for result in results]
         staged = self.board.stage_run(worker, task_ids, [result.output for result in results], digests, now)
         if staged is None:
             return None
         run, escaped = staged
-        return run, result_lines(task_ids, worker, escaped, digests)
+        return run, [result_lines(task_ids, worker, escaped, digests)]
 
     async def store(self, lines: list[bytes], records: int, abort: Callable[[], None],
                     commit: Callable[[], None]) -> None:
@@ -375,10 +375,11 @@ class CoordinatorApi:
             if staged is None and post.results:
                 alone[index] = self.answer_part("/claim", _ENCODE(post))
             elif staged is not None:
-                lines.append(staged[1])
+                lines += staged[1]
             runs.append(None if staged is None else staged[0])
             claims.append((post.workerId, post.max, post.node, post.results is not msgspec.UNSET))
         posts.clear()
+        staged = None  # (its lines are in ``lines``, which the journal empties)
         stored = [run for run in runs if run is not None]
         failure: list[Response] = []
 
