@@ -14,7 +14,7 @@ releases them when it could not. A worker's batch for consecutive tasks, every
 result good (the usual case), takes :meth:`stage_run` and :meth:`commit_run`: the
 same checks and the same state, a few operations over the whole batch instead of
 several per result. The claim policy lives here too: a claim gets
-at most a fair share of what is pending, and none once claims are closed
+at most a fair share of the unfinished work (no more than is pending), and none once claims are closed
 (draining, a storage fault) or a lease would outlast the allocation, and a
 share stays held back for each expected worker that has had none yet.
 
