@@ -771,3 +771,15 @@ def test_a_batch_of_claims_whose_results_cannot_be_stored_accepts_none_of_them(t
     assert said[1][1]["status"] == "task"
     assert api.board.counts()["done"] == 0 and not any(api.board.committing)
     assert api.board.counts()["leased"] == 5
+
+
+def test_a_batch_of_claims_with_a_lone_surrogate_takes_the_general_path(tmp_path):
+    """msgspec refuses the batch (a lone surrogate in an output): the general path answers each claim, the bad result
+    rejected by name, the good claim's results accepted."""
+    api = _Api(tmp_path / "surrogate.jsonl", count=8)
+    held = [reply["tasks"] for _, reply in _batch_of_claims(api, [{"workerId": "a", "max": 2}, {"workerId": "b", "max": 2}])]
+    said = _batch_of_claims(api, [{"workerId": "a", "max": 1, "results": [result_of(t) for t in held[0]]},
+                                  {"workerId": "b", "max": 1, "results": [result_of(held[1][0], "\ud800 lone")]}])
+    api.journal.close()
+    assert said[0][1]["accepted"] == [t["id"] for t in held[0]]
+    assert said[1][0] == 200 and "lone surrogate" in said[1][1]["rejected"][0]["reason"]
