@@ -20,6 +20,7 @@ include: "workflow/rules/init.smk"
 include: "workflow/rules/service.smk"
 include: "workflow/rules/workers.smk"
 include: "workflow/rules/main.smk"
+include: "workflow/rules/serve.smk"
 include: "workflow/rules/check.smk"
 include: "workflow/rules/collect.smk"
 include: "workflow/rules/verify.smk"
@@ -28,7 +29,7 @@ include: "workflow/rules/verify.smk"
 rule all:
     default_target: True
     input:
-        PLAN.layout.marker,
+        PLAN.verdict(PLAN.run),
         PLAN.layout.decision_record,
         PLAN.layout.timeline,
     localrule: True

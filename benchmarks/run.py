@@ -46,7 +46,7 @@ adds the million-task rows, batch 1 and Dask at 100,000 (about 6 minutes more),
 ``--quick`` is a smoke run. ``--parts cluster`` runs only part 4 (about 2 minutes),
 ``--parts multinode`` only part 5 (about 8), ``--parts compose`` only part 6 (about half a minute).
 
-7. ``scale`` (only when asked: ``--parts scale``, about 15 minutes; ``--full`` adds the dry run at the limits,
+7. ``scale`` (only when asked: ``--parts scale``, about 3 minutes; ``--full`` adds the dry run at the limits,
    65,536 workers over 1,024 nodes, about 8 more): ``snakemake --dry-run`` from 16 to 16,384 workers over 1 to 256
    nodes, as planned and with each worker its own job; a real coordinator against 8, 4,096 and 16,384 simulated
    workers shaped as the plan shapes them (benchmarks/scale.py).

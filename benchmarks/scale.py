@@ -5,12 +5,15 @@
    (``worker.per_step: 1``, the shape before); wall and CPU seconds, jobs in the DAG.
 2. **The coordinator against simulated workers**: a real coordinator process, and in another process
    asyncio clients speaking its protocol as worker.py does (the first claim takes one task, then
-   ``worker.batch``; each result's digest computed; "wait" answered by sleeping ``retryAfter``; a 503
-   by backing off), shaped as the plan shapes them: up to 16 workers each on its own connection; above,
-   one job step per node whose workers share its relay (``allocstack/worker/relay.py``: the same class,
-   its batches over 4 connections; only the relay's local HTTP listener is skipped, whose CPU is the
-   node's, not the coordinator's). 1,000,000 no-op tasks by default; tasks/s from the first claim to
-   the last result acknowledged, 503 answers, the coordinator's peak memory, CPU and connections.
+   ``worker.batch``; "wait" answered by sleeping ``retryAfter``; a 503 by backing off), shaped as the
+   plan shapes them: up to 16 workers each on its own connection; above, one job step per node whose
+   workers share its relay (``allocstack/worker/relay.py``: the same class, its batches over 4
+   connections; only the relay's local HTTP listener and its JSON check of each request are skipped,
+   whose CPU is the node's, not the coordinator's). The simulated workers share this machine's CPUs
+   with the coordinator they measure, so their bookkeeping is kept cheap (:class:`Answers`: each
+   distinct payload's output and digest computed once, the coordinator still checks every digest).
+   1,000,000 no-op tasks by default; tasks/s from the first claim to the last result acknowledged,
+   503 answers, the coordinator's peak memory and CPU, the connections it held, the load average.
 
 ``benchmarks/run.py --parts scale`` prints both tables. The steps per node of a real run on the 3-node test
 cluster (sacct) are checked by tests/test_multinode.py, not measured here.
@@ -97,20 +100,50 @@ class Tally:
         self.last_result = 0.0
 
 
-async def simulated_worker(worker: str, node: str, send, batch: int, tally: Tally) -> None:
+class Answers:
+    """What a simulated worker reads of an answer, and its results' bytes, cheaply: the answer decoded by msgspec into
+    the few fields a worker reads (task ids and payloads kept as raw JSON), each distinct payload's output and
+    digest computed once (a no-op task's are all alike), a result's JSON spliced from bytes. The coordinator checks
+    every digest; the simulated workers' own CPU (the nodes' in a real run) is kept small because they share this
+    machine's CPUs with the coordinator they measure."""
+
+    def __init__(self) -> None:
+        from allocstack.common.jsonio import msgspec
+
+        if msgspec is None:
+            raise RuntimeError("the simulated workers need msgspec (requirements.txt)")
+
+        task = msgspec.defstruct("Task", [("id", msgspec.Raw), ("payload", msgspec.Raw)], gc=False)
+        reply = msgspec.defstruct("Reply", [("status", str), ("tasks", list[task], []), ("accepted", list[msgspec.Raw], []),
+                                            ("retryAfter", float, 0.1), ("reason", str, "")], gc=False)
+        self.reply = msgspec.json.Decoder(reply)
+        self.done: dict[bytes, bytes] = {}
+
+    def result(self, task) -> bytes:
+        """A task's result as a worker sends it (``{"taskId", "output", "sha256"}``)."""
+        payload = bytes(task.payload)
+        tail = self.done.get(payload)
+        if tail is None:
+            document = json.loads(payload)
+            output = document["message"] * document["repeat"]
+            tail = self.done[payload] = (b',"output":' + json.dumps(output).encode() + b',"sha256":"'
+                                         + hashlib.sha256(output.encode()).hexdigest().encode() + b'"}')
+        return b'{"taskId":' + bytes(task.id) + tail
+
+
+async def simulated_worker(worker: str, node: str, send, batch: int, tally: Tally, answers: Answers) -> None:
     """One worker as worker.py speaks the protocol: claim (results of the last batch riding along), run, repeat."""
-    from allocstack.common.jsonio import dumps_compact, loads_bytes
     from allocstack.worker.client import backoff
 
-    results: list[dict] = []
+    results: list[bytes] = []
     first, refused = True, 0
+    head = b'{"workerId":"%s","node":"%s","max":' % (worker.encode(), node.encode())
     while True:
-        body: dict = {"workerId": worker, "max": 1 if first else batch, "node": node}
-        if results:
-            body["results"] = results
+        body = head + (b"1" if first else b"%d" % batch)
+        body += b',"results":[' + b",".join(results) + b"]}" if results else b"}"
         tally.first_claim = tally.first_claim or time.monotonic()
         try:
-            status, answer = await send(dumps_compact(body))
+            status, answer = await send(body)
         except ConnectionError:  # as worker.py's claim_with_retry: again, a little later
             tally.unanswered += 1
             await asyncio.sleep(0.5)
@@ -124,26 +157,22 @@ async def simulated_worker(worker: str, node: str, send, batch: int, tally: Tall
         if status != 200:
             raise RuntimeError(f"{worker}: claim answered {status}: {answer[:200]!r}")
         refused = 0
-        reply = loads_bytes(answer)
-        accepted = len(reply.get("accepted", ()))
-        if accepted:
-            tally.results += accepted
+        reply = answers.reply.decode(answer)
+        if reply.accepted:
+            tally.results += len(reply.accepted)
             tally.last_result = time.monotonic()
-        results = []
-        if reply["status"] == "task":
+        if reply.status == "task":
             first = False
-            for task in reply["tasks"]:
-                output = task["payload"]["message"] * task["payload"]["repeat"]
-                results.append({"taskId": task["id"], "output": output,
-                                "sha256": hashlib.sha256(output.encode()).hexdigest()})
-        elif reply["status"] == "wait":
+            results = list(map(answers.result, reply.tasks))
+        elif reply.status == "wait":
+            results = []
             tally.waits += 1
-            await asyncio.sleep(float(reply.get("retryAfter", 0.1)))  # as worker.py: no jitter
-        elif reply["status"] == "done":
+            await asyncio.sleep(reply.retryAfter)  # as worker.py: no jitter
+        elif reply.status == "done":
             tally.done_workers += 1
             return
         else:
-            raise RuntimeError(f"{worker}: {reply}")
+            raise RuntimeError(f"{worker}: {answer[:300]!r}")
 
 
 async def simulate(endpoint_file: str, workers: int, nodes: int, per_step: int, batch: int) -> dict:
@@ -156,7 +185,7 @@ async def simulate(endpoint_file: str, workers: int, nodes: int, per_step: int, 
     from allocstack.worker.relay import Relay, Upstream
 
     endpoint = read_endpoint(endpoint_file)
-    tally = Tally()
+    tally, answers = Tally(), Answers()
     coroutines, relays = [], []
     if per_step == 1:  # the seed's shape: each worker its own connection
         for worker in worker_ids(workers):
@@ -166,7 +195,7 @@ async def simulate(endpoint_file: str, workers: int, nodes: int, per_step: int, 
                 answer = await upstream.request(b"POST", b"/claim", body)
                 return answer.status, answer.body
 
-            coroutines.append(simulated_worker(worker, "node-1", send, batch, tally))
+            coroutines.append(simulated_worker(worker, "node-1", send, batch, tally, answers))
     else:  # a relay per job step, shared by its workers
         for step in steps(workers, nodes, per_step):
             relay = Relay(endpoint, step.count, connections.PER_STEP, 60.0, lambda line: None)
@@ -174,10 +203,10 @@ async def simulate(endpoint_file: str, workers: int, nodes: int, per_step: int, 
             relays.append(relay)
 
             async def send(body: bytes, relay: Relay = relay) -> tuple[int, bytes]:
-                response = await relay.handle(Request("POST", "/claim", "", {}, body))
+                response = await relay.submit(Request("POST", "/claim", "", {}, body), True)
                 return response.status, response.body
 
-            coroutines += [simulated_worker(worker, f"node-{step.node + 1}", send, batch, tally)
+            coroutines += [simulated_worker(worker, f"node-{step.node + 1}", send, batch, tally, answers)
                            for worker in step.workers]
     started = time.monotonic()
     await asyncio.gather(*coroutines)
@@ -293,10 +322,11 @@ def print_part(quick: bool, full: bool) -> None:
     tasks = 100_000 if quick else 1_000_000
     print(f"\n| a real coordinator, {tasks:,} no-op tasks, batch 64 | workers | nodes | per step | connections held "
           "(peak) | requests to the coordinator | 503 | tasks/s | of the 8-worker rate | coordinator peak RSS | "
-          "coordinator CPU | exactly once | target |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+          "coordinator CPU | load (1 min) | exactly once | target |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
           flush=True)
     reference = None
     for workers, nodes in ((8, 1), (4096, 64), (16384, 256)):
+        load = os.getloadavg()[0]  # the machine's other work, as the row started
         row = simulated_run(tasks, workers, nodes)
         reference = reference or row["rate"]
         ratio = row["rate"] / reference
@@ -305,7 +335,7 @@ def print_part(quick: bool, full: bool) -> None:
             f"peak <= 400 MB: {verdict(row['peak'] <= 400)}")
         print(f"| {'each worker its own connection' if row['perStep'] == 1 else 'a relay per step'} | {workers:,} | "
               f"{nodes} | {row['perStep']} | {row['sockets']:,} (cap {row['cap']:,}) | {row['coordinatorRequests']:,} | "
-              f"{row['refused']} | {row['rate']:,.0f} | {ratio:.2f} | {row['peak']:.0f} MB | {row['cpu']:.1f} s | "
+              f"{row['refused']} | {row['rate']:,.0f} | {ratio:.2f} | {row['peak']:.0f} MB | {row['cpu']:.1f} s | {load:.1f} | "
               f"{'yes' if row['exactlyOnce'] else 'NO'} | {target} |", flush=True)
 
 

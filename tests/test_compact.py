@@ -374,9 +374,9 @@ def test_results_json_of_a_board_partly_done_in_chunks(monkeypatch):
 
 
 def test_results_json_leaves_the_stores_free_to_grow_written_or_not(monkeypatch):
-    """results.json reads the outputs' and digests' stores through views: none outlives the writing, even
-    when the writing stops half-way, so a result recorded afterwards still grows them (shuffled ids: the
-    gathered path)."""
+    """results.json holds no view of the outputs' and digests' stores, written whole or stopped half-way: a
+    result recorded afterwards (or meanwhile: it is written in a thread, and a late result for a task that
+    failed for good is still taken) grows them (shuffled ids: the gathered path)."""
     monkeypatch.setattr("allocstack.coordinator.taskboard.RESULTS_CHUNK", 2)
     board = TaskBoard(parse_tasks({"schemaVersion": 1, "tasks": [{"id": f"t{i}", "payload": {}}
                                                                  for i in (3, 0, 4, 1, 2)]}), lease_seconds=60)
@@ -723,3 +723,89 @@ def test_a_byte_that_is_not_utf8_anywhere_is_left_to_the_standard_library(where,
     assert bad != good and decode_tasks_fast(bad) is None
     with pytest.raises(AllocstackError, match="not UTF-8"):
         decode_tasks(bad)
+
+
+def _batch_of_claims(api: _Api, bodies: list) -> list:
+    """``bodies`` as one /batch of claims, each answer as (status, JSON)."""
+    from allocstack.coordinator.httpserver import Request
+
+    document = {"requests": [{"path": "/claim", "body": body} for body in bodies]}
+    response = asyncio.run(api.api.batch(Request("POST", "/batch", "", {}, json.dumps(document).encode())))
+    return [(part["status"], part["body"]) for part in json.loads(response.body)["responses"]]
+
+
+def _claims_alone(api: _Api, bodies: list) -> list:
+    async def each() -> list:
+        return [await api.post("/claim", body) for body in bodies]
+
+    return asyncio.run(each())
+
+
+def test_a_batch_of_claims_is_answered_as_the_claims_alone(tmp_path, monkeypatch):
+    """A relay's /batch of claims takes the claims' path for the price of one (one decode, one journal append for
+    every good batch of results, no task a request): each answer, the journal, the board's results and the workers'
+    stats are those of the same claims sent alone, in order; a claim with a bad result is judged alone meanwhile."""
+    from allocstack.coordinator import api as api_module
+
+    calls = []
+    claims = api_module.CoordinatorApi.claims
+    monkeypatch.setattr(api_module.CoordinatorApi, "claims", lambda self, posts: calls.append(len(posts)) or claims(self, posts))
+    tasks = make_tasks(40)["tasks"]
+    first = [{"workerId": "a", "max": 4}, {"workerId": "b", "max": 4, "node": "n1"}, {"workerId": "c"}]
+    outcome = {}
+    for mode, send in (("batch", _batch_of_claims), ("alone", _claims_alone)):
+        api = _Api(tmp_path / f"{mode}.jsonl", count=40)
+        said = send(api, first)
+        held = {body["workerId"]: reply.get("tasks") or [reply["task"]] for body, (_, reply) in zip(first, said, strict=True)}
+        bad = [result_of(t) for t in held["b"]]
+        bad[1]["sha256"] = digest_of("not it")
+        second = [{"workerId": "a", "max": 2, "results": [result_of(t) for t in held["a"]]},
+                  {"workerId": "c", "max": 3, "results": [result_of(t) for t in held["c"]]},
+                  {"workerId": "d", "max": 2, "results": []},
+                  {"workerId": "b", "max": 1, "results": bad}]
+        said2 = send(api, second)
+        api.journal.close()
+        lines = sorted((tmp_path / f"{mode}.jsonl").read_bytes().splitlines())
+        workers = {name: (s.claimed, s.completed, s.rejected, s.node) for name, s in api.board.workers.items()}
+        outcome[mode] = (said, [(status, {k: v for k, v in reply.items() if k not in ("tasks", "task")},
+                                 len(reply.get("tasks", ()))) for status, reply in said2],
+                         lines, b"".join(api.board.results_json()), api.board.counts(), workers)
+    for got, want in zip(outcome["batch"], outcome["alone"], strict=True):
+        assert got == want, (got, want)
+    assert calls == [3, 4]
+    said2 = outcome["batch"][1]
+    assert [reply["accepted"] for _, reply, _ in said2] == [[t["id"] for t in tasks[:4]], [tasks[8]["id"]], [],
+                                                            [tasks[4]["id"], tasks[6]["id"], tasks[7]["id"]]]
+    assert said2[3][1]["rejected"][0]["code"] == 400 and outcome["batch"][4]["done"] == 8
+
+
+def test_a_batch_of_claims_whose_results_cannot_be_stored_accepts_none_of_them(tmp_path):
+    """The journal cannot write: each claim of the batch that carried results is answered 507 and none of its results
+    is done (its tasks stay leased, for a retry); a claim without results is answered as alone."""
+    api = _Api(tmp_path / "full.jsonl", count=8)
+    held = [reply["tasks"] for _, reply in _batch_of_claims(api, [{"workerId": "a", "max": 2}, {"workerId": "b", "max": 2}])]
+
+    def full(fd, data):
+        raise OSError(28, "No space left on device")
+
+    api.journal._write = full
+    said = _batch_of_claims(api, [{"workerId": "a", "max": 2, "results": [result_of(t) for t in held[0]]},
+                                  {"workerId": "c", "max": 1},
+                                  {"workerId": "b", "max": 2, "results": [result_of(t) for t in held[1]]}])
+    api.journal.close()
+    assert [status for status, _ in said] == [507, 200, 507] and "not stored" in said[0][1]["error"]
+    assert said[1][1]["status"] == "task"
+    assert api.board.counts()["done"] == 0 and not any(api.board.committing)
+    assert api.board.counts()["leased"] == 5
+
+
+def test_a_batch_of_claims_with_a_lone_surrogate_takes_the_general_path(tmp_path):
+    """msgspec refuses the batch (a lone surrogate in an output): the general path answers each claim, the bad result
+    rejected by name, the good claim's results accepted."""
+    api = _Api(tmp_path / "surrogate.jsonl", count=8)
+    held = [reply["tasks"] for _, reply in _batch_of_claims(api, [{"workerId": "a", "max": 2}, {"workerId": "b", "max": 2}])]
+    said = _batch_of_claims(api, [{"workerId": "a", "max": 1, "results": [result_of(t) for t in held[0]]},
+                                  {"workerId": "b", "max": 1, "results": [result_of(held[1][0], "\ud800 lone")]}])
+    api.journal.close()
+    assert said[0][1]["accepted"] == [t["id"] for t in held[0]]
+    assert said[1][0] == 200 and "lone surrogate" in said[1][1]["rejected"][0]["reason"]

@@ -327,13 +327,18 @@ def test_names_are_rewritten_where_they_are_hostnames_only_and_paths_are_left_as
 
 
 def test_hostnames_can_be_left_as_written(tmp_path, capsys, monkeypatch):
-    """--no-hostnames: once each stack has a network of its own where names resolve, values stay as written."""
+    """--no-hostnames: values stay as written (the names resolve through the stack's hosts file, and the import says
+    so); a service's Compose hostname and network aliases are its ``hostnames`` either way."""
     document = copy.deepcopy(BASE)
     document["services"]["worker"]["environment"] = {"DB_URL": "http://db:5000/x"}
+    document["services"]["db"].update(hostname="database", networks={"default": {"aliases": ["pg", "database"]}})
     code, config, _ = import_document(tmp_path, document, "--no-hostnames", env={}, monkeypatch=monkeypatch)
-    assert code == 0, capsys.readouterr().err
+    out = capsys.readouterr().out
+    assert code == 0, out
     assert config["worker"]["environment"] == {"DB_URL": "http://db:5000/x"}
     assert config["services"]["db"]["command"] == ["db", "--port", "5000"]
+    assert config["services"]["db"]["hostnames"] == ["database", "pg"]
+    assert "through the stack's hosts file at /etc/hosts" in out and "values are left as written (--no-hostnames)" in out
 
 
 def test_each_interpolation_form_and_where_its_value_came_from(tmp_path, capsys, monkeypatch):
@@ -585,6 +590,7 @@ def test_a_service_with_the_name_of_allocstacks_own_steps_is_renamed_and_the_run
     assert config["worker"]["command"] == ["job", "--api", "http://${ALLOCSTACK_WORKER_SERVICE_HOST}:5000"]
     assert config["worker"]["environment"] == {"API_HOST": "${ALLOCSTACK_WORKER_SERVICE_HOST}"}
     assert "note: worker: services.worker-service in the config (worker is the name of allocstack's own steps)" in out
+    assert config["services"]["worker-service"]["hostnames"] == ["worker"]  # still resolved by its Compose name
     from workflow_helpers import copy_project, snakemake
 
     monkeypatch.undo()  # this environment again

@@ -1,26 +1,34 @@
-"""A real public Compose stack that we did not write, run from its Compose file (issues 24 and 25, "How it must be
-shown"): a broker (Redis), daemon workers (Celery) and a producer, imported as `docker compose up --scale worker=4
---exit-code-from tests` takes it, with an override file that holds only what a batch run on an HPC node demands.
+"""Real public Compose stacks that we did not write, run from their Compose files (issues 24 and 25, "How it must be
+shown"): each a broker (Redis), daemon workers (Celery) and a producer, imported as `docker compose up --scale
+worker=N --exit-code-from tests` takes it, with an override file that holds only what a batch run on an HPC node
+demands. Every test runs once per stack (:data:`STACKS`), through the same functions.
 
-The stack: testdrivenio/fastapi-celery, docker-compose.yml at commit 191ff138701777838c363772253f73a276c16d68
-(MIT licence, kept as LICENSE), copied with the few files its programs need into tests/public_stacks/fastapi-celery/
-(tests/public_stacks/MANIFEST.yaml: what was copied, what is ours and why). Its services: redis:7, a FastAPI app
-(uvicorn), `celery worker` (a daemon: it never ends by itself) and a Flower dashboard. The producer is the
-upstream's own test suite (project/tests/: it queues a Celery task through Redis and waits for a worker's result),
-run as the one-shot service `tests` of the override: the upstream runs it with `docker-compose exec web python -m
-pytest`, and a batch job has nobody at a terminal to exec it.
+The stacks (tests/public_stacks/MANIFEST.yaml: what was copied, what is ours and why), each copied with the few
+files its programs need into tests/public_stacks/NAME/, its licence kept as LICENSE:
 
-Here every program runs on this machine, no image: redis-server from Debian (`make test` installs it:
+- testdrivenio/fastapi-celery, docker-compose.yml at commit 191ff138701777838c363772253f73a276c16d68 (MIT): redis:7,
+  a FastAPI app (uvicorn), `celery worker` (a daemon: it never ends by itself) and a Flower dashboard;
+- testdrivenio/flask-celery, docker-compose.yml at commit 5c66be55b203d5a5f0522c5f535f8af121ee753c (MIT):
+  redis:6-alpine, a Flask app (its development server, `image: web` beside `build: .`, a container_name), `celery
+  worker` and Flower, which imports the app's code.
+
+The producer is each upstream's own test suite (it queues a Celery task through Redis and waits for a worker's
+result), run as the one-shot service `tests` of the override: the upstreams run it with `docker-compose exec web
+python -m pytest`, and a batch job has nobody at a terminal to exec it.
+
+On the host every program runs on this machine, no image: redis-server from Debian (`make test` installs it:
 tests/cluster/prepare.sh), the stack's Python packages in a venv of its own, made here from the upstream's
-project/requirements.txt and our constraints.txt (the stack pins old versions that allocstack's own requirements.txt
-cannot hold beside its own: requests 2.28.2, pydantic 1).
+requirements.txt and our constraints.txt (the stacks pin old versions that allocstack's own requirements.txt cannot
+hold beside its own).
 
-And the same files, unchanged, in per-service images: the import names two (``images/redis-7.sif`` for ``image:
-redis:7``, ``images/fastapi-celery-project.sif`` for ``build: ./project``; directories for Charliecloud), and they are
-put there as a user would after building them: the stack images tests/cluster/prepare.sh builds from Debian packages
-(container/stacks/: ``redis``; ``fastapi-celery``, the app's image as its project/Dockerfile makes it, bookworm's
-python3 and the same pinned packages in /opt/venv, WORKDIR /usr/src/app). Run with ``snakemake --cores 4 --sdm
-apptainer``, with Charliecloud (the import's ``--runtime charliecloud``) and through the Slurm profile."""
+And the same files, unchanged, in per-service images: the import names them (fastapi-celery: ``images/redis-7.sif``
+for ``image: redis:7``, ``images/fastapi-celery-project.sif`` for ``build: ./project``; flask-celery:
+``images/redis-6-alpine.sif``, ``images/web.sif`` for the web app's ``image: web`` + ``build: .`` and
+``images/flask-celery.sif`` for the other ``build: .``; directories for Charliecloud), and they are put there as a
+user would after building them: the stack images tests/cluster/prepare.sh builds from Debian packages
+(container/stacks/: ``redis``; ``fastapi-celery`` and ``flask-celery``, each app's image as its Dockerfile makes it,
+bookworm's python3 and the same pinned packages in /opt/venv, WORKDIR /usr/src/app). Run with ``snakemake --cores 4
+--sdm apptainer``, with Charliecloud (the import's ``--runtime charliecloud``) and through the Slurm profile."""
 
 from __future__ import annotations
 
@@ -33,9 +41,12 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from test_compose_stacks import free_port
 from test_slurm import TEST_RESOURCES, recorded_steps, the_stack_job
 from test_stack_images import NO_APPTAINER_PATH, place_image
 
@@ -43,31 +54,81 @@ from conftest import ROOT, pids_of_run, run_script
 from real_parts import require_slurm, unavailable
 from workflow_helpers import snakemake
 
-STACK = ROOT / "tests" / "public_stacks" / "fastapi-celery"
-#: The ports its Compose files fix (web, redis, dashboard): each replaced by a free one, as the node is shared.
-PORTS = ("8000", "6379", "5555")
-#: What `docker compose up --scale worker=4 --exit-code-from tests` takes, as the import takes it.
-FLAGS = ("--scale", "worker=4", "--exit-code-from", "tests")
+
+@dataclass(frozen=True)
+class PublicStack:
+    """A stack of tests/public_stacks/ and what a run of it must show."""
+
+    #: Its folder under tests/public_stacks/ and the run's name.
+    name: str
+    #: The upstream's requirements file, in its folder.
+    requirements: str
+    #: Where the import writes its config (the docs' commands name it).
+    config: str
+    #: The ports its Compose files fix: each replaced by a free one, as the node is shared.
+    ports: tuple[str, ...]
+    #: What `docker compose up` takes, as the import takes it.
+    flags: tuple[str, ...]
+    #: The import's summary line.
+    summary: str
+    #: Its services as result.json names them (the producer, main, apart).
+    services: tuple[str, ...]
+    workers: int
+    #: The producer's test module, as `pytest -v` names its tests, and the tests it must pass.
+    producer_module: str
+    producer_tests: tuple[str, ...]
+    #: The workers' own log (celery --logfile), in the stack's folder.
+    worker_log: str
+    #: The images as the import names them (images/NAME.sif, images/NAME/) -> the stack image each one is
+    #: (container/stacks/NAME.def).
+    images: tuple[tuple[str, str], ...]
+
+    @property
+    def folder(self) -> Path:
+        return ROOT / "tests" / "public_stacks" / self.name
+
+
+FASTAPI_CELERY = PublicStack(
+    name="fastapi-celery", requirements="project/requirements.txt", config="config/fastapi-celery.yaml", ports=("8000", "6379", "5555"),
+    flags=("--scale", "worker=4", "--exit-code-from", "tests"),
+    summary="services redis, web, dashboard, tests; 4 workers; 0 gap(s)", services=("dashboard", "redis", "web"),
+    workers=4, producer_module="tests/test_tasks.py",
+    producer_tests=("test_home", "test_task", "test_mock_task", "test_task_status"),
+    worker_log="project/logs/celery.log",
+    images=(("fastapi-celery-project", "fastapi-celery"), ("redis-7", "redis")))
+FLASK_CELERY = PublicStack(
+    name="flask-celery", requirements="requirements.txt", config="config/flask-celery.yaml", ports=("5000", "6379", "5555"),
+    flags=("--scale", "worker=2", "--exit-code-from", "tests"),
+    summary="services redis, web, dashboard, tests; 2 workers; 0 gap(s)", services=("dashboard", "redis", "web"),
+    workers=2, producer_module="project/tests/test_tasks.py",
+    producer_tests=("test_home", "test_task", "test_mock_task", "test_task_status"),
+    worker_log="project/logs/celery.log",
+    # `build: .` with `image: web` (the web service) is tagged web, the others' builds flask-celery: one recipe.
+    images=(("flask-celery", "flask-celery"), ("web", "flask-celery"), ("redis-6-alpine", "redis")))
+STACKS = (FASTAPI_CELERY, FLASK_CELERY)
+#: Each test below runs once per stack.
+each_stack = pytest.mark.parametrize("stack", STACKS, ids=[stack.name for stack in STACKS])
 
 
 @pytest.fixture(scope="session")
-def stack_python(tmp_path_factory) -> Path:
-    """A venv with the stack's own Python packages (celery, fastapi, uvicorn, flower, pytest as it pins them);
-    its bin/ goes first on PATH, as the stack's image would have them."""
-    venv = tmp_path_factory.mktemp("fastapi-celery-venv")
-    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
-    install = subprocess.run(
-        [str(venv / "bin" / "pip"), "install", "--quiet", "--disable-pip-version-check",
-         "-r", str(STACK / "project" / "requirements.txt"), "-c", str(STACK / "constraints.txt")],
-        capture_output=True, text=True, timeout=600, check=False)
-    assert install.returncode == 0, f"installing the stack's Python packages failed:\n{install.stderr[-3000:]}"
-    return venv / "bin"
+def stack_python(tmp_path_factory) -> Callable[[PublicStack], Path]:
+    """For a stack, a venv with its own Python packages (celery, its web framework, flower, pytest as it pins them),
+    made once per session; its bin/ goes first on PATH, as the stack's image would have them."""
+    made: dict[str, Path] = {}
 
+    def venv_of(stack: PublicStack) -> Path:
+        if stack.name not in made:
+            venv = tmp_path_factory.mktemp(f"{stack.name}-venv")
+            subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
+            install = subprocess.run(
+                [str(venv / "bin" / "pip"), "install", "--quiet", "--disable-pip-version-check",
+                 "-r", str(stack.folder / stack.requirements), "-c", str(stack.folder / "constraints.txt")],
+                capture_output=True, text=True, timeout=600, check=False)
+            assert install.returncode == 0, f"installing {stack.name}'s Python packages failed:\n{install.stderr[-3000:]}"
+            made[stack.name] = venv / "bin"
+        return made[stack.name]
 
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
+    return venv_of
 
 
 def listening(port: int) -> bool:
@@ -93,55 +154,65 @@ def kill_processes_in(folder: Path) -> list[str]:
     return found
 
 
-def place_stack(project: Path) -> tuple[Path, dict[str, int]]:
+def place_stack(project: Path, stack: PublicStack) -> tuple[Path, dict[str, int]]:
     """Copy the stack into the project as a user would clone it, its fixed ports moved to free ones."""
-    stack = project / "stacks" / "fastapi-celery"
-    shutil.copytree(STACK, stack)
-    ports = {port: free_port() for port in PORTS}
+    folder = project / "stacks" / stack.name
+    shutil.copytree(stack.folder, folder)
+    ports = {port: free_port() for port in stack.ports}
     for name in ("docker-compose.yml", "compose.hpc.yaml"):
-        text = (stack / name).read_text()
+        text = (folder / name).read_text()
         for port, free in ports.items():
             text = text.replace(port, str(free))
-        (stack / name).write_text(text)
-    return stack, ports
+        (folder / name).write_text(text)
+    return folder, ports
 
 
-def import_stack(project: Path, *extra: str) -> tuple[Path, dict[str, int], float]:
-    """Place the stack and import it as `docker compose up --scale worker=4 --exit-code-from tests` takes it, with
-    ``extra`` import flags (``--runtime charliecloud``); the stack's folder, its ports and the import's seconds."""
-    stack, ports = place_stack(project)
+def import_stack(project: Path, stack: PublicStack, *extra: str) -> tuple[Path, dict[str, int], float]:
+    """Place the stack and import it as `docker compose up` takes it (its :attr:`PublicStack.flags`), with ``extra``
+    import flags (``--runtime charliecloud``); the stack's folder, its ports and the import's seconds."""
+    folder, ports = place_stack(project, stack)
     started = time.monotonic()
-    imported = run_script("import_compose.py", "stacks/fastapi-celery/docker-compose.yml",
-                          "stacks/fastapi-celery/compose.hpc.yaml", *FLAGS, *extra, "--output",
-                          "config/fastapi-celery.yaml", cwd=project)
+    imported = run_script("import_compose.py", f"stacks/{stack.name}/docker-compose.yml",
+                          f"stacks/{stack.name}/compose.hpc.yaml", *stack.flags, *extra, "--output", stack.config,
+                          cwd=project)
     import_seconds = time.monotonic() - started
     assert imported.returncode == 0, imported.stdout + imported.stderr
-    assert "services redis, web, dashboard, tests; 4 workers; 0 gap(s)" in imported.stdout, imported.stdout
-    config = (project / "config/fastapi-celery.yaml").read_text()
-    assert "main: tests" in config and "workers: 4" in config
-    return stack, ports, import_seconds
+    assert stack.summary in imported.stdout, imported.stdout
+    config = (project / stack.config).read_text()
+    assert "main: tests" in config and f"workers: {stack.workers}" in config
+    return folder, ports, import_seconds
 
 
-def check_stack_ran(project: Path, stack: Path, ports: dict[str, int]) -> None:
+def new_lines(stack: PublicStack, folder: Path, name: str) -> list[str]:
+    """The lines of the stack's file ``name`` written by the run: after those the upstream's copy holds (the
+    upstream flask-celery ships its worker log with 20 tasks of its own in it)."""
+    before = (stack.folder / name).read_text().splitlines() if (stack.folder / name).exists() else []
+    after = (folder / name).read_text().splitlines()
+    assert after[:len(before)] == before, f"{name}: the upstream's lines were changed"
+    return after[len(before):]
+
+
+def check_stack_ran(project: Path, stack: PublicStack, folder: Path, ports: dict[str, int]) -> None:
     """The producer's own output, the workers' log, the daemons stopped once it ended, nothing left listening."""
-    marker = json.loads((project / "results/fastapi-celery/result.json").read_text())
-    assert marker["status"] == "success" and marker["services"] == ["dashboard", "redis", "web"]
-    # The producer's own output: the upstream's four tests, among them the task queued through Redis and
-    # answered by a Celery worker (PENDING, then SUCCESS with result True).
-    produced = (project / "logs/run_main/fastapi-celery.log").read_text()
-    for test in ("test_home", "test_task", "test_mock_task", "test_task_status"):
-        assert f"tests/test_tasks.py::{test} PASSED" in produced, produced[-3000:]
-    assert " 4 passed" in produced
-    # The workers' own log (celery's --logfile, in the bind-mounted project as in Docker): the task it ran.
-    worker_log = (stack / "project/logs/celery.log").read_text()
-    succeeded = [line for line in worker_log.splitlines() if "Task create_task[" in line and "succeeded in" in line]
-    assert len(succeeded) == 1 and succeeded[0].endswith(": True"), worker_log[-3000:]
+    run = stack.name
+    marker = json.loads((project / f"results/{run}/result.json").read_text())
+    assert marker["status"] == "success" and marker["services"] == list(stack.services)
+    # The producer's own output: the upstream's tests, among them a task queued through Redis and answered by a
+    # Celery worker (PENDING, then SUCCESS with result True).
+    produced = (project / f"logs/run_main/{run}.log").read_text()
+    for test in stack.producer_tests:
+        assert f"{stack.producer_module}::{test} PASSED" in produced, produced[-3000:]
+    assert f" {len(stack.producer_tests)} passed" in produced
+    # The workers' own log (celery's --logfile, in the bind-mounted project as in Docker): the one task it ran.
+    written = new_lines(stack, folder, stack.worker_log)
+    succeeded = [line for line in written if "Task create_task[" in line and "succeeded in" in line]
+    assert len(succeeded) == 1 and succeeded[0].endswith(": True"), "\n".join(written)[-3000:]
     # The daemons were stopped once the producer ended (celery's warm shutdown on SIGTERM: exit 0), and nothing
     # of the stack is left listening.
-    records = [json.loads((project / f"results/fastapi-celery/workers/worker-0{i}.json").read_text())
-               for i in range(1, 5)]
-    assert [(r["status"], r["exitCode"]) for r in records] == [("stopped", 0)] * 4
-    events = [json.loads(line) for line in (project / "results/fastapi-celery/events.jsonl").read_text().splitlines()]
+    records = [json.loads((project / f"results/{run}/workers/worker-{i:02d}.json").read_text())
+               for i in range(1, stack.workers + 1)]
+    assert [(r["status"], r["exitCode"]) for r in records] == [("stopped", 0)] * stack.workers
+    events = [json.loads(line) for line in (project / f"results/{run}/events.jsonl").read_text().splitlines()]
     main_end = next(e["t"] for e in events if e["event"] == "main-end")
     assert all(e["t"] >= main_end for e in events if e["event"] == "worker-end")
     assert not any(listening(port) for port in ports.values()), ports
@@ -149,21 +220,21 @@ def check_stack_ran(project: Path, stack: Path, ports: dict[str, int]) -> None:
     assert not [e for e in events if e["event"] == "listening-exposed"], "listening beyond loopback"
 
 
-def test_fastapi_celery_runs_from_its_compose_file_the_producer_ends_it_and_its_output_is_checked(project,
-                                                                                                 stack_python):
+@each_stack
+def test_public_stack_runs_from_its_compose_file_the_producer_ends_it_and_its_output_is_checked(
+        project, stack_python, stack):
     if shutil.which("redis-server") is None:
         unavailable("redis-server is not on PATH (as root: apt-get install redis-server; tests/cluster/prepare.sh "
                     "installs it)")
-    stack, ports, import_seconds = import_stack(project)
+    folder, ports, import_seconds = import_stack(project, stack)
     try:
-        path = f"{stack_python}{os.pathsep}{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"
+        path = f"{stack_python(stack)}{os.pathsep}{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"
         started = time.monotonic()
-        done = snakemake(project, "--cores", "4", "--configfile", "config/fastapi-celery.yaml", timeout=400,
-                         env={"PATH": path})
+        done = snakemake(project, "--cores", "4", "--configfile", stack.config, timeout=400, env={"PATH": path})
         run_seconds = time.monotonic() - started
         assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
-        print(f"fastapi-celery: import {import_seconds:.2f} s, snakemake --cores 4 {run_seconds:.1f} s")
-        check_stack_ran(project, stack, ports)
+        print(f"{stack.name}: import {import_seconds:.2f} s, snakemake --cores 4 {run_seconds:.1f} s")
+        check_stack_ran(project, stack, folder, ports)
     finally:
         left = kill_processes_in(project)
     # Nothing of the stack is left running (its programs' own children included).
@@ -179,35 +250,32 @@ def pins(text: str) -> set[str]:
     return {line.strip() for line in text.splitlines() if "==" in line and not line.lstrip().startswith("#")}
 
 
-def test_the_app_image_installs_the_packages_the_stack_pins():
-    """container/stacks/fastapi-celery.def installs exactly what constraints.txt pins, which holds every pin of the
+@each_stack
+def test_the_app_image_installs_the_packages_the_stack_pins(stack):
+    """container/stacks/NAME.def installs exactly what the stack's constraints.txt pins, which holds every pin of the
     upstream's requirements.txt: the app's image and the venv of the test above run the same packages."""
-    definition = (ROOT / "container" / "stacks" / "fastapi-celery.def").read_text()
+    definition = (ROOT / "container" / "stacks" / f"{stack.name}.def").read_text()
     in_image = {pin for pin in (line.strip("' \\") for line in pins(definition)) if PIN.fullmatch(pin)}
-    constraints = pins((STACK / "constraints.txt").read_text())
+    constraints = pins((stack.folder / "constraints.txt").read_text())
     assert in_image == constraints, in_image ^ constraints
-    assert pins((STACK / "project" / "requirements.txt").read_text()) <= constraints
+    assert pins((stack.folder / stack.requirements).read_text()) <= constraints
 
 
-#: The stack's images as the import names them (images/NAME.sif for Apptainer, images/NAME/ for Charliecloud) ->
-#: the stack image each one is (container/stacks/: the app's image from its pinned packages; Redis from Debian).
-IMAGES = {"fastapi-celery-project": "fastapi-celery", "redis-7": "redis"}
-
-
-def run_in_images(project: Path, runtime: str, *args: str, env: dict[str, str] | None = None,
+def run_in_images(project: Path, stack: PublicStack, runtime: str, *args: str, env: dict[str, str] | None = None,
                   ) -> tuple[Path, dict[str, int], str]:
-    """Import the stack for ``runtime``, put its two images where the config expects them, run snakemake with
-    ``args``; the stack's folder, its ports and what snakemake printed. Nothing of the run is left running."""
-    stack, ports, import_seconds = import_stack(project, *(["--runtime", runtime] if runtime != "apptainer" else []))
-    for name, source in IMAGES.items():
+    """Import the stack for ``runtime``, put its images where the config expects them, run snakemake with ``args``;
+    the stack's folder, its ports and what snakemake printed. Nothing of the run is left running."""
+    folder, ports, import_seconds = import_stack(project, stack,
+                                                 *(["--runtime", runtime] if runtime != "apptainer" else []))
+    for name, source in stack.images:
         place_image(project, runtime, source, name)
     try:
         started = time.monotonic()
-        done = snakemake(project, *args, "--configfile", "config/fastapi-celery.yaml", timeout=600, env=env)
+        done = snakemake(project, *args, "--configfile", stack.config, timeout=600, env=env)
         run_seconds = time.monotonic() - started
         output = done.stdout + done.stderr
         assert done.returncode == 0, output[-4000:]
-        print(f"fastapi-celery in its images ({runtime}, {' '.join(args)}): import {import_seconds:.2f} s, "
+        print(f"{stack.name} in its images ({runtime}, {' '.join(args)}): import {import_seconds:.2f} s, "
               f"run {run_seconds:.1f} s")
     finally:
         left = pids_of_run(project, "Apptainer runtime parent", "squashfuse")
@@ -215,40 +283,44 @@ def run_in_images(project: Path, runtime: str, *args: str, env: dict[str, str] |
             os.kill(pid, signal.SIGKILL)
         left = [*map(str, left), *kill_processes_in(project)]
     assert not left, f"processes of the stack left running: {left}"
-    return stack, ports, output
+    return folder, ports, output
 
 
-def check_images_ran(project: Path, runtime: str) -> None:
-    """Each program in its own image, as provenance records it; Redis in the redis image."""
-    provenance = json.loads((project / "results/fastapi-celery/provenance.json").read_text())
+def check_images_ran(project: Path, stack: PublicStack, runtime: str) -> None:
+    """Each program in its own image, as provenance records it: Redis in the redis image, every other one in an
+    image the import named for the app (each of them used); Redis' log says so too."""
+    provenance = json.loads((project / f"results/{stack.name}/provenance.json").read_text())
     assert provenance["containerRuntime"]["name"] == runtime
-    images = {component: facts["image"] for component, facts in provenance["programImages"].items()}
-    assert images.pop("services.redis").startswith("images/redis-7"), provenance["programImages"]
-    assert images and all(image.startswith("images/fastapi-celery-project") for image in images.values()), images
-    redis_log = (project / "logs/serve_service/fastapi-celery/redis.log").read_text()
-    assert "redis: in its image:" in redis_log and "images/redis-7" in redis_log, redis_log[-2000:]
+    images = {component: Path(facts["image"]).name.removesuffix(".sif")
+              for component, facts in provenance["programImages"].items()}
+    broker = next(name for name, source in stack.images if source == "redis")
+    assert images.pop("services.redis") == broker, provenance["programImages"]
+    assert set(images.values()) == {name for name, source in stack.images if source != "redis"}, images
+    redis_log = (project / f"logs/serve_service/{stack.name}/redis.log").read_text()
+    assert "redis: in its image:" in redis_log and f"images/{broker}" in redis_log, redis_log[-2000:]
 
 
 @pytest.mark.apptainer
-def test_fastapi_celery_runs_unchanged_in_its_images_with_apptainer(project):
-    stack, ports, _ = run_in_images(project, "apptainer", "--cores", "4", "--sdm", "apptainer")
-    check_stack_ran(project, stack, ports)
-    check_images_ran(project, "apptainer")
+@each_stack
+def test_public_stack_runs_unchanged_in_its_images_with_apptainer(project, stack):
+    folder, ports, _ = run_in_images(project, stack, "apptainer", "--cores", "4", "--sdm", "apptainer")
+    check_stack_ran(project, stack, folder, ports)
+    check_images_ran(project, stack, "apptainer")
 
 
 @pytest.mark.charliecloud
-def test_fastapi_celery_runs_unchanged_in_its_images_with_charliecloud_and_no_apptainer(project):
-    stack, ports, _ = run_in_images(project, "charliecloud", "--cores", "4", env={"PATH": NO_APPTAINER_PATH})
-    check_stack_ran(project, stack, ports)
-    check_images_ran(project, "charliecloud")
+@each_stack
+def test_public_stack_runs_unchanged_in_its_images_with_charliecloud_and_no_apptainer(project, stack):
+    folder, ports, _ = run_in_images(project, stack, "charliecloud", "--cores", "4", env={"PATH": NO_APPTAINER_PATH})
+    check_stack_ran(project, stack, folder, ports)
+    check_images_ran(project, stack, "charliecloud")
 
 
-def check_job_steps(output: str, project: Path) -> dict[str, str]:
+def check_job_steps(output: str, project: Path, stack: PublicStack) -> dict[str, str]:
     """The whole stack was one sbatch job, each of its programs a job step that completed; its steps."""
     job = the_stack_job(output, project)
-    services = ("redis", "web", "dashboard")
-    wanted = {*services, *(f"{service}-readiness" for service in services), "tests",
-              *(f"worker-0{i}" for i in range(1, 5))}
+    wanted = {*stack.services, *(f"{service}-readiness" for service in stack.services), "tests",
+              *(f"worker-{i:02d}" for i in range(1, stack.workers + 1))}
     job_steps = recorded_steps(job, wanted)
     assert all(job_steps.get(step) == "COMPLETED" for step in wanted), job_steps
     return job_steps
@@ -256,21 +328,25 @@ def check_job_steps(output: str, project: Path) -> dict[str, str]:
 
 @pytest.mark.slurm
 @pytest.mark.apptainer
-def test_fastapi_celery_runs_unchanged_in_its_images_through_the_slurm_profile_with_apptainer(project):
+@each_stack
+def test_public_stack_runs_unchanged_in_its_images_through_the_slurm_profile_with_apptainer(project, stack):
+    """As the docs show it: ``snakemake --profile profiles/slurm --configfile config/NAME.yaml`` (the test
+    cluster's resources added)."""
     require_slurm()
-    stack, ports, output = run_in_images(project, "apptainer", "--profile", "profiles/slurm", *TEST_RESOURCES,
-                                         "runtime=10")
-    check_stack_ran(project, stack, ports)
-    check_images_ran(project, "apptainer")
-    check_job_steps(output, project)
+    folder, ports, output = run_in_images(project, stack, "apptainer", "--profile", "profiles/slurm",
+                                          *TEST_RESOURCES, "runtime=10")
+    check_stack_ran(project, stack, folder, ports)
+    check_images_ran(project, stack, "apptainer")
+    check_job_steps(output, project, stack)
 
 
 @pytest.mark.slurm
 @pytest.mark.charliecloud
-def test_fastapi_celery_runs_unchanged_in_its_images_through_the_slurm_profile_with_charliecloud(project):
+@each_stack
+def test_public_stack_runs_unchanged_in_its_images_through_the_slurm_profile_with_charliecloud(project, stack):
     require_slurm()
-    stack, ports, output = run_in_images(project, "charliecloud", "--profile", "profiles/slurm", *TEST_RESOURCES,
-                                         "runtime=10", env={"PATH": NO_APPTAINER_PATH})
-    check_stack_ran(project, stack, ports)
-    check_images_ran(project, "charliecloud")
-    check_job_steps(output, project)
+    folder, ports, output = run_in_images(project, stack, "charliecloud", "--profile", "profiles/slurm",
+                                          *TEST_RESOURCES, "runtime=10", env={"PATH": NO_APPTAINER_PATH})
+    check_stack_ran(project, stack, folder, ports)
+    check_images_ran(project, stack, "charliecloud")
+    check_job_steps(output, project, stack)

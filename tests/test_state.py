@@ -77,6 +77,19 @@ def test_fair_share_gives_every_worker_work_while_tasks_are_at_least_workers():
     assert fair_share(64, 0, 2) == 0
 
 
+def test_a_claim_gets_an_equal_share_of_the_unfinished_work_whatever_the_others_hold():
+    """Thousands of workers: each worker's share is of the tasks without a result (pending and leased), so
+    claims do not shrink as the others take theirs (one claim a worker does, not several); never more than is
+    pending, nor than asked."""
+    assert fair_share(64, 100, 8, unfinished=800) == 64 and fair_share(64, 40, 8, unfinished=800) == 40
+    assert fair_share(64, 10, 2, unfinished=10) == fair_share(64, 10, 2) == 5
+    board = TaskBoard(parse_tasks(make_tasks(1000)), lease_seconds=60, expected_workers=10)
+    workers = [f"w{i}" for i in range(10)]
+    assert [len(board.claim(w, 1, now=0).positions) for w in workers] == [1] * 10
+    assert [len(board.claim(w, 500, now=1).positions) for w in workers] == [100] * 9 + [90]
+    assert board.claim("w0", 500, now=2).status == "wait" and board.counts()["leased"] == 1000
+
+
 def test_board_never_runs_ahead_of_the_journal():
     """A staged result is not done until committed; an aborted one is as if never sent."""
     board = new_board(2, lease_seconds=10)

@@ -52,6 +52,34 @@ def test_status_command_summarises_the_run(half_done):
     assert missing.returncode == 69 and "run 'nothing-here': no stack is serving on this node" in missing.stderr
 
 
+def test_the_stacks_restarts_and_exposed_sockets_are_shown_while_it_runs(half_done, tmp_path):
+    """A service restarted by its policy and a socket beyond loopback, appended to their components' event logs in
+    the run's scratch as app_service.py appends them, are in /status, the status command and the live page."""
+    from allocstack.common.events import append_event
+
+    logs = half_done.scratch / "events"
+    logs.mkdir(exist_ok=True)
+    append_event(logs / "serve_kv.jsonl", "service-restart", service="kv", attempt=1, exitCode=-9,
+                 how="was killed by SIGKILL")
+    append_event(logs / "serve_kv.jsonl", "listening-exposed", kind="service", name="kv", proto="tcp",
+                 address="0.0.0.0", port=6379,  # noqa: S104  (a record, nothing binds)
+                 shown="0.0.0.0:6379", listenerPid=1)
+    append_event(logs / "serve_kv.jsonl", "service-started", service="kv")  # not notable: not shown
+    done = run_script("status.py", "--endpoint-file", half_done.endpoint_file)
+    assert done.returncode == 0, done.stderr
+    assert re.search(r"s ago  service kv restarted by its restart policy \(attempt 1\): it was killed by SIGKILL",
+                     done.stdout), done.stdout
+    assert "warning: service kv listens on 0.0.0.0:6379 (tcp)" in done.stdout
+    assert "service-started" not in done.stdout
+    browser = chromium()
+    url = run_script("status.py", "--endpoint-file", half_done.endpoint_file, "--url").stdout.splitlines()[0]
+    dom = headless(browser, tmp_path, "--dump-dom", url)
+    assert dom.returncode == 0, dom.stderr[-2000:]
+    shown = re.findall(r'class="event" data-event="([^"]+)">([^<]*)<', dom.stdout)
+    assert [event for event, _ in shown] == ["service-restart", "listening-exposed"], dom.stdout[-3000:]
+    assert "service kv restarted by its restart policy (attempt 1)" in shown[0][1]
+
+
 def test_the_page_needs_the_view_token_which_cannot_claim(half_done):
     url = run_script("status.py", "--endpoint-file", half_done.endpoint_file, "--url").stdout.splitlines()[0]
     base, view = url.split("/ui?token=")

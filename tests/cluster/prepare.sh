@@ -12,14 +12,15 @@
 #      and partitions, the multinode tests use partition `multi`),
 #   2. the Apptainer toolbox (tests/cluster/apptainer.sh install),
 #   3. the test image, built from container/test.def and cached by its hash, and the stack images
-#      (container/stacks/NAME.def with NAME.oci.json: Redis, a Python application, the app image of the real
-#      public stack fastapi-celery with its pinned packages; built as Docker Hub gives images, build.sh --oci),
+#      (container/stacks/NAME.def with NAME.oci.json: Redis, a Python application, the app images of the real
+#      public stacks fastapi-celery and flask-celery with their pinned packages; built as Docker Hub gives images,
+#      build.sh --oci),
 #      cached the same way,
 #   4. Charliecloud's ch-run and the same images as directories (the test image also as a SquashFS
 #      file) (charliecloud.sh),
 #   5. Debian's chromium, for the live status page test; tmux, a real terminal for the tests of
 #      what a run prints on one; tcpdump, for the capture on the multi-node cluster's bridge;
-#      redis-server, the broker of the real public stack run with its programs on the host
+#      redis-server, the broker of the real public stacks run with their programs on the host
 #      (tests/test_public_stacks.py: allocstack starts it as the stack's service; the system's
 #      own redis service is not started here).
 # Each step prints the seconds since the start when it is done.

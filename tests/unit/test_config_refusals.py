@@ -164,8 +164,9 @@ def test_the_older_service_block_is_the_service_app_with_the_services_defaults()
     assert "service" not in planned.config  # migrated once: nothing after reads it
     assert planned.services == {"app": {
         "command": ["python3", "app.py"], "image": None, "entrypoint": None, "working_dir": None, "mounts": [],
-        "port": None, "depends_on": [], "cpus": 1, "gpus": 0, "environment": {},
-        "stop_grace_period": 10, "restart": {"condition": "none", "delay": 0, "max_attempts": None, "window": 0},
+        "port": None, "depends_on": [], "mode": "replicated", "cpus": 1, "gpus": 0, "environment": {},
+        "stop_grace_period": 10, "hostnames": [],
+        "restart": {"condition": "none", "delay": 0, "max_attempts": None, "window": 0},
         "readiness": {"mode": "tcp", "path": "/health", "expect": {}, "command": None, "timeout": None,
                       "interval": None, "probe_timeout": 1}}}
     assert plan_of("service: {command: null}").services == {}

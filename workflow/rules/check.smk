@@ -13,6 +13,7 @@ rule run_check:
         FILES.check_record,
     log:
         "logs/run_check/{run}.log",
+    retries: PLAN.retries
     group:
         "stack"
     conda:

@@ -12,6 +12,7 @@ rule collect_results:
         workers=worker_records,
         main=main_records,
         check=check_records,
+        served=PLAN.served_records("{run}"),
         node_gates=node_gates,
         script=script("collect.py"),
     output:
@@ -25,6 +26,7 @@ rule collect_results:
         ),
     log:
         "logs/collect_results/{run}.log",
+    retries: PLAN.retries
     group:
         "stack"
     conda:

@@ -238,13 +238,13 @@ def this_command():
 
 def end_of_run_summary(outcome):
     """Snakemake's onsuccess/onerror: the run's verdict, counts, wall time and where things are.
-
     ``status.py --end-of-run`` renders it from the run's records (and, after an error, the
     allocstack error lines of this run's logs), so it is the last thing on the terminal. After
     Ctrl-C: INTERRUPTED, what was done and the command that resumes (its own session: another
-    Ctrl-C does not cut it short).
+    Ctrl-C does not cut it short). A serving stack's end after "up": success, exit 0.
     """
     if interrupt.STATE.interrupted:
         outcome = "interrupted"
+    interrupt.exits_served(PLAN.layout.marker, STARTED_AT)
     command = PLAN.end_of_run(outcome, STARTED_AT, this_command())
     subprocess.run(command, check=False, timeout=60, start_new_session=True)

@@ -26,6 +26,7 @@ rule serve_coordinator:
         end_record=FILES.coordinator_end,
     log:
         "logs/serve_coordinator/{run}.log",
+    retries: PLAN.retries
     group:
         "stack"
     conda:

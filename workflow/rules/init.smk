@@ -17,6 +17,7 @@ rule run_init:
         FILES.init_record("{service}"),
     log:
         "logs/run_init/{run}/{service}.log",
+    retries: PLAN.retries
     group:
         "stack"
     conda:

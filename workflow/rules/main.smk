@@ -14,6 +14,7 @@ rule run_main:
         FILES.main_record,
     log:
         "logs/run_main/{run}.log",
+    retries: PLAN.retries
     group:
         "stack"
     conda:

@@ -19,6 +19,7 @@ if PLAN.nodes > 1:
             FILES.node_gate("{node}"),
         log:
             "logs/await_network/{run}/node-{node}.log",
+        retries: PLAN.retries
         group:
             "stack"
         conda:

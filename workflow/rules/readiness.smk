@@ -12,6 +12,7 @@ rule await_readiness:
         FILES.coordinator_gate,
     log:
         "logs/await_readiness/{run}.log",
+    retries: PLAN.retries
     group:
         "stack"
     conda:

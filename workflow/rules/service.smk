@@ -20,6 +20,7 @@ rule serve_service:
         service=service(FILES.service_file("{service}")),
     log:
         "logs/serve_service/{run}/{service}.log",
+    retries: PLAN.retries
     group:
         "stack"
     conda:
@@ -44,6 +45,7 @@ rule await_service:
         FILES.service_gate("{service}"),
     log:
         "logs/await_service/{run}/{service}.log",
+    retries: PLAN.retries
     group:
         "stack"
     conda:
@@ -54,3 +56,53 @@ rule await_service:
         args=args("service_gate"),
     shell:
         "exec {params.launch} {input.script} {params.args} > {log} 2>&1"
+
+
+# A global service (services.<name>.mode: global, Compose deploy.mode: global) with config nodes
+# above 1: the first node's instance is the service above; one more instance on each other node,
+# a job step pinned there, with its own gate run on that node. The workers on a node wait for
+# their node's gate and use their node's instance (its loopback: ALLOCSTACK_<NAME>_HOST 127.0.0.1).
+if PLAN.global_services:
+
+    rule serve_instance:
+        input:
+            validated=FILES.inputs_summary,
+            script=script("app_service.py"),
+        output:
+            service=service(FILES.instance_file("{service}", "{node}")),
+        log:
+            "logs/serve_service/{run}/{service}-node-{node}.log",
+        retries: PLAN.retries
+        group:
+            "stack"
+        conda:
+            STACK_ENV
+        threads: 0
+        resources:
+            # The first node's job carries the CPUs per node, these instances' too.
+            cpus_per_task=0,
+        params:
+            launch=launch("instance"),
+            args=args("instance"),
+        shell:
+            ": > {output.service}; exec {params.launch} {input.script} {params.args} > {log} 2>&1"
+
+    rule await_instance:
+        input:
+            service=FILES.instance_file("{service}", "{node}"),
+            script=script("readiness.py"),
+        output:
+            FILES.instance_gate("{service}", "{node}"),
+        log:
+            "logs/await_service/{run}/{service}-node-{node}.log",
+        retries: PLAN.retries
+        group:
+            "stack"
+        conda:
+            STACK_ENV
+        threads: 0
+        params:
+            launch=launch("instance_gate"),
+            args=args("instance_gate"),
+        shell:
+            "exec {params.launch} {input.script} {params.args} > {log} 2>&1"

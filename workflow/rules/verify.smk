@@ -12,13 +12,16 @@ rule verify_results:
         expected=expected_input,
         validated=FILES.inputs_summary,
         check=check_records,
+        served=PLAN.served_records("{run}"),
         services=FILES.services_record,
         events=FILES.events,
         script=script("verify.py"),
     output:
-        FILES.marker,
+        # The marker (result.json); in serve mode verification's own record, beside the marker it writes.
+        PLAN.verdict("{run}"),
     log:
         "logs/verify_results/{run}.log",
+    retries: PLAN.retries
     group:
         "stack"
     conda:

@@ -30,6 +30,7 @@ if PLAN.grouped:
             directory(FILES.step_records("{step}")),
         log:
             FILES.step_log("{step}"),
+        retries: PLAN.retries
         group:
             "stack"
         conda:
@@ -56,6 +57,7 @@ else:
             FILES.worker_record("{worker}"),
         log:
             "logs/run_worker/{run}/{worker}.log",
+        retries: PLAN.retries
         group:
             "stack"
         conda:

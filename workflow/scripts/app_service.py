@@ -122,6 +122,9 @@ def end_status(outcome: Outcome) -> str:
 def parse_args(argv: list[str] | None):
     parser = ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--name", default="app", help="the service's name (config services.<name>)")
+    parser.add_argument("--instance", default=None,
+                        help="a global service's instance on a node other than the first (NAME-node-N): its files "
+                             "(endpoint, end record, events) under this name; its variables stay NAME's")
     add_program_arguments(parser, "your service", required=False)
     add_placement_arguments(parser)
     parser.add_argument("--port", type=int, default=0, help="the port it listens on (0 = a free one)")
@@ -175,13 +178,14 @@ def relay_for_other_nodes(args, name: str, port: int) -> tuple[str, str | None] 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     name = args.name
+    files = args.instance or name  # a global service's instance: its own files on the shared scratch
     if args.service_file:
         write_service_file(args.service_file)
-    log = lambda message: print(f"{name}: {message}", file=sys.stderr, flush=True)  # noqa: E731
-    program = Supervised(f"service {name}")
+    log = lambda message: print(f"{files}: {message}", file=sys.stderr, flush=True)  # noqa: E731
+    program = Supervised(f"service {files}")
     try:
-        published, ended = service_endpoint_path(args.scratch, name), service_end_path(args.scratch, name)
-        events = args.scratch / names.component_events(name)
+        published, ended = service_endpoint_path(args.scratch, files), service_end_path(args.scratch, files)
+        events = args.scratch / names.component_events(files)
         make_private(published.parent)
         make_private(events.parent)
         for stale in (published, ended, events):  # what a crashed earlier run left
@@ -195,14 +199,14 @@ def main(argv: list[str] | None = None) -> int:
         stack = {**services_environment(args.scratch, args.uses), **service_variables(name, endpoint, token)}
         env = program_environment(os.environ, stack, args.environment_json, f"services.{name}")
         how = prepare(placement, args.command_json, env, set(args.environment_json),
-                      args.scratch / names.PROGRAMS / name, f"services.{name}")
+                      args.scratch / names.PROGRAMS / files, f"services.{name}")
         if how.container:
             log(f"in its image: {how.line()}")
         started = time.time()
-        pid = program.start(how.argv, how.env, args.stop_grace, how.cwd, how.deliver)
+        pid = program.start(how.argv, how.env, args.stop_grace, how.cwd, how.deliver, how.preexec)
     except AllocstackError as error:  # its gate reads this and fails at once, with the reason
-        atomic_write_json(service_end_path(args.scratch, name), {
-            "schemaVersion": SCHEMA_VERSION, "service": name, "status": "failed", "how": error.line(),
+        atomic_write_json(service_end_path(args.scratch, files), {
+            "schemaVersion": SCHEMA_VERSION, "service": files, "status": "failed", "how": error.line(),
             "endedAt": time.time()})
         return report(error)
     # its gate looks at what that process listens on
@@ -211,14 +215,14 @@ def main(argv: list[str] | None = None) -> int:
         url, fingerprint = relayed
         write_endpoint(args.network_endpoint_file, url, token, "", tls=fingerprint is not None, fingerprint=fingerprint)
         log(f"relayed to the other nodes on {url}")
-    append_event(events, "service-started", service=name, endpoint=endpoint, command=how.shown[0],
+    append_event(events, "service-started", service=files, endpoint=endpoint, command=how.shown[0],
                  **{**runtime_facts(), **({"container": how.container} if how.container else {})})
     log(f"{describe(how.shown)} started on {endpoint}{f' in {how.container}' if how.container else ''} (pid {pid})")
     policy = RestartPolicy.from_args(args)
     watching = [exposure.watch(pid, "service", name, events)]  # what it listens on beyond loopback
 
     def restarted(attempt: int, ended: Outcome, pid: int) -> None:  # same command, environment, port and token
-        append_event(events, "service-restart", service=name, attempt=attempt, exitCode=ended.code, how=ended.how(),
+        append_event(events, "service-restart", service=files, attempt=attempt, exitCode=ended.code, how=ended.how(),
                      pid=pid, endpoint=endpoint)
         watching[0].set()
         watching[0] = exposure.watch(pid, "service", name, events)
@@ -230,12 +234,12 @@ def main(argv: list[str] | None = None) -> int:
         args.network_endpoint_file.unlink(missing_ok=True)
     status = end_status(outcome)
     given_up = exhausted(policy, outcome.code, program.stopping, outcome.restarts)
-    record = {"schemaVersion": SCHEMA_VERSION, "service": name, "status": status, "exitCode": outcome.code,
+    record = {"schemaVersion": SCHEMA_VERSION, "service": files, "status": status, "exitCode": outcome.code,
               "how": outcome.how() + (f"; {given_up}" if given_up else ""), "startedAt": started,
               "endedAt": time.time(), "restarts": outcome.restarts}
     atomic_write_json(ended, record)
-    append_event(events, "service-end", service=name, status=status, exitCode=outcome.code)
-    problem = service_problem(name, record)
+    append_event(events, "service-end", service=files, status=status, exitCode=outcome.code)
+    problem = service_problem(files, record)
     if problem is None:
         log(f"{how.shown[0]} stopped cleanly")
         return 0

@@ -108,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
             log(f"in its image: {how.line()}")
         started = time.time()
         append_event(events, "check-start", **({"container": how.container} if how.container else {}))
-        run_check(how.argv, how.env, how.cwd, how.shown)
+        run_check(how.argv, how.env, how.cwd, how.shown, how.preexec)
     except AllocstackError as error:
         append_event(events, "check-end", status="failed")
         return report(error)

@@ -75,9 +75,10 @@ from allocstack.coordinator.auth import Tokens
 from allocstack.coordinator.httpserver import HttpServer, Limits, Request, Response
 from allocstack.coordinator.journal import Journal, produced_otherwise, replay
 from allocstack.coordinator.progress import Progress, live_line, progress_line
-from allocstack.coordinator.settings import CoordinatorSettings, parse_settings
+from allocstack.coordinator.settings import CoordinatorSettings, event_directories, parse_settings
 from allocstack.coordinator.taskboard import ALLOCATION_ENDING, TaskBoard
 from allocstack.launch.lifeline import launcher_alive, launcher_pid
+from allocstack.status.stackevents import EventTail
 
 #: Seconds between housekeeping ticks (lease expiry, progress samples, own bounds).
 TICK_SECONDS = 0.25
@@ -141,7 +142,8 @@ class Coordinator:
         self.tokens = Tokens()
         self.progress = Progress()
         self.api = CoordinatorApi(board, journal, self.progress, event=self.event, on_fault=self.storage_fault,
-                                  on_change=self.finish_if_finished, log=log)
+                                  on_change=self.finish_if_finished, log=log,
+                                  stack_events=EventTail(event_directories(settings)))
         self.router = self.api.router()
         limits = Limits(max_body_bytes=settings.max_body_bytes, idle_timeout=settings.connection_timeout,
                         max_connections=settings.max_connections, max_buffered_bytes=settings.max_buffered_bytes)

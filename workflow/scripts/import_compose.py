@@ -168,7 +168,7 @@ ConfigDumper.add_representer(list, _list)
 ConfigDumper.add_representer(dict, _mapping)
 
 #: The keys of the written config, in the order a reader wants them.
-ORDER = ("run", "tasks", "expected", "runtime", "workers", "worker", "services", "init_jobs", "main", "volumes",
+ORDER = ("run", "mode", "tasks", "expected", "runtime", "workers", "worker", "services", "init_jobs", "main", "volumes",
          "keep_volumes", "verify", "decisions")
 
 
@@ -182,7 +182,8 @@ def validated_plan(config: dict[str, Any], project_dir: Path) -> plan.Plan:
     :raises allocstack.plan.PlanError: what the plan refuses (the import then writes nothing).
     """
     supplied = copy.deepcopy(config)
-    programs = (supplied["worker"], supplied["verify"], *supplied["services"].values())
+    parts = () if supplied.get("mode") == "serve" else ("worker", "verify")  # a serving stack uses neither
+    programs = (*(supplied[key] for key in parts), *supplied["services"].values())
     for spec in programs:
         spec["command"] = spec["command"] or SUPPLIED
     # The world the config is written for: its images switched on (--sdm apptainer, or runtime charliecloud),
@@ -272,13 +273,13 @@ def main(argv: list[str] | None = None) -> int:
         atomic_write_text(args.output, text, 0o644)
         atomic_write_text(args.decisions, render(config["run"], config["decisions"], {
             "imported from": " + ".join(sources), "services": ", ".join(imported.order) or "none",
-            "workers": config["workers"], "volumes": ", ".join(config["volumes"]) or "none",
+            "workers": config["workers"] if config.get("mode") != "serve" else "none (mode: serve)", "volumes": ", ".join(config["volumes"]) or "none",
             "variables": variable_sources(imported.variables)}), 0o644)
     except AllocstackError as error:
         return report(error)
     gaps = unique(imported.report.gaps)
     print(f"import_compose: wrote {args.output} and {args.decisions}: services {', '.join(imported.order) or 'none'}; "
-          f"{config['workers']} workers; {len(gaps)} gap(s)", flush=True)
+          f"{config['workers'] if config.get('mode') != 'serve' else 'no (mode: serve)'} workers; {len(gaps)} gap(s)", flush=True)
     for gap in gaps:
         print(f"gap: {gap}", flush=True)
     for item in unique(imported.report.build):

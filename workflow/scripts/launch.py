@@ -26,6 +26,10 @@ directory it is given), then runs and supervises::
   last step of the run ended (scratch may be local to each node: see allocstack/launch/nodescratch.py).
 * ``--volume NAME`` (a Compose named volume) is the directory ``SCRATCH/volumes/NAME``,
   named to the component in ``$ALLOCSTACK_VOLUME_NAME``.
+* ``--hosts-name SERVICE=NAME,...`` (the stack's services and their Compose names): the stack's hosts file
+  ``SCRATCH/hosts`` is written on the component's node (once per node and attempt, after the attempt's first
+  launcher emptied the scratch: allocstack/launch/hostsfile.py) and bound at ``/etc/hosts`` in the image; the
+  supervisors of your programs bind it there too, in their images or in a mount namespace of their own.
 
 A step on another node writes its output on that node, into a file beside this
 launcher's log (``srun --output=LOG-STEM.%N.log``, on the filesystem the nodes share),
@@ -84,6 +88,7 @@ from allocstack.common.jsonio import atomic_write_json
 from allocstack.common.names import ENDED_DIR, VOLUME_PREFIX
 from allocstack.common.scratch import make_private, prepare, resolve_root, root_source, scratch_of
 from allocstack.coordinator import endrecord
+from allocstack.launch import hostsfile
 from allocstack.launch.containers import PROGRAMS
 from allocstack.launch.lifeline import ENV as LIFELINE_ENV
 from allocstack.launch.nodescratch import FIRST_NODE, SCRATCH_ENV, STEP_ENV, step_mount_tree
@@ -155,9 +160,11 @@ def off_node(args, environ: Mapping[str, str]) -> bool:
     return bool(args.node_index and args.job_steps and environ.get("SLURM_JOB_ID"))
 
 
-def node_scratch_prefix(step_dirs: list[Path]) -> list[str]:
-    """The wrapper that makes the run's scratch (and ``step_dirs`` in it) on the step's own node."""
-    return [sys.executable, str(NODE_SCRATCH), *(f"--dir={d}" for d in step_dirs), "--"]
+def node_scratch_prefix(step_dirs: list[Path], hosts_names: list[str] | None = None) -> list[str]:
+    """The wrapper that makes the run's scratch (and ``step_dirs`` in it, and the stack's hosts file) on the
+    step's own node."""
+    return [sys.executable, str(NODE_SCRATCH), *(f"--dir={d}" for d in step_dirs),
+            *(f"--hosts-name={name}" for name in hosts_names or []), "--"]
 
 
 def build_argv(args, scratch: Path | None, environ: Mapping[str, str], mount_tree: Path | None = None,
@@ -186,11 +193,12 @@ def build_argv(args, scratch: Path | None, environ: Mapping[str, str], mount_tre
         env = component_env(args, scratch, environ)
         if in_step:
             env["SLURMD_NODENAME"] = node  # the node the step runs on, not this launcher's
+        hosts = hostsfile.hosts_path(scratch) if scratch is not None and args.hosts_name else None
         argv = container_prefix(args.runtime, args.image, args.runtime_arg, component_binds(args, scratch),
-                                env, os.getcwd(), mount_tree) + argv
+                                env, os.getcwd(), mount_tree, hosts) + argv
     step_args = [*args.step_arg, *step_output(args.node_index)]
     if off_node(args, environ) and scratch is not None:
-        argv = node_scratch_prefix(step_dirs or []) + argv
+        argv = node_scratch_prefix(step_dirs or [], args.hosts_name) + argv
         step_args.append(f"--task-epilog={NODE_SCRATCH}")
     if in_step:
         argv = step_prefix(args.component, args.cpus, step_args, node) + argv
@@ -412,6 +420,9 @@ def parse_args(argv: list[str] | None):
     parser.add_argument("--cpus", type=positive_int, default=1, help="CPUs of the job step")
     parser.add_argument("--volume", action="append", default=[],
                         help="a named volume: SCRATCH/volumes/NAME, given to the component as $ALLOCSTACK_VOLUME_NAME")
+    parser.add_argument("--hosts-name", action="append", default=[], metavar="SERVICE=NAME,...",
+                        help="a service of the stack and its other names (Compose hostname, aliases): written into "
+                             "the stack's hosts file, bound at /etc/hosts in the image (repeatable)")
     parser.add_argument("--keep-volume", action="append", default=[], metavar="NAME",
                         help="a named volume kept across attempts: RUN_STATE/volumes/NAME instead of scratch")
     parser.add_argument("--node-index", type=int, default=0,
@@ -454,6 +465,8 @@ def main(argv: list[str] | None = None) -> int:
             endrecord.clear_ended(scratch, args.component)  # an earlier command's, in a reused scratch
             env[SCRATCH_ENV] = str(scratch)
             env.update(volume_environment(scratch, args.volume, args.run_state, frozenset(args.keep_volume)))
+            if args.hosts_name and not off_node(args, env):  # a step on another node writes its own there
+                hostsfile.write_named(scratch, args.hosts_name)
         if off_node(args, env):
             # This launcher's pid means nothing on another node (another machine's processes): the step ends with
             # its srun, which dies with this launcher (the parent-death signal).

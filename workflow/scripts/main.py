@@ -104,7 +104,7 @@ def main(argv: list[str] | None = None) -> int:
         started = time.time()
         append_event(events, f"{role}-start", service=name,
                      **{**runtime_facts(), **({"container": how.container} if how.container else {})})
-        pid = program.start(how.argv, how.env, cwd=how.cwd, deliver=how.deliver,
+        pid = program.start(how.argv, how.env, cwd=how.cwd, deliver=how.deliver, preexec=how.preexec,
                             grace=args.stop_grace if args.timeout else None)
     except AllocstackError as error:
         if not args.init:

@@ -3,10 +3,11 @@
 
 launch.py runs this on the node of a job step off the first node (see allocstack/launch/nodescratch.py)::
 
-    srun --task-epilog=node_scratch.py ... python3 node_scratch.py [--dir DIR]... -- COMMAND...
+    srun --task-epilog=node_scratch.py ... python3 node_scratch.py [--dir DIR]... [--hosts-name S=N,...]... -- COMMAND...
 
 With a command: make ``$ALLOCSTACK_SCRATCH`` (0700, ours) and each ``--dir`` in it on this node,
-record ``$ALLOCSTACK_STEP`` as using it, and exec COMMAND (the runtime: ``apptainer exec``,
+record ``$ALLOCSTACK_STEP`` as using it, write the stack's hosts file there (``--hosts-name``, once per node:
+allocstack/launch/hostsfile.py), and exec COMMAND (the runtime: ``apptainer exec``,
 ``ch-run``, or python3). Without one (slurmstepd runs it so once the step's process ended):
 forget the step, and remove the run's scratch on this node when it was the last one there.
 
@@ -29,6 +30,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--dir", type=Path, action="append", default=[],
                         help="a directory the runtime needs in the run's scratch (repeatable)")
+    parser.add_argument("--hosts-name", action="append", default=[], metavar="SERVICE=NAME,...",
+                        help="a service of the stack and its other names: the stack's hosts file on this node "
+                             "(allocstack/launch/hostsfile.py; repeatable)")
     parser.add_argument("command", nargs="*", help="-- COMMAND...: what the step runs (none: the task epilog)")
     args = parser.parse_args(argv)
     try:
@@ -39,6 +43,10 @@ def main(argv: list[str] | None = None) -> int:
         if not all(d.is_absolute() and d.is_relative_to(scratch) for d in args.dir):
             parser.error(f"--dir must be inside {scratch}")
         enter(scratch, component, args.dir)
+        if args.hosts_name:
+            from allocstack.launch.hostsfile import write_named
+
+            write_named(scratch, args.hosts_name)
         environ = {name: value for name, value in os.environ.items() if name != STEP_ENV}  # the component's as before
         try:
             os.execvpe(args.command[0], args.command, environ)  # noqa: S606 - an argv list; returns only by raising

@@ -180,12 +180,14 @@ def tcp_check(url: str) -> Check:
     return check
 
 
-def command_check(argv: list[str], env: dict[str, str], probe_timeout: float, cwd: str | None = None) -> Check:
-    """``argv`` exits 0 within ``probe_timeout`` (with ``env``: the service's variables, see allocstack/launch/program.py)."""
+def command_check(argv: list[str], env: dict[str, str], probe_timeout: float, cwd: str | None = None,
+                  preexec: Callable[[], None] | None = None) -> Check:
+    """``argv`` exits 0 within ``probe_timeout`` (with ``env``: the service's variables, see allocstack/launch/program.py;
+    ``preexec``: the stack's names without an image)."""
 
     def check(timeout: float) -> tuple[bool, str]:
         try:
-            done = run_program(argv, env, timeout=max(timeout, probe_timeout), cwd=cwd)
+            done = run_program(argv, env, timeout=max(timeout, probe_timeout), cwd=cwd, preexec=preexec)
         except ProgramError as exc:
             return False, str(exc)
         return done.returncode == 0, f"exit {done.returncode} {done.tail(120)}"
@@ -242,7 +244,8 @@ def make_check(args, get: Get, url: str) -> tuple[Check, str]:
         how = prepare(Placement.from_args(args), args.ready_command_json, env, set(),
                       (args.scratch or Path(".")) / names.PROGRAMS / f"{args.service or 'app'}-readiness",
                       f"services.{args.service or 'app'}.readiness", probe=True)
-        return command_check(how.argv, how.env, args.probe_timeout, how.cwd), f"{describe(how.shown)} exiting 0"
+        return (command_check(how.argv, how.env, args.probe_timeout, how.cwd, how.preexec),
+                f"{describe(how.shown)} exiting 0")
     if args.mode == "started":
         return (lambda timeout: (True, "started")), "its start"
     return health_check(get, url, args.task_count), f"{url}/health reporting taskCount {args.task_count}"

@@ -129,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
         started = time.time()
         append_event(events, "worker-start", worker=worker,
                      **{**runtime_facts(), **({"container": how.container} if how.container else {})})
-        pid = program.start(how.argv, how.env, cwd=how.cwd, deliver=how.deliver,
+        pid = program.start(how.argv, how.env, cwd=how.cwd, deliver=how.deliver, preexec=how.preexec,
                             grace=args.stop_grace if args.stop_when_main_ends or args.max_lifetime else None)
     except AllocstackError as error:
         append_event(events, "worker-end", worker=worker, status=error.diag)

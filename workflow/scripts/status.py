@@ -36,6 +36,7 @@ from allocstack.status.summary import (
     read_run,
     render_finished,
     render_interrupted,
+    served,
 )
 
 
@@ -66,6 +67,13 @@ def render(status: dict[str, Any], url: str) -> str:
         for node, stats in nodes.items():
             lines.append(f"  {node:<12}{len(stats['workers']):>7,} {stats['completed']:>11,}  "
                          f"{stats['lastSeenSecondsAgo']:.1f} s ago  ({', '.join(stats['workers'])})")
+    events = status.get("events") or []
+    if events:
+        lines.append("  events    (restarts, sockets beyond loopback, failed gates; the newest last)")
+        now = time.time()
+        for event in events:
+            ago = f"{max(0.0, now - event['t']):.0f} s ago" if isinstance(event.get("t"), (int, float)) else "-"
+            lines.append(f"  {ago:>10}  {event['line']}")
     return "\n".join(lines)
 
 
@@ -156,6 +164,8 @@ def live_status(path: Path) -> tuple[str, dict[str, Any]]:
 
 def show_finished(args, run: str) -> int:
     """The run from its records; an error when it left none."""
+    if args.end_of_run in ("interrupted", "error") and served(read_run(args.results_dir, run, args.since)):
+        args.end_of_run = "success"  # a serving stack ended after it was up (Ctrl-C, scancel, the time limit)
     if args.end_of_run == "interrupted":
         records = read_run(args.results_dir, run, args.since)
         wall = time.time() - args.since if args.since else None

@@ -27,7 +27,7 @@ from render_decisions import render as render_decisions
 
 from allocstack import SCHEMA_VERSION
 from allocstack.common import identity as identities
-from allocstack.common.cli import ArgumentParser, argv_list, json_object, positive_int, run
+from allocstack.common.cli import ArgumentParser, argv_list, json_object, run
 from allocstack.common.errors import EXIT_OK, AllocstackError, report
 from allocstack.common.forked import Forked
 from allocstack.common.jsonio import atomic_write_json, atomic_write_text, check_sidecar
@@ -43,6 +43,7 @@ from allocstack.common.taskset import (
     write_compact,
 )
 from allocstack.launch.containers import PROGRAMS, Bind, check_image_format, check_mount_targets
+from allocstack.launch.privatenames import mode, names_fact
 from allocstack.worker.handlers import check_baseline_tasks
 
 #: An expected document this large is checked in a second process while this one reads the task document,
@@ -63,7 +64,7 @@ def parse_args(argv: list[str] | None):
     parser = ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--tasks", type=Path, help="task document (none: your own stack, no built-in coordinator)")
     parser.add_argument("--expected", type=Path, help="expected results document (optional with verify.command)")
-    parser.add_argument("--workers", required=True, type=positive_int, help="worker count of the run")
+    parser.add_argument("--workers", required=True, type=int, help="worker count of the run (0: a serving stack)")
     parser.add_argument("--handler", default="baseline", choices=["baseline", "command", "long-running"],
                         help="baseline: check the built-in handler's payloads; otherwise the user's program does")
     parser.add_argument("--command-json", type=argv_list, default=None,
@@ -215,6 +216,7 @@ def check_program_images(checks: list[dict[str, Any]], runtime: str) -> dict[str
 
 #: The decision record's line on whether this node could give the stack a network of its own (issue 32).
 ISOLATION = "a private network for the stack (unprivileged user namespaces)"
+NAMES = "service names (Compose's names, hostnames and aliases)"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -234,6 +236,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.decision_record:
             # read where Snakemake runs: before anything is submitted
             facts = {**args.facts_json, ISOLATION: isolation_fact(socket.gethostname())}
+            if args.facts_json.get("services", "none") != "none":
+                facts[NAMES] = names_fact(socket.gethostname(), bool(args.program_images_json), mode())
             atomic_write_text(args.decision_record, render_decisions(args.run, args.decisions_json, facts), 0o644)
     except AllocstackError as error:
         if args.compact_tasks:

@@ -368,6 +368,14 @@ def check_check_record(record: Any) -> None:
         raise fail("the check (verify.command) did not pass")
 
 
+def check_served(record: Any) -> dict[str, Any]:
+    """Serve mode: the stack was up, then ended (main's exit 0 here: an end by a signal writes its marker itself)."""
+    if not isinstance(record, dict) or record.get("status") != "served" or not isinstance(record.get("ended"), str):
+        raise fail("the serving stack's record does not say it was up and ended")
+    return {"mode": "serve", **{key: record[key] for key in ("ended", "endedBy", "upSeconds", "upAfter")
+                                  if key in record}}
+
+
 def parse_args(argv: list[str] | None):
     parser = ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--input", type=Path, help="task document (config tasks; none: your own stack)")
@@ -386,6 +394,9 @@ def parse_args(argv: list[str] | None):
                         help="the record of verify.command run while the services were up (no --input)")
     parser.add_argument("--environment-json", type=json_object, default={},
                         help="more variables for --command-json (config verify.environment)")
+    parser.add_argument("--served-record", type=Path,
+                        help="serve mode: serve.py's record of how the stack served and ended (no --input)")
+    parser.add_argument("--serve-verified", type=Path, help="serve mode: this record too, once verified")
     add_placement_arguments(parser)
     parser.add_argument("--remove-scratch", action="store_true",
                         help="remove the job-scoped scratch ($ALLOCSTACK_SCRATCH) at the end: its volumes were needed here")
@@ -395,7 +406,7 @@ def parse_args(argv: list[str] | None):
         parser.error("--input and --results go together")
     if args.input is not None and args.expected is None and args.command_json is None and not args.image:
         parser.error("give --expected, --command-json (or --image with a command of its own), or both")
-    if args.input is None and args.check_record is None:
+    if args.input is None and args.check_record is None and args.served_record is None:
         parser.error("without --input, give --check-record: nothing else says the results are correct")
     return args
 
@@ -416,7 +427,7 @@ def verify_tasks(args) -> tuple[dict[str, Any], list[Any] | memoryview]:
         try:
             with tempfile.TemporaryDirectory(prefix="verify-", dir=os.environ.get("ALLOCSTACK_SCRATCH")) as private:
                 how = prepare(placement, args.command_json, env, set(args.environment_json), Path(private), "verify")
-                run_check(how.argv, how.env, how.cwd, how.shown)
+                run_check(how.argv, how.env, how.cwd, how.shown, how.preexec)
         except BaseException:
             discard(checked[1])
             raise
@@ -483,6 +494,8 @@ def check_the_rest(args, marker: dict[str, Any]) -> None:
     if args.check_record:
         check_check_record(read_json(args.check_record, "check record", diag="verification"))
         marker["check"] = "passed"
+    if args.served_record:
+        marker.update(check_served(read_json(args.served_record, "served record", diag="verification")))
     if args.events:
         ok, reason = gate_precedes_workers(read_events(args.events))
         if not ok:
@@ -497,6 +510,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         marker, results = verify(args)
         write_marker(args.output, marker, results)
+        if args.serve_verified:
+            atomic_write_json(args.serve_verified, marker)
     except AllocstackError as error:
         args.output.unlink(missing_ok=True)
         code = report(error)
@@ -504,7 +519,8 @@ def main(argv: list[str] | None = None) -> int:
         code = EXIT_OK
         if args.retire_journal:
             args.retire_journal.unlink(missing_ok=True)
-        what = f"{marker['taskCount']} results" if "taskCount" in marker else "the check and every service's end"
+        what = (f"{marker['taskCount']} results" if "taskCount" in marker else
+                f"a serving stack, {marker['ended']}," if "ended" in marker else "the check and every service's end")
         print(f"verify: {what} verified in {time.monotonic() - started:.3f} s; wrote {args.output}", flush=True)
     if args.remove_scratch and os.environ.get("ALLOCSTACK_SCRATCH"):
         try:

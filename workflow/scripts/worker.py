@@ -52,7 +52,14 @@ from allocstack.common.cli import (
     runtime_facts,
     scratch_defaults,
 )
-from allocstack.common.endpoint import Endpoint, read_endpoint, require_loopback, services_environment
+from allocstack.common.endpoint import (
+    Endpoint,
+    instances_environment,
+    local_instances,
+    read_endpoint,
+    require_loopback,
+    services_environment,
+)
 from allocstack.common.errors import EXIT_OK, EXIT_TEMPFAIL, AllocstackError, report
 from allocstack.common.events import append_event, ensure_log_dir
 from allocstack.common.jsonio import atomic_write_json, sha256_texts
@@ -277,6 +284,9 @@ def parse_args(argv: list[str] | None):
     parser.add_argument("--remote-services", type=Path,
                         help="off the first node (more than one node): where your services are published for the "
                              "other nodes; each is reached through a local end of its TLS tunnel")
+    parser.add_argument("--local-service", action="append", default=[],
+                        help="off the first node: NAME=INSTANCE, a global service reached at its instance on this "
+                             "node (SCRATCH/services/INSTANCE.json), not through the tunnel (repeatable)")
     add_gate_arguments(parser)
     parser.add_argument("--record", type=Path, help="write this worker's record (JSON) here at the end")
     parser.add_argument("--batch", type=positive_int, default=1, help="tasks claimed per round trip")
@@ -328,7 +338,10 @@ def main(argv: list[str] | None = None) -> int:
         if args.remote_services:  # off the first node: your services through their TLS tunnels
             from allocstack.launch.tunnel import remote_services_environment  # asyncio: only here (~20 ms to import)
 
-            os.environ.update(remote_services_environment(args.remote_services, args.uses))
+            here = local_instances(args.local_service)
+            os.environ.update(remote_services_environment(args.remote_services,
+                                                          [name for name in args.uses if name not in here]))
+            os.environ.update(instances_environment(args.scratch, here))
         elif args.scratch:  # your own services' variables (config services), for your program
             os.environ.update(services_environment(args.scratch, args.uses))
         endpoint = coordinator(args.endpoint_file)

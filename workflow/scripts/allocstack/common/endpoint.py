@@ -107,6 +107,24 @@ def service_end_path(scratch: Path, service: str) -> Path:
     return scratch / names.service_end(service)
 
 
+def local_instances(pairs: list[str]) -> dict[str, str]:
+    """``NAME=INSTANCE`` options (a global service and its instance on this node) as a mapping."""
+    return dict(pair.split("=", 1) for pair in pairs)
+
+
+def instances_environment(scratch: Path, instances: dict[str, str]) -> dict[str, str]:
+    """The variables of each global service (``NAME``) from its instance on this node (``INSTANCE``'s endpoint file):
+    ``ALLOCSTACK_<NAME>_HOST`` = 127.0.0.1 of this node, as on the first node.
+
+    :raises AllocstackError: ``prerequisite`` when an instance has not published its endpoint.
+    """
+    env: dict[str, str] = {}
+    for name, instance in instances.items():
+        endpoint = read_endpoint(service_endpoint_path(scratch, instance))
+        env.update(service_variables(name, endpoint.url, endpoint.token))
+    return env
+
+
 def services_environment(scratch: Path, services: list[str], coordinator: bool = False) -> dict[str, str]:
     """The variables of every service in ``services`` (and of the built-in coordinator) from their endpoint files.
 
@@ -140,8 +158,8 @@ def needs_tunnel(environ: Mapping[str, str]) -> bool:
     return bool(environ.get("SLURM_JOB_ID"))
 
 
-def tunnel_command(port: int | str, environ: Mapping[str, str]) -> str:
-    """The ``ssh -L`` command that reaches ``127.0.0.1:port`` on this node from a laptop.
+def tunnel_command(port: int | str, environ: Mapping[str, str], local: int | str = TUNNEL_PORT) -> str:
+    """The ``ssh -L`` command that reaches ``127.0.0.1:port`` on this node from a laptop (its port ``local``).
 
     Through the submit (login) host as a jump host when Slurm names it.
     """
@@ -149,7 +167,7 @@ def tunnel_command(port: int | str, environ: Mapping[str, str]) -> str:
     login = environ.get("SLURM_SUBMIT_HOST")
     user = environ.get("USER") or login_name()
     hop = f"-J {user}@{login} " if login else ""
-    return f"ssh {hop}-N -L {TUNNEL_PORT}:127.0.0.1:{port} {user}@{node}"
+    return f"ssh {hop}-N -L {local}:127.0.0.1:{port} {user}@{node}"
 
 
 def read_view_token(path: str | os.PathLike) -> str:

@@ -27,6 +27,9 @@ VOLUMES = "volumes"
 #: In scratch: each program of yours that runs in an image, ``PROGRAMS/<component>``: its variables for ch-run,
 #: Charliecloud's mount-point tree, the read-only views of its mounts.
 PROGRAMS = "programs"
+#: In scratch: the stack's hosts file (its service names at 127.0.0.1, then the node's own ``/etc/hosts``), bound at
+#: ``/etc/hosts`` for every program of yours (allocstack/launch/hostsfile.py).
+HOSTS = "hosts"
 #: In scratch: the prefix of a large task payload handed to ``worker.command`` as a file.
 PAYLOAD_PREFIX = "payload-"
 #: In scratch: how each component's process ended, as its launcher saw it (``ENDED_DIR/<component>.json``).

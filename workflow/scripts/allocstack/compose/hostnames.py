@@ -12,8 +12,10 @@ those: a value is a hostname when it is
 
 and ``0.0.0.0`` in a service's own command becomes its own host. Image references, volume sources and
 paths are never looked at. This module is the whole of it, and the import can leave it out
-(``--no-hostnames``): once each stack has a network of its own where names resolve (issue 32), values
-stay as written.
+(``--no-hostnames``): every program of the stack resolves the services' names anyway, through the stack's
+hosts file at /etc/hosts (allocstack/launch/hostsfile.py), which also reaches names in code and config files;
+the rewriting stays on by default for where names cannot resolve (a node that allows no namespace to a run
+without an image).
 """
 
 from __future__ import annotations

@@ -559,8 +559,17 @@ def workers_of(services: dict[str, dict[str, Any]], counts: dict[str, int], wait
         return next((name for name in replicated if name in waited), replicated[0])
     depended = {d for spec in services.values() for d in conditions(spec)}
     only_by_leaves = [d for d in dict.fromkeys(waited)
-                      if all(name not in depended for name in services if d in waits[name])]
+                      if all(name not in depended and not long_running(services[name])
+                             for name in services if d in waits[name])]
     return only_by_leaves[0] if len(only_by_leaves) == 1 else None
+
+
+def long_running(spec: dict[str, Any]) -> bool:
+    """A service shaped to serve, not to check and end: it publishes ports, has a healthcheck or runs a known daemon
+    (what it waits for to complete is then an init job, such as a migration before an API)."""
+    command = spec.get("command")
+    argv = command.split() if isinstance(command, str) else command if isinstance(command, list) else None
+    return bool(spec.get("ports") or spec.get("healthcheck") or daemon_of(argv))
 
 
 def assign_roles(services: dict[str, dict[str, Any]], counts: dict[str, int], report: Report,
@@ -587,8 +596,10 @@ def assign_roles(services: dict[str, dict[str, Any]], counts: dict[str, int], re
                                                           "to complete: allocstack runs one check, after the workers")
         return Roles(None, None, list(services))
     init = [name for name in services if name != workers and any(name in waited for waited in waits.values())]
-    if not replicated and workers is None and init:
-        report.refuse(f"services.{init[0]}", f"{', '.join(init)} are waited for to complete ({COMPLETED}), and none "
+    ambiguous = [name for name in init if any(name in waits[other] and not long_running(services[other])
+                                              for other in services)]
+    if not replicated and workers is None and ambiguous:
+        report.refuse(f"services.{ambiguous[0]}", f"{', '.join(ambiguous)} are waited for to complete ({COMPLETED}), and none "
                                              "of them is the workers plainly: mark the workers with deploy.replicas "
                                              "(or --scale), the others are then init jobs")
         return Roles(None, None, list(services))
@@ -596,7 +607,11 @@ def assign_roles(services: dict[str, dict[str, Any]], counts: dict[str, int], re
         report.notes.append(f"{name}: an init job (others wait for it with {COMPLETED}): it runs once, before "
                             f"{', '.join(other for other in services if name in waits[other])}, and must exit 0 "
                             "(config init_jobs)")
-    if workers is None and not replicated:
+    if workers is None and not replicated and not checks:
+        report.notes.append("no workers and no check: a serving stack (mode: serve): your services run until the "
+                            "allocation's time limit, scancel or Ctrl-C" + (f", or until {main} ends" if main else "")
+                            + "; once every gate passed it is UP, with each service's SSH tunnel line")
+    elif workers is None and not replicated:
         report.gaps.append("no workers: nothing here runs to an end (no replicated service, no service the check "
                            f"waits for with {COMPLETED}); allocstack runs a stack until its workers end: give the "
                            "program that uses the services as worker.command (in a config file of yours given after "
@@ -874,7 +889,8 @@ def aliases(name: str, spec: dict[str, Any], report: Report) -> list[str]:
     for link in listing(spec.get("links"), f"services.{name}.links", report):
         alias = str(link).partition(":")[2]
         names += [alias] if alias else []
-    return [alias for alias in names if re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", alias)]
+    return [alias for alias in dict.fromkeys(names)  # each once, in the order Compose gives them
+            if alias != name and re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", alias)]
 
 
 MetaReader = Callable[[str], "ImageMeta | None"]
@@ -982,6 +998,8 @@ def import_stack(compose: dict[str, Any], compose_dir: Path, project_dir: Path, 
     allowed = host_edges(programs, active, roles, names, report) if hostnames else {}
     ports = choose_ports(programs, roles, active, names, waited, image_meta, report)
     config = assemble(active, programs, roles, counts, ports, allowed, names, waited, context, runtime, hostnames)
+    if roles.services:
+        report.notes.append(names_note(hostnames))
     config["run"] = run
     if roles.main:
         config["main"] = roles.main
@@ -1069,8 +1087,8 @@ def host_edges(programs: dict[str, Program], active: dict[str, dict[str, Any]], 
             if name in roles.services and other not in graph[name]:
                 if reaches(graph, other, name):
                     report.notes.append(f"{name}: {alias} left as written (naming it as a host would make {name} "
-                                        f"wait for {other}, which waits for {name}); it resolves once each stack has "
-                                        "a network of its own (issue 32)")
+                                        f"wait for {other}, which waits for {name}); it resolves through the "
+                                        "stack's hosts file")
                     continue
                 graph[name].append(other)
             allowed[name].add(alias)
@@ -1170,8 +1188,11 @@ def assemble(active: dict[str, dict[str, Any]], programs: dict[str, Program], ro
                 report.notes.append(f"{name}: uses {added} as a hostname: starts after {added}'s gate (added to "
                                     "depends_on)")
                 depends.append(added)
+            more = [alias for alias in names[name] if alias != name]
+            per_node = isinstance(spec.get("deploy"), dict) and spec["deploy"].get("mode") == "global"
             services[name] = {**own, "port": None if port == "refused" else port, "readiness": readiness or {},
                               "depends_on": depends, "cpus": cpus, **({"gpus": gpus} if gpus else {}),
+                              **({"hostnames": more} if more else {}), **({"mode": "global"} if per_node else {}),
                               "stop_grace_period": number(grace if grace is not None else 10)}
             restart = restart_of(name, spec, role, roles.main, report)
             if restart:
@@ -1185,6 +1206,15 @@ def assemble(active: dict[str, dict[str, Any]], programs: dict[str, Program], ro
         if rewriter.done:
             report.notes.append(f"{name}: rewritten: {'; '.join(sorted(rewriter.done))}")
     return layout(services, parts, roles, context, runtime)
+
+
+def names_note(hostnames: bool) -> str:
+    """What the import says about service names: they resolve as in Compose, and whether values are rewritten."""
+    how = ("names in commands and environment values are also rewritten to ${ALLOCSTACK_<NAME>_HOST} (--no-hostnames "
+           "leaves them as written)" if hostnames else "values are left as written (--no-hostnames)")
+    return ("names: each service's name, hostname and aliases resolve to 127.0.0.1 in every program, in its code and "
+            "config files too, through the stack's hosts file at /etc/hosts (in its image; without one, in a mount "
+            f"namespace of its own where the node allows one); {how}")
 
 
 def service_of(alias: str, names: dict[str, list[str]]) -> str:
@@ -1240,6 +1270,7 @@ def layout(services: dict[str, Any], parts: dict[str, Any], roles: Roles, contex
     workers = parts.get("workers") or {**empty, "cpus": default["worker"]["cpus"], "gpus": default["worker"]["gpus"],
                                        "replicas": 1}
     check = parts.get("check") or empty
+    serving = not parts.get("workers") and roles.check is None and roles.workers is None
     daemon = daemon_of(workers["command"])
     if daemon and parts.get("workers") and not roles.main:
         context.report.gaps.append(
@@ -1250,7 +1281,7 @@ def layout(services: dict[str, Any], parts: dict[str, Any], roles: Roles, contex
     if roles.check is None and roles.main:
         context.report.notes.append(f"no check: {roles.main}'s exit code is the verdict (as with --exit-code-from); "
                                     "set verify.command to check the results too")
-    elif roles.check is None:
+    elif roles.check is None and not serving:
         context.report.gaps.append("no check: nothing says whether the results are correct; add a service that "
                                    f"waits for the workers (condition: {COMPLETED}) with a command, or set "
                                    "verify.command")
@@ -1278,6 +1309,8 @@ def layout(services: dict[str, Any], parts: dict[str, Any], roles: Roles, contex
         "volumes": volumes,
         "verify": program(check),
     }
+    if serving:  # no workers, no check: config mode serve (its worker and verify blocks are not used)
+        config = {"run": "", "mode": "serve", **{key: value for key, value in config.items() if key != "run"}}
     kept = [volume for volume in volumes if kept_volume(context.declared.get(volume))]
     if kept:
         config["keep_volumes"] = kept
@@ -1320,6 +1353,9 @@ def rename_reserved(config: dict[str, Any], report: Report) -> None:
         return node
 
     config["services"] = {renamed.get(name, name): walk(spec) for name, spec in services.items()}
+    for old, new in renamed.items():  # still reached by its Compose name, through the stack's hosts file
+        spec = config["services"][new]
+        spec["hostnames"] = [old, *(alias for alias in spec.get("hostnames", []) if alias != old)]
     for spec in config["services"].values():
         spec["depends_on"] = [renamed.get(name, name) for name in spec["depends_on"]]
     if "init_jobs" in config:
@@ -1394,8 +1430,12 @@ def resources(name: str, spec: dict[str, Any], role: str, report: Report) -> tup
                       "endpoint_mode": "swarm service discovery: services are on loopback"}.get(key, "not imported")
             report.refuse(f"{where}.{key}", reason)
     mode = deploy.get("mode", "replicated")
-    if mode != "replicated":
-        report.refuse(f"{where}.mode", f"{mode}: one copy per node of a swarm; the stack runs on one node")
+    if mode == "global" and role == "service":
+        report.notes.append(f"{name}: deploy.mode global -> services.{name}.mode: global: one instance on every node "
+                            "of the allocation (config nodes), each gated on its node; a node's programs use their own")
+    elif mode != "replicated":
+        report.refuse(f"{where}.mode", f"{mode}: only a service (not the {role}) runs once per node"
+                      if mode == "global" else f"{mode}: not a Compose deploy mode")
     for key in ("update_config", "rollback_config", "labels"):
         if key in deploy:
             report.notes.append(f"{name}: deploy.{key} ignored: it only affects swarm updates")
@@ -1525,6 +1565,8 @@ def draft_decisions(config: dict[str, Any], order: list[str], sources: str) -> d
     """The seed's decision record, drafted from what the import did: review it, then keep or edit it."""
     full = completed(config)  # every key the schema gives a default
     services, worker = full["services"], full["worker"]
+    if full["mode"] == "serve":
+        full["workers"] = 0  # as the plan has it: a serving stack has no workers
     cpus = allocation(full).cpus
     gate_of = {"command": "its healthcheck", "tcp": "its port", "started": "its start"}
     gated = [f"{name} ({gate_of.get(spec['readiness'].get('mode'), 'its gate')})" for name, spec in services.items()]
@@ -1537,14 +1579,20 @@ def draft_decisions(config: dict[str, Any], order: list[str], sources: str) -> d
     gpus = worker["gpus"]
     asked = [f"{gpus} GPU(s) per worker"] if gpus else []
     asked += [f"{spec['gpus']} for {name}" for name, spec in services.items() if spec["gpus"]]
+    if full["mode"] == "serve":
+        shape = f"{cpus} CPUs (each service's)"
+        then = ("then it serves (UP, with each service's SSH tunnel line) until the allocation's time limit, scancel "
+                "or Ctrl-C")
+    else:
+        shape = f"{cpus} CPUs ({config['workers']} workers x {worker['cpus']}, plus each service's)"
+        then = (f"then {config['workers']} long-running workers; the check once every worker ended, while the services "
+                "are up")
     return {
         "allocation": {"owner": "scheduler policy", "how": (
-            f"One node for a bounded time: {cpus} CPUs ({config['workers']} workers x {worker['cpus']}, plus each "
-            "service's), runtime and memory from profiles/slurm/config.yaml; one sbatch job for the whole stack.")},
+            f"One node for a bounded time: {shape}, runtime and memory from profiles/slurm/config.yaml; one sbatch job "
+            "for the whole stack.")},
         "startup_order": {"owner": "launch script", "how": (
-            f"Imported from {sources}: {start}, each after the services it depends on passed their gates; then "
-            f"{config['workers']} long-running workers; the check once every worker ended, while the services are "
-            "up.")},
+            f"Imported from {sources}: {start}, each after the services it depends on passed their gates; {then}.")},
         "runtime_state": {"owner": "launch script", "how": (
             f"Named volumes ({volumes}) are job-scoped scratch (0700, $SLURM_TMPDIR or $TMPDIR), removed after the "
             f"run, mounted where the Compose file says; binds ({', '.join(binds)}) are paths of the project; each "

@@ -13,25 +13,31 @@ tasks is accepted whole (:meth:`CoordinatorApi.submit_batch`): one digest check
 over the batch, one journal string, slices of the board's arrays. Anything else
 (a bad result, a body of another shape) takes the general path, which judges
 result by result and names each problem; both give the same answers (tested).
+A relay's /batch of claims (:func:`typed_claims`) is answered in one pass
+(:meth:`CoordinatorApi.claims`): one decode, one journal append for all its good
+results, then each claim granted, as each would have been answered alone (tested).
 """
 
 from __future__ import annotations
 
 import asyncio
 import re
+from collections import deque
 from collections.abc import Callable
+from itertools import repeat
 from typing import Any
 from urllib.parse import parse_qs
 
 from .. import SCHEMA_VERSION
 from ..common.errors import AllocstackError
 from ..common.jsonio import dumps_compact, msgspec
+from ..status.stackevents import EventTail
 from .httpserver import ClientError, HttpError, Request, Response
 from .journal import Journal, result_line, result_lines
 from .progress import Clock, Progress
 from .routing import Router
 from .statuspage import PAGE
-from .taskboard import WORKER_ID_PATTERN, TaskBoard
+from .taskboard import WORKER_ID_PATTERN, StagedRun, TaskBoard
 
 WAIT_HINT_SECONDS = 0.1
 MAX_CLAIM_BATCH = 10_000
@@ -72,8 +78,18 @@ if msgspec is not None:
         requests: list[_Part]
 
     _BATCH = msgspec.json.Decoder(_Batch)
+
+    class _ClaimPart(msgspec.Struct, forbid_unknown_fields=True, gc=False):
+        path: str
+        body: _Post
+
+    class _Claims(msgspec.Struct, forbid_unknown_fields=True, gc=False):
+        requests: list[_ClaimPart]
+
+    _CLAIMS = msgspec.json.Decoder(_Claims)
+    _ENCODE = msgspec.json.encode
 else:
-    _POST = _BATCH = None
+    _POST = _BATCH = _CLAIMS = _ENCODE = None
 
 
 def typed_post(request: Request) -> Any:
@@ -90,6 +106,26 @@ def typed_post(request: Request) -> Any:
     except (msgspec.MsgspecError, RecursionError):
         return None
     return post if WORKER_ID_PATTERN.match(post.workerId) else None
+
+
+def typed_claims(body: bytes) -> list[Any] | None:
+    """A /batch body whose every request is a claim as a worker sends it (:func:`typed_post`'s records, with a
+    good ``max`` and ``node``), as those records, decoded in one call; else None (the batch takes the general path).
+    """
+    if _CLAIMS is None:
+        return None
+    try:
+        parts = _CLAIMS.decode(body).requests
+    except (msgspec.MsgspecError, RecursionError):
+        return None
+    if not 1 <= len(parts) <= MAX_BATCH_REQUESTS:
+        return None
+    posts = [part.body for part in parts]
+    plain = CoordinatorApi.plain_claim
+    if all(part.path == "/claim" and WORKER_ID_PATTERN.match(post.workerId) and plain(post)
+           for part, post in zip(parts, posts, strict=True)):
+        return posts
+    return None
 
 
 def worker_body(request: Request) -> dict[str, Any]:
@@ -137,8 +173,10 @@ class CoordinatorApi:
 
     def __init__(self, board: TaskBoard, journal: Journal, progress: Progress, *, event: Event,
                  on_fault: Callable[[AllocstackError], None], on_change: Callable[[], None],
-                 log: Callable[[str], None]) -> None:
+                 log: Callable[[str], None], stack_events: EventTail | None = None) -> None:
         self.board = board
+        #: The other components' event logs: their restarts, exposed sockets and failed gates go in /status.
+        self.stack_events = stack_events
         self.journal = journal
         self.progress = progress
         self.clock: Clock = progress.clock
@@ -175,6 +213,7 @@ class CoordinatorApi:
         summary = self.progress.summary(self.board)
         if parse_qs(request.query).get("history") == ["1"]:
             summary["history"] = list(self.progress.history)
+        summary["events"] = self.stack_events.poll() if self.stack_events is not None else []
         return Response.json(200, summary)
 
     async def submit_batch(self, worker: str, results: list[Any]) -> list[str] | None:
@@ -183,15 +222,24 @@ class CoordinatorApi:
 
         :raises HttpError: 507 when the journal cannot store them (none of them is accepted).
         """
-        task_ids = [result.taskId for result in results]
-        outputs = [result.output for result in results]
-        digests = [result.sha256 for result in results]
-        run = self.board.stage_run(worker, task_ids, outputs, digests, self.clock())
-        if run is None:
+        staged = self.stage_typed(worker, results, self.clock())
+        if staged is None:
             return None
-        await self.store([result_lines(task_ids, worker, run.escaped, digests)], len(task_ids),
-                         lambda: self.board.abort_run(run), lambda: self.board.commit_run(run, self.clock()))
-        return task_ids
+        run, lines = staged
+        await self.store(lines, run.count, lambda: self.board.abort_run(run),
+                         lambda: self.board.commit_run(run, self.clock()))
+        return [result.taskId for result in results]
+
+    def stage_typed(self, worker: str, results: list[Any], now: float) -> tuple[StagedRun, list[bytes]] | None:
+        """:meth:`TaskBoard.stage_run` of typed results, and their journal lines (one item, a list the journal
+        empties); None when they must be judged one by one."""
+        task_ids = [result.taskId for result in results]
+        digests = [result.sha256 for result in results]
+        staged = self.board.stage_run(worker, task_ids, [result.output for result in results], digests, now)
+        if staged is None:
+            return None
+        run, escaped = staged
+        return run, [result_lines(task_ids, worker, escaped, digests)]
 
     async def store(self, lines: list[bytes], records: int, abort: Callable[[], None],
                     commit: Callable[[], None]) -> None:
@@ -270,10 +318,12 @@ class CoordinatorApi:
         return ((post.max is msgspec.UNSET or 1 <= post.max <= MAX_CLAIM_BATCH)
                 and (post.node is None or NODE_PATTERN.match(post.node) is not None))
 
-    def grant(self, worker: str, max_tasks: Any, node: str | None, reply: dict[str, Any]) -> Response:
+    def grant(self, worker: str, max_tasks: Any, node: str | None, reply: dict[str, Any],
+              accepted: bytes = b"") -> Response:
         """Claim for ``worker`` and answer with ``reply`` (a submission's outcome) and the claim's.
 
         :param max_tasks: the claim's ``max``; None or UNSET when it has none (one task, as ``"task"``).
+        :param accepted: the submission's outcome as JSON members to put first, instead of in ``reply``.
         """
         batch = type(max_tasks) is int
         claim = self.board.claim(worker, max_tasks if batch else 1, self.clock(), node)
@@ -282,17 +332,20 @@ class CoordinatorApi:
             if claim.first:
                 self.event("first-claim", worker=worker)
             reply["leaseSeconds"] = self.board.lease_seconds
-            # The tasks as the document holds them (raw payload bytes), spliced into the reply.
-            tasks = self.board.tasks
-            head = dumps_compact(reply)[:-1]
-            if batch:
-                return Response(200, head + b',"tasks":' + tasks.tasks_json(claim.positions) + b"}")
-            return Response(200, head + b',"task":' + tasks.task_json(claim.positions[0]) + b"}")
         elif claim.status == "wait":
             reply["retryAfter"] = WAIT_HINT_SECONDS
         elif claim.status == "stop":
             reply["reason"] = claim.reason
-        return Response(200, dumps_compact(reply))
+        body = dumps_compact(reply)
+        if accepted:
+            body = b"{" + accepted + b"," + body[1:]
+        if claim.status == "task":
+            # The tasks as the document holds them (raw payload bytes), spliced into the reply.
+            tasks = self.board.tasks
+            if batch:
+                return Response(200, body[:-1] + b',"tasks":' + tasks.tasks_json(claim.positions) + b"}")
+            return Response(200, body[:-1] + b',"task":' + tasks.task_json(claim.positions[0]) + b"}")
+        return Response(200, body)
 
     async def batch(self, request: Request) -> Response:
         """``POST /batch {"requests": [{"path", "body"}, ...]}``: several workers' requests in one (a job step's
@@ -302,10 +355,69 @@ class CoordinatorApi:
 
         :raises ClientError: 400 for a body that is not such a list.
         """
-        parts = batch_parts(request.body)
-        answers = await asyncio.gather(*(self.answer_part(path, body) for path, body in parts))
+        posts = typed_claims(request.body)
+        if posts is not None:
+            request.body = b""  # read: its bytes need not wait for the journal
+            answers = await self.claims(posts)
+        else:
+            parts = batch_parts(request.body)
+            answers = await asyncio.gather(*(self.answer_part(path, body) for path, body in parts))
         return Response(200, b'{"responses":[' + b",".join(b'{"status":%d,"body":%s}' % (answer.status, answer.body)
                                                            for answer in answers) + b"]}")
+
+    async def claims(self, posts: list[Any]) -> list[Response]:
+        """The answers to a /batch of typed claims (:func:`typed_claims`), each as :meth:`claim` would give it, for
+        the price of one: every batch of results that is all good (the usual case) staged at once, their journal
+        lines stored in one append, then each claim granted. A claim whose results must be judged one by one
+        takes :meth:`claim` meanwhile. What waits for the journal is the staged runs and their lines: the decoded
+        bodies are let go first.
+        """
+        now = self.clock()
+        runs: list[StagedRun | None] = []
+        lines: list[bytes] = []
+        claims: list[tuple[str, Any, str | None, bool]] = []
+        alone: dict[int, Any] = {}
+        for index, post in enumerate(posts):
+            staged = self.stage_typed(post.workerId, post.results, now) if post.results else None
+            if staged is None and post.results:
+                alone[index] = self.answer_part("/claim", _ENCODE(post))
+            elif staged is not None:
+                lines += staged[1]
+            runs.append(None if staged is None else staged[0])
+            claims.append((post.workerId, post.max, post.node, post.results is not msgspec.UNSET))
+        posts.clear()
+        staged = None  # (its lines are in ``lines``, which the journal empties)
+        stored = [run for run in runs if run is not None]
+        failure: list[Response] = []
+
+        async def store() -> None:
+            try:
+                await self.store(lines, sum(run.count for run in stored),
+                                 lambda: deque(map(self.board.abort_run, stored), maxlen=0),
+                                 lambda: deque(map(self.board.commit_run, stored, repeat(self.clock())), maxlen=0))
+            except HttpError as exc:
+                failure.append(Response.error(exc.status, exc.message))
+
+        if alone:
+            answered = dict(zip(alone, (await asyncio.gather(store(), *alone.values()))[1:], strict=True))
+        else:
+            answered = {}
+            if lines:
+                await store()
+        answers = []
+        ids = self.board.tasks.id_run
+        for index, ((worker, max_tasks, node, submitted), run) in enumerate(zip(claims, runs, strict=True)):
+            if index in answered:
+                answers.append(answered[index])
+            elif run is not None and failure:
+                answers.append(failure[0])
+            elif run is not None:
+                accepted = b'"accepted":["' + ids(run.start, run.start + run.count).replace(b"\n", b'","') + b'"]'
+                answers.append(self.grant(worker, max_tasks, node, {"rejected": []}, accepted))
+            else:
+                answers.append(self.grant(worker, max_tasks, node, {"accepted": [], "rejected": []} if submitted else {}))
+        return answers
+
 
     async def answer_part(self, path: str, body: bytes) -> Response:
         """One request of a /batch, answered by its own endpoint (a handler's 4xx or 507 is its answer)."""

@@ -318,6 +318,7 @@ class HttpServer:
             await self._send(conn, writer, state, refused.response, head_only)
             return False
         state.deadline = math.inf  # the handler may wait for a journal fsync: that is not the client's delay
+        raw.clear()  # the bytes as read need not wait with it (the request holds its body)
         response = await self._dispatch(request)
         self._release(state)
         await self._send(conn, writer, state, response, head_only)

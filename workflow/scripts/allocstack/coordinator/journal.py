@@ -211,7 +211,8 @@ class Journal:
 
     async def append_lines(self, lines: list[bytes], records: int | None = None) -> None:
         """Append whole journal lines (see :func:`result_line`; an item may hold several lines, ``records``
-        in all); return once they are on disk (fsync'd).
+        in all); return once they are on disk (fsync'd). The journal takes the items: ``lines`` is emptied, so
+        they are held once (joined for the write), not also by each caller while it waits for the fsync.
 
         :raises AllocstackError: ``storage`` (no room) or ``io``: then none of ``lines`` is durable,
             and every later append raises the same error.
@@ -222,6 +223,7 @@ class Journal:
             raise self.failed
         loop = asyncio.get_running_loop()
         self._buffer.extend(lines)
+        lines.clear()
         self._pending_records += len(lines) if records is None else records
         waiter: asyncio.Future[None] = loop.create_future()
         self._waiters.append(waiter)

@@ -107,3 +107,10 @@ def parse_settings(argv: list[str] | None, description: str = "") -> Coordinator
     values.update(endpoint_file=endpoint_file, journal=args.journal or args.results.absolute().parent / names.JOURNAL,
                   events=args.events or (scratch / names.EVENTS if scratch else None))
     return CoordinatorSettings(**values)
+
+
+def event_directories(settings: CoordinatorSettings) -> list[Path]:
+    """Where the other components' event logs are: the run's scratch on this node and, with more than one node,
+    the run's state directory beside the journal (``events/<component>.jsonl`` in both)."""
+    found = [settings.scratch / names.EVENTS_DIR] if settings.scratch else []
+    return [*found, settings.journal.parent / names.EVENTS_DIR]

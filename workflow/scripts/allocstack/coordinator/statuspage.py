@@ -3,8 +3,9 @@
 Self-contained: inline CSS, JavaScript and SVG, no external assets, so it works on
 an air-gapped cluster through an SSH tunnel. It polls ``/status?history=1`` every
 two seconds with the same view token and redraws: counts, a progress bar, a
-throughput chart and one lane per worker, grouped by node (a header per node with
-its workers and what they completed). Elements carry ids (``done``, ``total``,
+throughput chart, one lane per worker, grouped by node (a header per node with
+its workers and what they completed), and the stack's events (restarts, sockets beyond
+loopback, failed gates: ``/status``'s ``events``). Elements carry ids (``done``, ``total``,
 ``pending``, ``leased``, ``rate``...) and data attributes (``data-worker``,
 ``data-node``) so tests can read them.
 """
@@ -27,6 +28,7 @@ PAGE = """<!doctype html>
  .lane .fill{height:100%;background:#38a169} .lane .num{width:220px;white-space:nowrap;text-align:right;color:#4a5568}
  .stale .fill{background:#d69e2e} #error{color:#c53030}
  .node{margin:10px 0 4px;font-size:13px;color:#2d3748} .node:first-child{margin-top:0}
+ .event{font-family:ui-monospace,monospace;font-size:12px;color:#c53030;margin:2px 0}
 </style></head><body>
 <h1>allocstack run <span id="state">loading</span></h1>
 <div class="sub">elapsed <span id="elapsed">-</span> s &middot; ready after <span id="ready">-</span> s
@@ -45,6 +47,7 @@ PAGE = """<!doctype html>
 <div class="panel"><h2>Throughput (tasks/s)</h2><svg id="chart" width="100%" height="160" viewBox="0 0 800 160"
  preserveAspectRatio="none"></svg></div>
 <div class="panel"><h2>Workers, by node</h2><div id="lanes"></div></div>
+<div class="panel"><h2>Events of the stack's programs</h2><div id="events">none</div></div>
 <script>
 const token = new URLSearchParams(location.search).get("token") || "";
 const fmt = n => n === null || n === undefined ? "-" : Number(n).toLocaleString("en-US");
@@ -79,6 +82,16 @@ function lanes(workers, nodes) {
     nodes[node].workers.map(lane).join(""));
   document.getElementById("lanes").innerHTML = (groups.length ? groups : names.map(lane)).join("") || "no worker yet";
 }
+function events(list) {
+  const box = document.getElementById("events");
+  box.textContent = list.length ? "" : "none";
+  list.forEach(e => {
+    const row = document.createElement("div");
+    row.className = "event"; row.dataset.event = e.event;
+    row.textContent = (e.t ? new Date(e.t * 1000).toLocaleTimeString() + "  " : "") + e.line;
+    box.appendChild(row);
+  });
+}
 async function refresh() {
   try {
     const r = await fetch("status?history=1&token=" + encodeURIComponent(token), {cache: "no-store"});
@@ -91,7 +104,7 @@ async function refresh() {
     set("elapsed", s.elapsedSeconds.toFixed(1)); set("ready", s.readySeconds === null ? "-" : s.readySeconds);
     set("updated", new Date().toLocaleTimeString()); set("error", "");
     document.getElementById("progress").style.width = (s.done / Math.max(1, s.total) * 100).toFixed(2) + "%";
-    chart(s.history || []); lanes(s.workers, s.nodes);
+    chart(s.history || []); lanes(s.workers, s.nodes); events(s.events || []);
   } catch (e) { set("error", "(" + e.message + ")"); }
 }
 refresh(); setInterval(refresh, 2000);

@@ -14,7 +14,7 @@ releases them when it could not. A worker's batch for consecutive tasks, every
 result good (the usual case), takes :meth:`stage_run` and :meth:`commit_run`: the
 same checks and the same state, a few operations over the whole batch instead of
 several per result. The claim policy lives here too: a claim gets
-at most a fair share of what is pending, and none once claims are closed
+at most a fair share of the unfinished work (no more than is pending), and none once claims are closed
 (draining, a storage fault) or a lease would outlast the allocation, and a
 share stays held back for each expected worker that has had none yet.
 
@@ -109,14 +109,13 @@ class Staged:
 
 @dataclass(slots=True)
 class StagedRun:
-    """A batch staged by :meth:`TaskBoard.stage_run`: results for the consecutive positions ``start`` on,
-    every one accepted: the outputs as JSON text (``encode_basestring_ascii``), their digests (hex)."""
+    """A batch staged by :meth:`TaskBoard.stage_run`: results for the ``count`` consecutive positions ``start`` on,
+    every one accepted, by ``worker``. Their outputs and digests are already in the board's stores (the decoded
+    batch need not wait for the journal); they become the tasks' results at :meth:`TaskBoard.commit_run`."""
 
     start: int
-    task_ids: list[str]
+    count: int
     worker: str
-    escaped: list[str]
-    sha256: list[str]
 
 
 @dataclass
@@ -243,37 +242,37 @@ class TaskBoard:
         a few operations per chunk, each over all of its results (the stored output is its JSON text). Ids
         that ascend in task order make a chunk's values a slice of each store; others are gathered from where
         their tasks are (a C call or two a value; memory latency bounds it: about 1.2 s of a shuffled
-        million's 1.8) and the chunk joined once. Outputs and digests are taken as views of their stores, not
-        copies (a third less CPU for the gathers); the stores do not grow meanwhile (every task has its
-        result, or the server is closed) and are free to once the chunks are written or dropped."""
+        million's 1.9) and the chunk joined once. The values are copied out of the stores, never views of
+        them: results.json is written in a thread while a late result (for a task that failed for good) may
+        still grow them."""
         tasks, at, size, workers = self.tasks, self.output_at, self.output_size, self.result_worker
         names = [encode_basestring_ascii(name).encode("ascii") for name in self.worker_names]
-        with memoryview(self.outputs) as blob, memoryview(self.digests) as digests:
-            for ranks, positions in self.done_in_id_order():
-                if not positions:
-                    continue
-                chunk_ids = tasks.ranked_ids(ranks.start, ranks.stop) if ranks is not None else tasks.ids_at(positions)
-                if type(positions) is range:
-                    start, end = positions.start, positions.stop
-                    starts, numbers = at[start:end], workers[start:end]
-                    outputs = map(blob.__getitem__, map(slice, starts, map(add, starts, size[start:end])))
-                    hexes = digests[32 * start:32 * end].hex().encode("ascii")
-                    digest = map(hexes.__getitem__, map(slice, range(0, len(hexes), 64), range(64, len(hexes) + 64, 64)))
-                    yield _ENTRY[0] + _ENTRY_SEPARATOR.join(map(b"".join, zip(
-                        outputs, repeat(_ENTRY[1]), digest, repeat(_ENTRY[2]), chunk_ids, repeat(_ENTRY[3]),
-                        map(names.__getitem__, numbers), strict=False))) + _ENTRY[4]  # (repeat() never ends)
-                else:  # gathered (list comprehensions: fewer objects a value than chains of maps), one join
-                    count = len(positions)
-                    hexes = b"".join([digests[32 * p:32 * p + 32] for p in positions]).hex().encode("ascii")
-                    parts = [_ENTRY_SEPARATOR, b"", _ENTRY[1], b"", _ENTRY[2], b"", _ENTRY[3], b""] * count
-                    parts[0] = _ENTRY[0]
-                    parts[1::8] = [blob[at[p]:at[p] + size[p]] for p in positions]
-                    parts[3::8] = map(hexes.__getitem__, map(slice, range(0, 64 * count, 64),
-                                                             range(64, 64 * count + 64, 64)))
-                    parts[5::8] = chunk_ids
-                    parts[7::8] = map(names.__getitem__, map(workers.__getitem__, positions))
-                    parts.append(_ENTRY[4])
-                    yield b"".join(parts)
+        blob, digests = self.outputs, self.digests
+        for ranks, positions in self.done_in_id_order():
+            if not positions:
+                continue
+            chunk_ids = tasks.ranked_ids(ranks.start, ranks.stop) if ranks is not None else tasks.ids_at(positions)
+            if type(positions) is range:
+                start, end = positions.start, positions.stop
+                starts, numbers = at[start:end], workers[start:end]
+                outputs = map(blob.__getitem__, map(slice, starts, map(add, starts, size[start:end])))
+                hexes = digests[32 * start:32 * end].hex().encode("ascii")
+                digest = map(hexes.__getitem__, map(slice, range(0, len(hexes), 64), range(64, len(hexes) + 64, 64)))
+                yield _ENTRY[0] + _ENTRY_SEPARATOR.join(map(b"".join, zip(
+                    outputs, repeat(_ENTRY[1]), digest, repeat(_ENTRY[2]), chunk_ids, repeat(_ENTRY[3]),
+                    map(names.__getitem__, numbers), strict=False))) + _ENTRY[4]  # (repeat() never ends)
+            else:  # gathered (list comprehensions: fewer objects a value than chains of maps), one join
+                count = len(positions)
+                hexes = b"".join([digests[32 * p:32 * p + 32] for p in positions]).hex().encode("ascii")
+                parts = [_ENTRY_SEPARATOR, b"", _ENTRY[1], b"", _ENTRY[2], b"", _ENTRY[3], b""] * count
+                parts[0] = _ENTRY[0]
+                parts[1::8] = [blob[at[p]:at[p] + size[p]] for p in positions]
+                parts[3::8] = map(hexes.__getitem__, map(slice, range(0, 64 * count, 64),
+                                                         range(64, 64 * count + 64, 64)))
+                parts[5::8] = chunk_ids
+                parts[7::8] = map(names.__getitem__, map(workers.__getitem__, positions))
+                parts.append(_ENTRY[4])
+                yield b"".join(parts)
 
     def results_json(self) -> Iterator[bytes]:
         """results.json, in chunks: ``{"results": [...], "schemaVersion": 1}`` sorted by task id (see
@@ -325,14 +324,15 @@ class TaskBoard:
         lapses one lease later: a worker that never comes holds back work no longer than a
         worker that died holding it.
         """
-        pending = len(self.state) - self.done - len(self.failures) - len(self.leases)
+        unfinished = len(self.state) - self.done - len(self.failures)
+        pending = unfinished - len(self.leases)
         if self.reservation is None:
             self.reservation = (pending // self.expected_workers, now + self.lease_seconds)
         reserve_each = self.reservation[0] if now < self.reservation[1] else 0
         newcomer = stats.claimed == 0
         waiting = max(0, self.expected_workers - self.workers_with_work - newcomer)
         return fair_share(max_tasks, pending, self.expected_workers, newcomer=newcomer, waiting=waiting,
-                          reserve_each=reserve_each)
+                          reserve_each=reserve_each, unfinished=unfinished)
 
     def _next_pending(self) -> int | None:
         """Take the next queued task that is still pending (a late result may have finished a requeued one)."""
@@ -455,11 +455,16 @@ class TaskBoard:
         return staged, rejected
 
     def stage_run(self, worker: str, task_ids: list[str], outputs: list[str], sha256: list[str],
-                  now: float) -> StagedRun | None:
+                  now: float) -> tuple[StagedRun, list[str]] | None:
         """:meth:`stage` for a batch of results (strings all) when every one is accepted and their tasks are
         consecutive positions (a batch as it was claimed), in a few operations over the whole batch.
 
-        :returns: the staged batch, or None (nothing changed) when :meth:`stage` must judge it result by result.
+        The outputs (as JSON text) and digests go to the board's stores now, at the reserved positions: what
+        waits for the journal is the staged run and its journal lines, not the batch as it was decoded (a
+        result staged and then aborted leaves its output's bytes unused in the blob; no position points there).
+
+        :returns: the staged batch and its outputs as JSON text (``encode_basestring_ascii``, for the journal's
+            lines), or None (nothing changed) when :meth:`stage` must judge it result by result.
         """
         count = len(task_ids)
         start = self.tasks.position(task_ids[0]) if count else None
@@ -483,27 +488,28 @@ class TaskBoard:
             return None
         self._seen(worker, now)
         self.committing[start:end] = _ONE * count
-        return StagedRun(start, task_ids, worker, list(map(encode_basestring_ascii, outputs)), sha256)
+        escaped = list(map(encode_basestring_ascii, outputs))
+        sizes = list(map(len, escaped))
+        self.output_at[start:end] = array("Q", islice(accumulate(sizes, initial=len(self.outputs)), count))
+        self.output_size[start:end] = array("I", sizes)
+        self.outputs += "".join(escaped).encode("ascii")
+        self.digests[32 * start:32 * end] = bytes.fromhex("".join(sha256))
+        return StagedRun(start, count, worker), escaped
 
     def commit_run(self, run: StagedRun, now: float) -> None:
         """:meth:`commit` of a :meth:`stage_run` batch: the same state, written a slice at a time."""
-        start, count = run.start, len(run.task_ids)
+        start, count = run.start, run.count
         end = start + count
         self.committing[start:end] = bytes(count)
         deque(map(self.leases.pop, range(start, end), repeat(None)), maxlen=0)
         self.state[start:end] = _DONE_BYTE * count
-        sizes = list(map(len, run.escaped))
-        self.output_at[start:end] = array("Q", islice(accumulate(sizes, initial=len(self.outputs)), count))
-        self.output_size[start:end] = array("I", sizes)
-        self.outputs += "".join(run.escaped).encode("ascii")
-        self.digests[32 * start:32 * end] = bytes.fromhex("".join(run.sha256))
         self.result_worker[start:end] = array("I", [self._number(run.worker)]) * count
         self.done += count
         self._seen(run.worker, now).completed += count
 
     def abort_run(self, run: StagedRun) -> None:
         """The journal could not store ``run``: nothing of it was accepted."""
-        self.committing[run.start:run.start + len(run.task_ids)] = bytes(len(run.task_ids))
+        self.committing[run.start:run.start + run.count] = bytes(run.count)
 
     def commit(self, staged: list[Staged], now: float) -> None:
         """The journal holds ``staged`` durably: their tasks are done."""
@@ -565,19 +571,23 @@ class TaskBoard:
 
 
 def fair_share(max_tasks: int, pending: int, workers: int, *, newcomer: bool = False, waiting: int = 0,
-               reserve_each: int = 0) -> int:
+               reserve_each: int = 0, unfinished: int | None = None) -> int:
     """How many tasks one claim may take (0 = wait).
 
-    At most an equal share of what is pending (``ceil(pending / workers)``), so a big batch
-    never starves the other workers. While some expected workers have had no work yet
+    At most an equal share of what is unfinished (``ceil(unfinished / workers)``: pending or leased, no
+    result yet), and no more than is pending, so a big batch never starves the other workers: no worker
+    holds more than its part of the work left. (An equal share of what is *pending* instead shrinks with
+    every claim while the others hold theirs: with thousands of workers the tasks went out in ever smaller
+    claims, several a worker where one does.) While some expected workers have had no work yet
     (``waiting`` of them, not counting this one), ``reserve_each`` tasks stay held back for
     each of them; a ``newcomer`` (its first grant) may take its own reserved share at once.
     So with as many tasks as workers, every worker gets work, however late it starts.
 
     :param max_tasks: what the worker asked for (its batch size).
     :param reserve_each: ``tasks // workers`` at the first grant; 0 once the reservation lapsed.
+    :param unfinished: the tasks without a result (pending and leased); ``pending`` when not given.
     """
-    share = -(-pending // max(workers, 1))
+    share = -(-(pending if unfinished is None else unfinished) // max(workers, 1))
     if newcomer:
         share = max(share, reserve_each)
     share = min(share, pending - waiting * reserve_each)

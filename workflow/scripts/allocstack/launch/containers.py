@@ -60,19 +60,41 @@ def runtime_environ(environ: Mapping[str, str]) -> dict[str, str]:
 
 
 def container_prefix(runtime: str, image: str, args: list[str], binds: list[str], env: Mapping[str, str],
-                     cwd: str, mount_tree: Path | None = None) -> list[str]:
+                     cwd: str, mount_tree: Path | None = None, hosts: Path | None = None) -> list[str]:
     """The argv that runs a command in ``image`` with ``binds`` at the same paths, in ``cwd``.
 
     :param env: the component's whole environment inside the image (besides the image's own).
     :param mount_tree: Charliecloud only: the directory :func:`mount_tree_dirs` was created in.
+    :param hosts: the stack's hosts file (allocstack/launch/hostsfile.py), bound at /etc/hosts.
     :raises AllocstackError: ``prerequisite`` for a path Charliecloud cannot bind.
     """
     unique = list(dict.fromkeys(binds))  # de-duplicated, order kept
     if runtime == "apptainer":
-        return apptainer_prefix(image, args, unique, env, cwd)
+        argv = apptainer_prefix(image, args, unique, env, cwd)
+        return [*argv[:-1], *hosts_binds(runtime, hosts), argv[-1]]
     if mount_tree is None:
         raise ValueError("charliecloud needs a mount-point tree")
-    return charliecloud_prefix(image, args, unique, env, cwd, mount_tree)
+    argv = charliecloud_prefix(image, args, unique, env, cwd, mount_tree)
+    return [*argv[:-2], *hosts_binds(runtime, hosts if has_etc_hosts(image) else None), *argv[-2:]]
+
+
+#: Where the stack's hosts file is seen in every image.
+ETC_HOSTS = "/etc/hosts"
+
+
+def has_etc_hosts(image: str | None) -> bool:
+    """ch-run binds only onto a file the image has: a directory image without /etc/hosts gets none (a SquashFS
+    image cannot be looked into before ch-run mounts it: Debian's and Docker's images all have one)."""
+    return bool(image) and (not Path(image or "").is_dir() or (Path(image or "") / "etc" / "hosts").is_file())
+
+
+def hosts_binds(runtime: str, hosts: Path | None) -> list[str]:
+    """The runtime's arguments that bind ``hosts`` (the stack's hosts file) at /etc/hosts, read-only (none: [])."""
+    if hosts is None:
+        return []
+    if runtime == "apptainer":  # over the host's /etc/hosts, which apptainer.conf binds by default
+        return ["--bind", f"{hosts}:{ETC_HOSTS}:ro"]
+    return [f"--bind={hosts}:{ETC_HOSTS}"]  # ch-run binds read-write only; the file is the user's own anyway
 
 
 def apptainer_prefix(image: str, args: list[str], binds: list[str], env: Mapping[str, str], cwd: str) -> list[str]:

@@ -207,18 +207,20 @@ class Finished:
 
 
 def run_program(argv: list[str], env: Mapping[str, str] | None = None, stdin: bytes = b"",
-                timeout: float | None = None, cwd: str | None = None) -> Finished:
+                timeout: float | None = None, cwd: str | None = None,
+                preexec: Callable[[], None] | None = None) -> Finished:
     """Run ``argv`` (no shell) to its end with exactly ``env`` (None: ours) and ``stdin`` as its input (in ``cwd``).
 
     The one way allocstack runs a program of yours that is not supervised for the
-    stack's life: ``worker.command`` per task, a readiness ``command``, ``verify.command``.
+    stack's life: ``worker.command`` per task, a readiness ``command``, ``verify.command``. ``preexec``: run in
+    its process before exec (the stack's names without an image, :attr:`Started.preexec`).
 
     :raises CannotStart: when it cannot be started, lastingly (no such file, not executable, ...).
     :raises ProgramError: saying why it could not run otherwise, or that it timed out (it is killed).
     """
     try:
         done = subprocess.run(argv, input=stdin, capture_output=True, timeout=timeout, check=False, cwd=cwd,
-                              env=None if env is None else dict(env))
+                              env=None if env is None else dict(env), preexec_fn=preexec)
     except subprocess.TimeoutExpired as exc:
         raise ProgramError(f"timed out after {timeout:g} s") from exc
     except OSError as exc:
@@ -232,7 +234,8 @@ def run_program(argv: list[str], env: Mapping[str, str] | None = None, stdin: by
 CHECK_TIMEOUT = 3600.0
 
 
-def run_check(argv: list[str], env: Mapping[str, str], cwd: str | None = None, shown: list[str] | None = None) -> None:
+def run_check(argv: list[str], env: Mapping[str, str], cwd: str | None = None, shown: list[str] | None = None,
+              preexec: Callable[[], None] | None = None) -> None:
     """``verify.command``: the application's own correctness check ("only your application can say").
 
     Runs ``argv`` (no shell) with ``env``; exit 0 means correct. Its last lines of output go to the log.
@@ -240,7 +243,7 @@ def run_check(argv: list[str], env: Mapping[str, str], cwd: str | None = None, s
     :raises AllocstackError: ``verification`` with the last line of its output otherwise.
     """
     try:
-        done = run_program(argv, env, timeout=CHECK_TIMEOUT, cwd=cwd)
+        done = run_program(argv, env, timeout=CHECK_TIMEOUT, cwd=cwd, preexec=preexec)
     except ProgramError as exc:
         raise AllocstackError("verification", f"verify.command {(shown or argv)[0]} could not run: {exc}") from exc
     for line in done.text().strip().splitlines()[-20:]:
@@ -287,6 +290,9 @@ class Started:
     container: str | None = None
     deliver: Callable[[Any, int], None] | None = None
     files: list[Path] = field(default_factory=list)
+    #: Run in its process before exec: the stack's names without an image (allocstack/launch/privatenames.py),
+    #: then the parent-death signal.
+    preexec: Callable[[], None] | None = None
 
     def line(self) -> str:
         """The whole command, as its log shows it (no value of the environment is on it)."""
@@ -322,6 +328,36 @@ def image_meta(placement: Placement):
         raise AllocstackError("prerequisite", f"cannot read image {placement.image}: {exc}") from exc
 
 
+def stack_hosts() -> Path | None:
+    """The stack's hosts file on this node (written by the launcher, which names the run's scratch to us)."""
+    from .hostsfile import existing_hosts
+
+    scratch = os.environ.get("ALLOCSTACK_SCRATCH")
+    return existing_hosts(Path(scratch) if scratch else None)
+
+
+def already_bound(hosts: Path, etc_hosts: Path = Path("/etc/hosts")) -> bool:
+    """This process already sees the stack's hosts file at /etc/hosts (it runs in the image it is bound in)."""
+    try:
+        return etc_hosts.read_bytes() == hosts.read_bytes()
+    except OSError:
+        return False
+
+
+def names_preexec(hosts: Path | None, where: str) -> Callable[[], None]:
+    """What a program without an image runs before exec: into a mount namespace where ``hosts`` is /etc/hosts
+    (where this node allows one; else it says once why not), then the parent-death signal."""
+    from .privatenames import entering, mode
+    from .supervise import die_with_parent
+
+    if hosts is None or already_bound(hosts):
+        return die_with_parent
+    how, why = mode()
+    if how is None:
+        print(f"{where}: the stack's names: {why}", file=sys.stderr, flush=True)
+    return entering(hosts, how, die_with_parent)
+
+
 def prepare(placement: Placement, command: list[str] | None, env: dict[str, str], own: set[str], private: Path,
             where: str, probe: bool = False) -> Started:
     """How to start a program of yours (``command``, config ``command``; ``env``, from :func:`program_environment`,
@@ -335,6 +371,7 @@ def prepare(placement: Placement, command: list[str] | None, env: dict[str, str]
     from .mounts import PathRewriter, resolve
 
     binds = resolve(list(placement.mounts), env, where)
+    hosts = stack_hosts()
     # the named volumes' directory at its own path too: ${ALLOCSTACK_VOLUME_<NAME>} names it in the image as well
     volumes = sorted({str(Path(value).parent) for name, value in env.items() if name.startswith(VOLUME_PREFIX)})
     entrypoint = list(placement.entrypoint) if placement.entrypoint is not None else None
@@ -346,7 +383,7 @@ def prepare(placement: Placement, command: list[str] | None, env: dict[str, str]
         rewriter = PathRewriter(binds)
         env = rewriter.environment(env, own)
         argv = expand_argv(rewriter.argv(argv), env, where)
-        return Started(argv, env, argv, rewriter.directory(placement.working_dir))
+        return Started(argv, env, argv, rewriter.directory(placement.working_dir), preexec=names_preexec(hosts, where))
     from .containers import program_prefix, runtime_environ
 
     meta = image_meta(placement)
@@ -364,6 +401,12 @@ def prepare(placement: Placement, command: list[str] | None, env: dict[str, str]
     # the directory snakemake runs in, then bound at its own path so that relative paths there work
     host_cwd = not (placement.working_dir or meta.workdir)
     cwd = placement.working_dir or meta.workdir or os.getcwd()
+    if hosts is not None:
+        from .containers import ETC_HOSTS, Bind, has_etc_hosts
+
+        if placement.runtime == "apptainer" or has_etc_hosts(placement.image):
+            # read-only in Apptainer; ch-run binds read-write only (a read-only view costs a namespace)
+            binds = [*binds, Bind(str(hosts), ETC_HOSTS, placement.runtime == "apptainer")]
     prefix, runtime_env = program_prefix(placement.runtime, placement.image, list(placement.runtime_args),
                                          [*placement.binds, *volumes, *([cwd] if host_cwd else [])], binds, inside,
                                          cwd, private, host_cwd=host_cwd)

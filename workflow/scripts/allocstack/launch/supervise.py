@@ -145,6 +145,7 @@ class Supervised:
         self.grace: float | None = None
         self.reader: threading.Thread | None = None
         self._deliver = deliver
+        self._preexec: Callable[[], None] = die_with_parent
         self._keep_tail = keep_tail
         self._started: tuple[list[str], Mapping[str, str], str | None] | None = None  # what a restart starts again
         self.waiting_restart = False
@@ -153,9 +154,11 @@ class Supervised:
         watch_launcher(lambda: self._forward(signal.SIGTERM, None))
 
     def start(self, argv: list[str], env: Mapping[str, str], grace: float | None = None, cwd: str | None = None,
-              deliver: Deliver | None = None) -> int:
+              deliver: Deliver | None = None, preexec: Callable[[], None] | None = None) -> int:
         """Start ``argv`` with exactly ``env`` (in ``cwd``: None, ours); return its pid. ``grace``: seconds it may take
-        to stop before SIGKILL; ``deliver``: how a stop signal reaches it, if not as given to the constructor.
+        to stop before SIGKILL; ``deliver``: how a stop signal reaches it, if not as given to the constructor;
+        ``preexec``: run in the child before exec instead of :func:`die_with_parent` alone (it must call that too:
+        allocstack/launch/privatenames.py ``entering``).
 
         :raises AllocstackError: ``prerequisite`` when it cannot be started.
         """
@@ -163,8 +166,10 @@ class Supervised:
         if deliver is not None:
             self._deliver = deliver
         self._started = (argv, env, cwd)
+        if preexec is not None:
+            self._preexec = preexec
         try:
-            self.child = subprocess.Popen(argv, env=dict(env), preexec_fn=die_with_parent, cwd=cwd,
+            self.child = subprocess.Popen(argv, env=dict(env), preexec_fn=self._preexec, cwd=cwd,
                                           stderr=subprocess.PIPE if self._keep_tail else None)
         except OSError as exc:
             raise AllocstackError("prerequisite", f"cannot start {self.label} ({argv[0]}): {exc.strerror}") from exc

@@ -77,6 +77,13 @@ def launched(plan: Plan, component: str, run: str, worker: str = "", service: st
             return Launched(service, config["services"][service]["cpus"])
         case "service_gate":
             return Launched(f"{service}-readiness")
+        case "instance":  # a global service's instance on node ``node`` (1-based, above 1)
+            return Launched(placement.instance_name(service, node), config["services"][service]["cpus"],
+                            node=int(node) - 1)
+        case "instance_gate":  # its gate, on its node (it probes that node's loopback)
+            return Launched(f"{placement.instance_name(service, node)}-readiness", node=int(node) - 1)
+        case "serve":
+            return Launched("serve", job_end_time=True)  # scancel or the time limit: told apart by the end
         case "worker":
             # A per-task worker killed from outside is tolerated (its tasks go back to the queue); a
             # long-running one is not: the run fails.
@@ -122,6 +129,8 @@ def launch(plan: Plan, component: str, run: str, gpus: int = 0, **wildcards: str
                      ("--marker", plan.files(run).marker))]
     argv += ["--no-scratch"] if not how.scratch else options(*each("--volume", config["volumes"]),
                                                               *each("--keep-volume", config["keep_volumes"]))
+    if how.scratch:
+        argv += options(*each("--hosts-name", hosts_names(plan)))
     if how.job_end_time:
         argv.append("--job-end-time")
     argv += options(*each("--tolerate-kill", how.tolerate_kill))
@@ -145,6 +154,12 @@ def launch(plan: Plan, component: str, run: str, gpus: int = 0, **wildcards: str
                         *each("--bind", [*bind_paths(plan, run), *how.binds]),
                         *each("--pass-env", programs.env_references(config["worker"])))
     return [*argv, "--"]
+
+
+def hosts_names(plan: Plan) -> list[str]:
+    """The stack's services with their other names, for its hosts file (allocstack/launch/hostsfile.py):
+    ``SERVICE=NAME,...`` each."""
+    return [f"{name}={','.join(spec.get('hostnames') or [])}" for name, spec in plan.services.items()]
 
 
 def bind_paths(plan: Plan, run: str) -> list[str]:
@@ -226,26 +241,45 @@ def node_gate(plan: Plan, run: str, node: str) -> list[str]:
                    flags=("--off-node",))
 
 
-def service(plan: Plan, run: str, service: str) -> list[str]:
-    """app_service.py: services.<service>, started once its dependencies' gates passed."""
+def service(plan: Plan, run: str, service: str, node: str = "") -> list[str]:
+    """app_service.py: services.<service>, started once its dependencies' gates passed (``node``: a global service's
+    instance on that node, 1-based above 1: its own files, and no relay: each node's programs use their own)."""
     spec, files = plan.services[service], plan.files(run)
     from_image = spec["port"] == "image"  # the port its image EXPOSEs, read when it starts
     port = [] if from_image else [("--port", spec["port"] or 0)]
-    return [*options(("--service-file", files.service_file(service)), ("--name", service),
+    if node:
+        own = [("--service-file", files.instance_file(service, node)), ("--instance", placement.instance_name(service, node))]
+    else:
+        own = [("--service-file", files.service_file(service))]
+    relay = [] if service in plan.global_services else network(plan, files.shared_service_endpoint(service))
+    return [*options(*own, ("--name", service),
                      *programs.options(plan, spec), ("--environment-json", spec["environment"]),
                      *port, ("--gate-timeout", timeouts.start_bound(plan.config, service)),
                      ("--stop-grace", spec["stop_grace_period"]), *restart(spec),
                      *each("--uses", plan.uses(spec["depends_on"])),
                      *each("--gate-record", plan.gates(run, spec["depends_on"])),
                      flags=("--port-from-image",) if from_image else ()),
-            *network(plan, files.shared_service_endpoint(service))]
+            *relay]
 
 
-def service_gate(plan: Plan, run: str, service: str) -> list[str]:
-    """readiness.py: the gate of services.<service> (its readiness)."""
+service_args = service  # (the wildcard ``service`` hides the function in :func:`instance`)
+
+
+def instance(plan: Plan, run: str, service: str, node: str) -> list[str]:
+    """app_service.py: global service ``service``'s instance on node ``node`` (1-based, above 1)."""
+    return service_args(plan, run, service, node)
+
+
+def instance_gate(plan: Plan, run: str, service: str, node: str) -> list[str]:
+    """readiness.py: the gate of global service ``service``'s instance on node ``node``, run on that node."""
+    return service_gate(plan, run, service, node)
+
+
+def service_gate(plan: Plan, run: str, service: str, node: str = "") -> list[str]:
+    """readiness.py: the gate of services.<service> (its readiness; ``node``: of its instance there)."""
     spec, files = plan.services[service], plan.files(run)
     ready = spec["readiness"]
-    pairs = [("--service", service), ("--mode", ready["mode"]),
+    pairs = [("--service", placement.instance_name(service, node) if node else service), ("--mode", ready["mode"]),
              ("--timeout", timeouts.gate_timeout(plan.config, service)),
              ("--interval", timeouts.gate_interval(plan.config, service)), ("--probe-timeout", ready["probe_timeout"]),
              ("--start-timeout", timeouts.start_bound(plan.config, service)),
@@ -256,7 +290,8 @@ def service_gate(plan: Plan, run: str, service: str) -> list[str]:
         pairs.append(("--ready-command-json", ready["command"]))
         # in the service's image, as Compose runs a healthcheck in the service's container
         pairs += [pair for pair in programs.options(plan, spec, with_command=False) if pair[0] != "--entrypoint-json"]
-    return options(*pairs, ("--record", files.service_gate(service)))
+    record = files.instance_gate(service, node) if node else files.service_gate(service)
+    return options(*pairs, ("--record", record))
 
 
 def worker(plan: Plan, run: str, worker: str) -> list[str]:
@@ -343,7 +378,7 @@ def workers(plan: Plan, run: str, step: str) -> list[str]:
         if block.node > 0:
             pairs.append(("--endpoint-file", files.shared_endpoint))
             if plan.services:
-                worker_args += options(("--remote-services", files.shared_services))
+                worker_args += options(("--remote-services", files.shared_services), *local_services(plan, block.node))
     return options(*pairs, *each("--worker-arg", worker_args))
 
 
@@ -352,7 +387,8 @@ def gate_records(plan: Plan, run: str, node: int) -> list[str]:
     node its node's (the coordinator is reachable from there)."""
     files = plan.files(run)
     records = [files.coordinator_gate] if plan.builtin_coordinator else []
-    records += [files.service_gate(name) for name in plan.services] + plan.init_records(run)
+    records += [files.instance_gate(name, node + 1) if node > 0 and name in plan.global_services
+                else files.service_gate(name) for name in plan.services] + plan.init_records(run)
     if node > 0:
         records.append(files.node_gate(node + 1))
     return records
@@ -370,7 +406,15 @@ def worker_network(plan: Plan, run: str, worker: str) -> list[str]:
         # A long-running worker may use the coordinator through a tunnel too.
         if plan.services or plan.long_running:
             pairs.append(("--remote-services", files.shared_services))
+        pairs += local_services(plan, plan.worker_node(worker))
     return options(*pairs)
+
+
+def local_services(plan: Plan, node: int) -> list[tuple[str, Any]]:
+    """Off the first node: each global service's variables from its instance on ``node`` (0-based), not the tunnel."""
+    if node == 0:
+        return []
+    return [("--local-service", f"{name}={placement.instance_name(name, node + 1)}") for name in plan.global_services]
 
 
 def check(plan: Plan, run: str) -> list[str]:
@@ -384,11 +428,21 @@ def check(plan: Plan, run: str) -> list[str]:
                                                                                          plan.images_on) else ())
 
 
+def serve(plan: Plan, run: str) -> list[str]:
+    """serve.py: a serving stack (config ``mode: serve``): up once every gate passed, until it is ended."""
+    files = plan.files(run)
+    gates = plan.service_gates(run)
+    return options(*each("--gate-record", gates), ("--gate-timeout", timeouts.gates_timeout(plan.config)),
+                   *each("--uses", plan.services), *each("--main-record", plan.main_records(run)),
+                   ("--up-record", files.up_record), ("--record", files.served_record), ("--marker", files.marker),
+                   ("--run", run))
+
+
 def collect(plan: Plan, run: str) -> list[str]:
     """collect.py: the event logs merged, the timeline drawn, how every component ran and ended."""
     config, files = plan.config, plan.files(run)
     components = [*plan.init_jobs, *plan.services, *([plan.main] if plan.main else []), *(plan.workers if plan.long_running else []),
-                  *(["check"] if plan.runs_check else [])]
+                  *(["check"] if plan.runs_check else []), *(["serve"] if plan.serving else [])]
     return options(("--scratch-root", config["scratch"] or ""), ("--run", run),
                    ("--inputs-summary", files.inputs_summary), ("--shared-dir", files.state),
                    ("--events-out", files.events), ("--provenance-out", files.provenance),
@@ -403,7 +457,7 @@ def verify(plan: Plan, run: str) -> list[str]:
     order in the event log when there is a gate (a stack of workers and a check alone has none)."""
     config, files = plan.config, plan.files(run)
     pairs: list[tuple[str, Any]] = [("--services-record", files.services_record)]
-    if plan.builtin_coordinator or plan.services:
+    if (plan.builtin_coordinator or plan.services) and not plan.serving:  # a serving stack has no worker to order
         pairs.append(("--events", files.events))
     if plan.builtin_coordinator:
         pairs += [("--input", config["tasks"]), ("--results", files.coordinator_results),
@@ -413,6 +467,8 @@ def verify(plan: Plan, run: str) -> list[str]:
             pairs.append(("--expected", config["expected"]))
         if config["verify"]["command"]:
             pairs += programs.options(plan, config["verify"])
+    elif plan.serving:
+        pairs += [("--served-record", files.served_record), ("--serve-verified", files.serve_verified)]
     else:
         pairs.append(("--check-record", files.check_record))
     pairs += [("--output", files.marker), ("--retire-journal", files.journal)]
@@ -427,6 +483,9 @@ ARGS: dict[str, tuple[str, Callable[..., list[str]]]] = {
     "node_gate": ("readiness.py", node_gate),
     "service": ("app_service.py", service),
     "service_gate": ("readiness.py", service_gate),
+    "instance": ("app_service.py", instance),
+    "instance_gate": ("readiness.py", instance_gate),
+    "serve": ("serve.py", serve),
     "worker": ("worker.py", worker),  # replica.py for long-running workers: see :func:`script_of`
     "main": ("main.py", main),
     "init": ("main.py", init),

@@ -20,8 +20,10 @@ DECISIONS = {
 
 def summary(config: Mapping[str, Any]) -> str:
     """One line for --dry-run: who owns each of the five things."""
-    return "decisions: " + "; ".join(f"{label}: {config['decisions'][key]['owner']}"
-                                     for key, label in DECISIONS.items())
+    mode = ("mode: serve (your services until the time limit, scancel, Ctrl-C or main; no workers, no check); "
+            if config["mode"] == "serve" else "")
+    return mode + "decisions: " + "; ".join(f"{label}: {config['decisions'][key]['owner']}"
+                                            for key, label in DECISIONS.items())
 
 
 def facts(config: Mapping[str, Any], layout: Layout, order: Sequence[str], image: str | None, runtime: str | None,
@@ -42,8 +44,11 @@ def facts(config: Mapping[str, Any], layout: Layout, order: Sequence[str], image
         "state_dir": config["state_dir"],
         "job steps": (("yes: each component its own Slurm job step" if config["slurm"]["job_steps"] else
                        "no (slurm.job_steps: false)") if in_slurm else "not in Slurm: processes on this machine"),
+        "mode": ("serve: your services run until the allocation's time limit, scancel, Ctrl-C or main's end; an end "
+                 "after every gate passed (up) is a success" if config["mode"] == "serve" else
+                 "batch: the stack ends when its work ends, then it is verified"),
         "built-in coordinator": "yes" if builtin else "no (tasks: null: your own stack)",
-        "workers": f"{config['workers']} ({config['worker']['mode']})",
+        "workers": f"{config['workers']} ({config['worker']['mode']})" if config["mode"] != "serve" else "none",
         "nodes": config["nodes"],
         "services": ", ".join(order) or "none",
         **({"init jobs (run once, before what depends on them)": ", ".join(config["init_jobs"])}
@@ -68,6 +73,10 @@ def facts(config: Mapping[str, Any], layout: Layout, order: Sequence[str], image
             listed["your services across nodes"] = (
                 "on the first node's loopback, relayed to the other nodes over TLS with their own per-run "
                 "certificates, pinned (allocstack/launch/tunnel.py)")
+        per_node = [name for name, spec in config["services"].items() if spec["mode"] == "global"]
+        if per_node:
+            listed["one instance per node (mode: global)"] = (
+                f"{', '.join(per_node)}: each node's programs use their node's instance on its loopback")
         listed["how other nodes get the endpoint and token"] = (
             f"{layout.shared_endpoint} (and {names.SERVICES}/NAME.json), mode 0600 in a 0700 directory on the "
             "filesystem the nodes share; never in the environment, a command line or a Slurm RPC (not encrypted by "

@@ -38,6 +38,11 @@ COORDINATOR_END = "coordinator.json"
 COORDINATOR_GATE = "readiness.json"
 #: The main program's record (config ``main``: it exited 0).
 MAIN_RECORD = "main.json"
+#: Serve mode (config ``mode: serve``): the stack is up (every gate passed; how to reach each service), how it
+#: served and ended (serve.py), and verification's own record of a verified end (the marker is result.json).
+UP_RECORD = "up.json"
+SERVED_RECORD = "served.json"
+SERVE_VERIFIED = "serve-verified.json"
 #: Your check's record (your own stack, tasks: null).
 CHECK_RECORD = "check.json"
 #: How each of your services ended (collect_results).
@@ -100,6 +105,9 @@ class Layout:
     check_record = File(CHECK_RECORD)
     main_record = File(MAIN_RECORD)
     marker = File(MARKER)
+    up_record = File(UP_RECORD)
+    served_record = File(SERVED_RECORD)
+    serve_verified = File(SERVE_VERIFIED)
     #: The durable results journal a rerun resumes from.
     journal = File(names.JOURNAL, state=True)
     #: With more than one node: the coordinator's endpoint document for the other nodes.
@@ -138,6 +146,14 @@ class Layout:
 
     def service_gate(self, service: str) -> str:
         return f"{self.results}/{SERVICES}/{service}-readiness.json"
+
+    def instance_file(self, service: str, node: int | str) -> str:
+        """The service file of global service ``service``'s instance on node ``node`` (1-based, above 1)."""
+        return f"{self.results}/{SERVICES}/{service}-node-{node}{SERVICE_SUFFIX}"
+
+    def instance_gate(self, service: str, node: int | str) -> str:
+        """The gate record of global service ``service``'s instance on node ``node`` (1-based, above 1)."""
+        return f"{self.results}/{SERVICES}/{service}-node-{node}-readiness.json"
 
     def init_record(self, name: str) -> str:
         """Init job ``name``'s record, written when it exited 0: its dependents' gate."""

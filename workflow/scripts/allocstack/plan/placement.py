@@ -22,6 +22,12 @@ from dataclasses import dataclass
 SEED_WORKERS = 16
 
 
+def instance_name(service: str, node: int | str) -> str:
+    """The name of global service ``service``'s instance on node ``node`` (1-based, above 1: the first node's
+    instance is the service itself): its job step, files and log (``cache-node-2``)."""
+    return f"{service}-node-{node}"
+
+
 def worker_id(index: int) -> str:
     """The name of the worker with 0-based ``index`` (``worker-01``, ..., ``worker-100``)."""
     return f"worker-{index + 1:02d}"

@@ -79,6 +79,8 @@ def refuse_bad_stack(config: Mapping[str, Any], spelled: Mapping[str, str], imag
                                       f"without an image: set services.{name}.port, or run it in its image")
         if spec["readiness"]["mode"] == "command" and not spec["readiness"]["command"]:
             raise PlanError("config", f"{key}.readiness.mode is command but {key}.readiness.command is null")
+    if config["mode"] == "serve":
+        return  # no workers, no check: their blocks are not used
     worker = config["worker"]
     if long_running and not worker["command"] and not worker["entrypoint"] and not program_image(config, images_on,
                                                                                                   worker):
@@ -93,13 +95,34 @@ def refuse_bad_stack(config: Mapping[str, Any], spelled: Mapping[str, str], imag
                 raise PlanError("config", f"worker.{key} is for long-running workers (your own stack): per-task "
                                           "workers run allocstack's worker in worker.image (or image), which sees "
                                           f"paths bound at the same place ({config['runtime']}.binds)")
-    if not builtin:
+    if not builtin and config["mode"] != "serve":
         if not long_running:
             raise PlanError("config", "tasks is null (no built-in coordinator) but worker.mode is per-task: set "
                                       "worker.mode: long-running and worker.command, or give a task document")
         if config["expected"]:
             raise PlanError("config", "expected is set but tasks is null: there are no task results to compare; "
                                       "set expected: null")
+
+
+def refuse_bad_serve(config: Mapping[str, Any]) -> None:
+    """Serve mode runs your services alone; a global service's instances each run on their own node, alone."""
+    if config["nodes"] > 1:
+        for name, spec in config["services"].items():
+            if spec["mode"] == "global" and spec["depends_on"]:
+                raise PlanError("config", f"services.{name}.mode is global with depends_on {spec['depends_on']}: an "
+                                          "instance on each node reaches nothing of the first node's; drop depends_on")
+    if config["mode"] != "serve":
+        return
+    if config["tasks"]:
+        raise PlanError("config", "mode is serve but tasks is set: a serving stack runs your services alone; set "
+                                  "tasks: null, or mode: batch for work that ends")
+    if config["verify"]["command"] or config["verify"]["entrypoint"]:
+        raise PlanError("config", "mode is serve but verify.command is set: a serving stack has no check (it runs until "
+                                  "the allocation's end, scancel, Ctrl-C or main ends); set verify.command: null")
+    if config["expected"]:
+        raise PlanError("config", "mode is serve but expected is set: there are no results to compare; set expected: null")
+    if not [name for name in config["services"] if name not in config["init_jobs"] and name != config["main"]]:
+        raise PlanError("config", "mode is serve but services has no long-running service: nothing would serve")
 
 
 def refuse_bad_main(config: Mapping[str, Any], spelled: Mapping[str, str]) -> None:
@@ -277,6 +300,8 @@ def refuse_foreign_host(config: Mapping[str, Any], facts: Facts) -> None:
 
 def refuse_unverified(config: Mapping[str, Any], images_on: bool = False) -> None:
     """Nothing would say whether the results are correct (your check may run its image's own command)."""
+    if config["mode"] == "serve":
+        return  # up, then ended by the allocation's end, scancel, Ctrl-C or main: serve.py says how
     if not config["expected"] and not config["main"] and not check_command_set(config, images_on):
         raise PlanError("config", "expected is null and verify.command is not set: nothing would say whether the "
                                   "results are correct; set one of them (or main: the program whose exit decides)")

@@ -84,8 +84,49 @@ class Plan:
     @property
     def runs_check(self) -> bool:
         """Your own stack (no task document): your check (verify.command) runs while the services are up,
-        as Compose runs a check that waits for the workers to complete."""
-        return not self.builtin_coordinator
+        as Compose runs a check that waits for the workers to complete (not in serve mode: no check)."""
+        return not self.builtin_coordinator and not self.serving
+
+    @property
+    def serving(self) -> bool:
+        """config ``mode: serve``: your services run until the allocation's end, scancel, Ctrl-C or main's end."""
+        return self.config["mode"] == "serve"
+
+    @property
+    def retries(self) -> int | None:
+        """Each rule's ``retries``: None (the profile's) in batch mode; 0 in serve mode, where the end of an
+        allocation (scancel, the time limit) ends the serving, and a new allocation must not start it again."""
+        return 0 if self.serving else None
+
+    def verdict(self, run: str) -> str:
+        """What verification declares it makes: the marker; in serve mode its own record (a serving stack's marker
+        is written when it ends, by scancel or the time limit too, and Snakemake removes a failed job's outputs)."""
+        files = self.files(run)
+        return files.serve_verified if self.serving else files.marker
+
+    def served_records(self, run: str) -> list[str]:
+        """serve.py's record of how the stack served and ended (serve mode), for collection and verification."""
+        return [self.files(run).served_record] if self.serving else []
+
+    def serve_inputs(self, run: str) -> list[str]:
+        """What the serving stack keeps alive while it is up: your services' files (init jobs' records too)."""
+        return self.service_files(run) + self.init_inputs(run)
+
+    @property
+    def global_services(self) -> list[str]:
+        """Your services of ``mode: global`` with more than one node: one instance on each node."""
+        if self.nodes == 1:
+            return []
+        return [name for name, spec in self.services.items() if spec["mode"] == "global"]
+
+    def instance_files(self, run: str) -> list[str]:
+        """The service files of the global services' instances off the first node (nodes 2..)."""
+        files = self.files(run)
+        return [files.instance_file(name, node) for name in self.global_services for node in range(2, self.nodes + 1)]
+
+    def instance_gates(self, run: str) -> list[str]:
+        files = self.files(run)
+        return [files.instance_gate(name, node) for name in self.global_services for node in range(2, self.nodes + 1)]
 
     @property
     def main(self) -> str | None:
@@ -306,7 +347,8 @@ class Plan:
 
     def service_gates(self, run: str) -> list[str]:
         """Every service's gate record and every init job's record (collection needs them all)."""
-        return [self.files(run).service_gate(name) for name in self.services] + self.init_records(run)
+        return ([self.files(run).service_gate(name) for name in self.services] + self.init_records(run)
+                + self.instance_gates(run))
 
     def worker_records(self, run: str) -> list[str]:
         """What the workers' jobs produce: each worker's record, or each job step's directory of them."""
@@ -325,7 +367,7 @@ class Plan:
     def worker_inputs(self, run: str) -> list[str]:
         """What keeps the services alive while a worker runs: the coordinator's and your services' files."""
         coordinator = [self.files(run).coordinator_service] if self.builtin_coordinator else []
-        return coordinator + self.service_files(run) + self.init_inputs(run)
+        return coordinator + self.service_files(run) + self.instance_files(run) + self.init_inputs(run)
 
     def check_inputs(self, run: str) -> list[str]:
         """run_check consumes your services' files (they stay up while it runs) and waits for the workers
@@ -388,12 +430,17 @@ def load(config: Mapping[str, Any], facts: Facts) -> Plan:
         raise PlanError("config", str(error)) from error
     except DependencyCycle as error:
         raise PlanError("config", f"services: {error}") from error
+    if complete["mode"] == "serve":
+        complete["workers"] = 0
     shape = allocation(complete)
     written = complete["image"]
     complete["image"] = image_in_use(complete, facts)  # auto resolved: programs of yours fall back on it too
     on = images_on(complete, facts.deployment)
     use_image = bool(complete["image"]) and on
     refusals.refuse_missing_inputs(complete, facts)
+    refusals.refuse_bad_serve(complete)
+    if complete["mode"] == "serve":
+        complete["workers"] = 0  # your services alone: no worker (the schema's minimum is for batch work)
     refusals.refuse_bad_stack(complete, spelled, on)
     refusals.refuse_bad_programs(complete, facts)
     refusals.refuse_bad_nodes(complete, facts)

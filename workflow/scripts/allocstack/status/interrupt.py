@@ -26,6 +26,7 @@ Standard library only.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import sys
@@ -100,6 +101,23 @@ def exits_interrupted(original: Callable[..., object] = sys.exit) -> Callable[..
         return original(EXIT_INTERRUPTED if code == 1 else code)
 
     return exit
+
+
+def exits_served(marker: str | os.PathLike[str], since: float, original: Callable[..., object] = sys.exit) -> bool:
+    """A serving stack (config ``mode: serve``) that this command ran ended after it was up (Ctrl-C, scancel, the
+    time limit): its success marker says so, and the command exits 0 whatever code Snakemake gives (its jobs were
+    stopped, as a serving stack always ends). True when it did."""
+    try:
+        with open(marker, encoding="utf-8") as handle:
+            document = json.load(handle)
+        fresh = os.stat(marker).st_mtime >= since - 2
+    except (OSError, ValueError):
+        return False
+    if not (fresh and isinstance(document, dict) and document.get("mode") == "serve"
+            and document.get("status") == "success"):
+        return False
+    sys.exit = lambda code=None: original(0)
+    return True
 
 
 def handler(snakemake: Snakemake, write: Callable[[int, bytes], int] = os.write,

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import re
+import time
 from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
@@ -27,7 +28,8 @@ from ..plan import layout
 
 #: The files of ``results/<run>/`` a summary reads (any may be missing).
 RECORDS = {"marker": layout.MARKER, "end": layout.COORDINATOR_END, "gate": layout.COORDINATOR_GATE,
-           "inputs": layout.INPUTS_SUMMARY, "services": layout.SERVICES_RECORD}
+           "inputs": layout.INPUTS_SUMMARY, "services": layout.SERVICES_RECORD, "up": layout.UP_RECORD,
+           "served": layout.SERVED_RECORD}
 ERROR_PREFIX = LINE_PREFIX
 #: Records and logs at most this many seconds older than the start of the command count as its own
 #: (file systems round modification times; Slurm's clocks may differ by a little).
@@ -62,7 +64,7 @@ def _read(path: Path) -> Any:
 
 
 #: The success marker's keys a summary reads (:func:`verdict`, :func:`render_finished`): never its results.
-MARKER_KEYS = ("status", "taskCount", "check", "services")
+MARKER_KEYS = ("status", "taskCount", "check", "services", "mode", "ended")
 
 
 @cache
@@ -320,8 +322,28 @@ def restarted(record: dict[str, Any]) -> str:
     return f" (restarted {count} time{'' if count == 1 else 's'})" if isinstance(count, int) and count > 0 else ""
 
 
+def served(records: RunRecords) -> str | None:
+    """A serving stack's end after it was up (its success marker, config ``mode: serve``): how it ended, else None."""
+    marker = records.get("marker")
+    if isinstance(marker, dict) and marker.get("mode") == "serve" and marker.get("status") == "success":
+        return str(marker.get("ended", "ended"))
+    return None
+
+
+def serving_lines(records: RunRecords) -> list[str]:
+    """A serving stack that is up (config ``mode: serve``): how to reach each of its services."""
+    up = records.get("up")
+    if not isinstance(up, dict) or not isinstance(up.get("services"), dict):
+        return []
+    return [f"  serving     {name}: {entry.get('url')}" + (f"; from your laptop: {entry['tunnel']}" if "tunnel" in entry
+                                                         else "")
+            for name, entry in sorted(up["services"].items()) if isinstance(entry, dict)]
+
+
 def verdict(records: RunRecords) -> str:
     """What a verified run was verified against: the coordinator's tasks, or your own stack's check."""
+    if served(records):
+        return f"a serving stack, {served(records)}"
     marker = records.get("marker")
     if isinstance(marker, dict) and "taskCount" not in marker and marker.get("check") == "passed":
         services = marker.get("services") or []
@@ -410,8 +432,13 @@ def render_finished(records: RunRecords, *, failed: bool | None = None, wall_sec
     """
     marker = records.get("marker")
     verified = isinstance(marker, dict) and marker.get("status") == "success"
+    live = failed is None and not verified and records.get("up") and not records.get("served")
     failed = not verified if failed is None else failed
     where = records.directory
+    if live:  # the status command while a serving stack is up
+        up = records.get("up")
+        since = f" since {time.strftime('%H:%M:%S', time.localtime(up['upAt']))}" if isinstance(up.get("upAt"), float) else ""
+        return "\n".join([f"allocstack: run {records.run} is UP{since} (a serving stack)", *serving_lines(records)])
     if not failed:
         lines = [f"allocstack: run {records.run} VERIFIED: {verdict(records)}"]
     else:

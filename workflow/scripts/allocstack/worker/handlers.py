@@ -23,6 +23,7 @@ from collections.abc import Callable
 from itertools import repeat
 from json.encoder import encode_basestring_ascii
 from operator import mul, sub
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..common import names
@@ -131,7 +132,12 @@ STDERR_TAIL = 2000
 
 
 def command_handler(argv: list[str], timeout: float | None, scratch: str | None) -> Callable[[str, dict[str, Any]], str]:
-    """A handler running ``argv`` per task (see the module docstring)."""
+    """A handler running ``argv`` per task (see the module docstring); without an image, each in a mount namespace
+    that sees the stack's hosts file at /etc/hosts (allocstack/launch/privatenames.py)."""
+    from ..launch.hostsfile import existing_hosts
+    from ..launch.program import names_preexec
+
+    preexec = names_preexec(existing_hosts(Path(scratch) if scratch else None), "worker.command")
 
     def run(task_id: str, payload: dict[str, Any]) -> str:
         data = json.dumps(payload).encode("utf-8")
@@ -144,7 +150,7 @@ def command_handler(argv: list[str], timeout: float | None, scratch: str | None)
                 out.write(data)
             env["ALLOCSTACK_PAYLOAD_FILE"], data = payload_file, b""
         try:
-            done = run_program(argv, env, stdin=data, timeout=timeout)
+            done = run_program(argv, env, stdin=data, timeout=timeout, preexec=preexec)
         except CannotStart as exc:
             raise cannot_start(argv, exc) from exc
         except ProgramError as exc:

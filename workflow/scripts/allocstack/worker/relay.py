@@ -296,7 +296,15 @@ class Relay:
 
         :raises ConnectionError: when the coordinator could not be asked (the worker's connection is closed unanswered).
         """
-        pending = Pending(request, asyncio.get_running_loop().create_future(), batchable(request))
+        return await self.submit(request, batchable(request))
+
+    async def submit(self, request: Request, can_batch: bool) -> Response:
+        """:meth:`handle` of a request whose :func:`batchable` is known (``can_batch``): queued for the next free
+        connection; its answer when it came.
+
+        :raises ConnectionError: when the coordinator could not be asked.
+        """
+        pending = Pending(request, asyncio.get_running_loop().create_future(), can_batch)
         self.waiting.append(pending)
         self.arrived.set()
         return await pending.answer
