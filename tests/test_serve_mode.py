@@ -163,10 +163,15 @@ def start_on_slurm(project, image: str, run: str, runtime: int = 10, *options: s
     (project / f"config/{run}.yaml").write_text(
         f"run: {run}\nmode: serve\ntasks: null\nexpected: null\nservices:\n  web:\n    command: [python3, apps/web.py]\n"
         "    readiness: {mode: http, path: /health, expect: {status: ok}}\n")
+    return submit(project, f"config/{run}.yaml", runtime, *options, "--config", f"image={image}")
+
+
+def submit(project, config: str, runtime: int = 10, *options: str) -> subprocess.Popen:
+    """``snakemake --profile profiles/slurm --configfile CONFIG`` (the test cluster's resources and ``runtime``
+    minutes), in the background, its output on a pipe; bounded at 600 s."""
     return subprocess.Popen(["timeout", "-k", "10", "600", SNAKEMAKE, "--profile", "profiles/slurm", *TEST_RESOURCES,
-                             f"runtime={runtime}", *options, "--configfile", f"config/{run}.yaml",
-                             "--config", f"image={image}"], cwd=project, text=True, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, start_new_session=True,
+                             f"runtime={runtime}", *options, "--configfile", config], cwd=project, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
                             env={**os.environ, "TMPDIR": str(project / "tmp")})
 
 

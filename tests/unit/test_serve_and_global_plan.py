@@ -28,6 +28,16 @@ def test_a_serving_stack_has_no_workers_no_check_and_no_retries():
     assert planned.decision_summary.startswith("mode: serve (")
 
 
+def test_the_up_lines_show_no_address_for_a_service_that_publishes_nothing():
+    """A Celery worker as a service (no port, ready once started) listens on nothing: serve.py shows no URL or tunnel
+    for it; a service with no port written still gets one (allocstack picks a free port for it)."""
+    planned = plan_of(SERVE.replace("}}\n", "}, worker-service: {command: [celery, worker], readiness: {mode: started}},"
+                                           " api: {command: [python3, api.py]}}\n"))
+    serve = planned.args("serve", run="r")
+    assert [a for a in serve if a.startswith("--uses")] == ["--uses=web", "--uses=api"]
+    assert "--gate-record=results/r/services/worker-service-readiness.json" in serve
+
+
 def test_batch_mode_keeps_the_profiles_retries_and_its_marker():
     planned = plan_of()
     assert not planned.serving and planned.retries is None and planned.verdict("r") == "results/r/result.json"

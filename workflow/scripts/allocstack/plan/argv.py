@@ -433,7 +433,7 @@ def serve(plan: Plan, run: str) -> list[str]:
     files = plan.files(run)
     gates = plan.service_gates(run)
     return options(*each("--gate-record", gates), ("--gate-timeout", timeouts.gates_timeout(plan.config)),
-                   *each("--uses", plan.services), *each("--main-record", plan.main_records(run)),
+                   *each("--uses", plan.reachable), *each("--main-record", plan.main_records(run)),
                    ("--up-record", files.up_record), ("--record", files.served_record), ("--marker", files.marker),
                    ("--run", run))
 

@@ -161,6 +161,13 @@ class Plan:
         return {name: spec for name, spec in self.config["services"].items() if name not in init}
 
     @property
+    def reachable(self) -> list[str]:
+        """The services a serving stack's UP line shows a way to: all but those that publish nothing (no port, and
+        ready once started: a Celery or RQ worker, which listens on nothing)."""
+        return [name for name, spec in self.services.items()
+                if spec.get("port") is not None or (spec.get("readiness") or {}).get("mode") != "started"]
+
+    @property
     def init_jobs(self) -> list[str]:
         """config ``init_jobs`` in their start order: each runs once (``run_init``) before what depends on it."""
         return list(self.init_order)
