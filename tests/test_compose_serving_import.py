@@ -46,3 +46,22 @@ def test_deploy_mode_global_for_the_workers_is_refused_by_name(tmp_path, capsys,
     assert config is None
     assert "services.worker.deploy.mode: global: only a service (not the workers) runs once per node" in \
         capsys.readouterr().err
+
+
+def test_a_celery_worker_as_a_service_that_nothing_depends_on_needs_no_port_and_no_healthcheck(tmp_path, capsys,
+                                                                                                 monkeypatch):
+    """A worker daemon of a served stack (`docker compose up`, one `celery worker`): it publishes nothing and nothing
+    waits for it, so the import gives it no probe (ready once started; the plan then runs no gate for it) and no
+    refusal or gap for lacking a port or a healthcheck, even with an image whose EXPOSE is unknown."""
+    document = {"services": {
+        "redis": {"image": "redis:7"},
+        "web": {"build": "./project", "command": "uvicorn main:app --port 8000", "ports": ["8004:8000"],
+                "depends_on": ["redis"]},
+        "worker": {"build": "./project", "command": "celery -A worker.celery worker", "depends_on": ["web", "redis"]},
+    }}
+    code, config, _ = import_document(tmp_path, document, monkeypatch=monkeypatch)
+    out = capsys.readouterr().out
+    assert code == 0 and config["mode"] == "serve" and "0 gap(s)" in out, out
+    worker = config["services"]["worker-service"]
+    assert worker["readiness"] == {"mode": "started"} and worker["port"] is None
+    assert "worker: no healthcheck and no port, and nothing waits for it: ready once started" in out

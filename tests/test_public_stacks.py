@@ -41,17 +41,19 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 from test_compose_stacks import free_port
+from test_serve_mode import submit, tunnel_target, up_job, wait_for_file
 from test_slurm import TEST_RESOURCES, recorded_steps, the_stack_job
 from test_stack_images import NO_APPTAINER_PATH, place_image
 
 from conftest import ROOT, pids_of_run, run_script
-from real_parts import require_slurm, unavailable
+from real_parts import require_apptainer, require_slurm, unavailable
 from workflow_helpers import snakemake
 
 
@@ -159,11 +161,11 @@ def place_stack(project: Path, stack: PublicStack) -> tuple[Path, dict[str, int]
     folder = project / "stacks" / stack.name
     shutil.copytree(stack.folder, folder)
     ports = {port: free_port() for port in stack.ports}
-    for name in ("docker-compose.yml", "compose.hpc.yaml"):
-        text = (folder / name).read_text()
+    for path in [folder / "docker-compose.yml", *sorted(folder.glob("compose.*.yaml"))]:
+        text = path.read_text()
         for port, free in ports.items():
             text = text.replace(port, str(free))
-        (folder / name).write_text(text)
+        path.write_text(text)
     return folder, ports
 
 
@@ -350,3 +352,97 @@ def test_public_stack_runs_unchanged_in_its_images_through_the_slurm_profile_wit
     check_stack_ran(project, stack, folder, ports)
     check_images_ran(project, stack, "charliecloud")
     check_job_steps(output, project, stack)
+
+
+# -- served as it is: `docker compose up`, no producer (config mode: serve) -------------------------------------
+
+
+def ask(url: str, payload: dict | None = None) -> dict:
+    """The stack's API at ``url``: a JSON POST of ``payload``, or a GET."""
+    body = None if payload is None else json.dumps(payload).encode()
+    request = urllib.request.Request(url, data=body, headers={"Content-Type": "application/json"})  # noqa: S310 - http on loopback
+    with urllib.request.urlopen(request, timeout=30) as answer:  # noqa: S310 - the stack's own API on loopback
+        return json.load(answer)
+
+
+def images_in_logs(project: Path, run: str) -> dict[str, str]:
+    """Each service -> the image its log says it ran in (``NAME: in its image: apptainer exec ... images/X.sif``)."""
+    found = {}
+    for log in (project / f"logs/serve_service/{run}").glob("*.log"):
+        said = re.search(rf"^{re.escape(log.stem)}: in its image: .* \S*/images/([^/\s]+)\.sif ", log.read_text(),
+                         re.MULTILINE)
+        if said:
+            found[log.stem] = said.group(1)
+    return found
+
+
+def task_result(api: str, task: dict, timeout: float = 180) -> dict:
+    """Queue ``task`` through the API (POST /tasks, as the upstream's test_task_status does) and poll GET
+    /tasks/ID until a Celery worker finished it (SUCCESS or FAILURE); its last status."""
+    task_id = ask(f"{api}/tasks", task)["task_id"]
+    deadline = time.monotonic() + timeout
+    while True:
+        status = ask(f"{api}/tasks/{task_id}")
+        if status["task_status"] in ("SUCCESS", "FAILURE") or time.monotonic() > deadline:
+            return status
+        time.sleep(0.5)
+
+
+@pytest.mark.slurm
+@pytest.mark.apptainer
+def test_fastapi_celery_served_under_the_slurm_profile_runs_a_task_through_its_tunnel_target_and_scancel_ends_it(
+        project):
+    """testdrivenio/fastapi-celery as `docker compose up` runs it (Redis, the API, a Celery worker, Flower; no
+    producer, so the import gives mode: serve) in its images through the Slurm profile: UP, a task POSTed to the API
+    at the printed tunnel line's target on the node is run by the Celery worker through Redis, then `scancel` ends
+    it as a success; nothing is left running."""
+    require_slurm()
+    stack, config = FASTAPI_CELERY, "config/fastapi-celery-serve.yaml"
+    folder, ports = place_stack(project, stack)
+    imported = run_script("import_compose.py", f"stacks/{stack.name}/docker-compose.yml",
+                          f"stacks/{stack.name}/compose.serve.yaml", "--output", config, cwd=project)
+    assert imported.returncode == 0, imported.stdout + imported.stderr
+    assert "services redis, web, worker-service, dashboard; no (mode: serve) workers; 0 gap(s)" in imported.stdout
+    assert "\nmode: serve\n" in (project / config).read_text()
+    for name, source in stack.images:
+        place_image(project, "apptainer", source, name)
+    started = time.monotonic()
+    run = submit(project, config, 10, "--config", f"image={require_apptainer()}")  # allocstack's own steps' image
+    try:
+        up = wait_for_file(project / f"results/{stack.name}/up.json", run)
+        up_after = time.monotonic() - started
+        assert sorted(up["services"]) == ["dashboard", "redis", "web"], up  # the worker publishes nothing
+        host, port, _ = tunnel_target(up["services"]["web"]["tunnel"])
+        assert port == ports["8000"]
+        queued = time.monotonic()
+        status = task_result(f"http://{host}:{port}", {"type": 1})
+        task_seconds = time.monotonic() - queued
+        assert (status["task_status"], status["task_result"]) == ("SUCCESS", True), status
+        job = up_job(project)
+        cancelled = time.monotonic()
+        subprocess.run(["scancel", job], check=True, timeout=30)
+        marker = wait_for_file(project / f"results/{stack.name}/result.json", run, timeout=60)
+        marker_after = time.monotonic() - cancelled
+        output, _ = run.communicate(timeout=300)
+    finally:
+        if run.poll() is None:
+            os.killpg(run.pid, signal.SIGKILL)
+        left = pids_of_run(project, "Apptainer runtime parent", "squashfuse")
+        for pid in left:
+            os.kill(pid, signal.SIGKILL)
+        left = [*map(str, left), *kill_processes_in(project)]
+    assert not left, f"processes of the stack left running: {left}"
+    assert marker["status"] == "success" and marker["endedBy"] == "scancel", marker
+    assert re.fullmatch(r"ended by scancel after \d+ s up", marker["ended"]), marker
+    assert run.returncode == 0, output[-3000:]
+    # The task went the real way: the Celery worker's own log has it, run once, its result True.
+    written = [line for line in new_lines(stack, folder, stack.worker_log)
+               if f"Task create_task[{status['task_id']}] succeeded in" in line]
+    assert len(written) == 1 and written[0].endswith(": True"), written
+    # Each program in its image, as its log says (a run ended by scancel collects no provenance).
+    assert images_in_logs(project, stack.name) == {"redis": "redis-7", "web": "fastapi-celery-project",
+                                                   "worker-service": "fastapi-celery-project",
+                                                   "dashboard": "fastapi-celery-project"}
+    assert not any(listening(port) for port in ports.values()), ports
+    print(f"fastapi-celery served under Slurm: UP {up_after:.1f} s after the command started, the task's result "
+          f"{task_seconds:.1f} s after it was POSTed; the marker {marker_after:.2f} s after scancel")

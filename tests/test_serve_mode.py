@@ -97,6 +97,42 @@ def test_a_serving_stack_is_up_reachable_and_ctrl_c_ends_it_as_a_success(project
     assert marker["upSeconds"] > 0 and marker["services"] == ["web"]
 
 
+def test_a_worker_service_that_nothing_depends_on_runs_without_a_gate_and_the_stack_is_up(project):
+    """A daemon worker as a service (Celery's, RQ's shape: it listens on nothing, nothing waits for it): ready once
+    started, so no readiness step runs for it; the stack is UP on web's gate alone, the worker runs, Ctrl-C ends it."""
+    worker = ("import os, time\n"
+              "while True:\n"
+              "    with open('beats', 'a') as out: out.write('beat\\n')\n"
+              "    time.sleep(0.2)")
+    run = start(project, serve_config(project, "srvdaemon", WEB_SERVICE + textwrap.dedent(f"""
+        worker-service:
+          command: [{PYTHON}, -c, {json.dumps(worker)}]
+          working_dir: {project}
+          readiness: {{mode: started}}
+          depends_on: [web]
+    """)))
+    seen: list[str] = []
+    try:
+        wait_for_up(run, seen)
+        while not (project / "beats").exists():  # the worker runs (it started after web's gate)
+            assert run.poll() is None, "".join(seen)
+            time.sleep(0.05)
+        up = json.loads((project / "results/srvdaemon/up.json").read_text())
+        os.killpg(run.pid, signal.SIGINT)
+        rest, _ = run.communicate(timeout=120)
+    finally:
+        if run.poll() is None:
+            os.killpg(run.pid, signal.SIGKILL)
+    output = "".join(seen) + rest
+    assert run.returncode == 0, output[-3000:]
+    assert list(up["services"]) == ["web"]  # no address for what listens on nothing
+    assert (project / "logs/await_service/srvdaemon/web.log").exists()
+    assert not (project / "logs/await_service/srvdaemon/worker-service.log").exists()  # no gate ran for it
+    assert "await_service" in output and "worker-service-readiness" not in output
+    marker = json.loads((project / "results/srvdaemon/result.json").read_text())
+    assert marker["status"] == "success" and marker["services"] == ["web"], marker
+
+
 def test_main_ending_ends_a_serving_stack_and_the_run_is_verified(project):
     client = ("import os, urllib.request; "
               "print(urllib.request.urlopen(os.environ['ALLOCSTACK_WEB_ENDPOINT'] + '/x', timeout=10).read().decode())")
@@ -163,10 +199,15 @@ def start_on_slurm(project, image: str, run: str, runtime: int = 10, *options: s
     (project / f"config/{run}.yaml").write_text(
         f"run: {run}\nmode: serve\ntasks: null\nexpected: null\nservices:\n  web:\n    command: [python3, apps/web.py]\n"
         "    readiness: {mode: http, path: /health, expect: {status: ok}}\n")
+    return submit(project, f"config/{run}.yaml", runtime, *options, "--config", f"image={image}")
+
+
+def submit(project, config: str, runtime: int = 10, *options: str) -> subprocess.Popen:
+    """``snakemake --profile profiles/slurm --configfile CONFIG`` (the test cluster's resources and ``runtime``
+    minutes), in the background, its output on a pipe; bounded at 600 s."""
     return subprocess.Popen(["timeout", "-k", "10", "600", SNAKEMAKE, "--profile", "profiles/slurm", *TEST_RESOURCES,
-                             f"runtime={runtime}", *options, "--configfile", f"config/{run}.yaml",
-                             "--config", f"image={image}"], cwd=project, text=True, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, start_new_session=True,
+                             f"runtime={runtime}", *options, "--configfile", config], cwd=project, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
                             env={**os.environ, "TMPDIR": str(project / "tmp")})
 
 

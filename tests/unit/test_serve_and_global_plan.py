@@ -28,6 +28,42 @@ def test_a_serving_stack_has_no_workers_no_check_and_no_retries():
     assert planned.decision_summary.startswith("mode: serve (")
 
 
+def test_the_up_lines_show_no_address_for_a_service_that_publishes_nothing():
+    """A Celery worker as a service (no port, ready once started) listens on nothing: serve.py shows no URL or tunnel
+    for it; a service with no port written still gets one (allocstack picks a free port for it)."""
+    planned = plan_of(SERVE.replace("}}\n", "}, worker-service: {command: [celery, worker], readiness: {mode: started}},"
+                                           " api: {command: [python3, api.py]}}\n"))
+    serve = planned.args("serve", run="r")
+    assert [a for a in serve if a.startswith("--uses")] == ["--uses=web", "--uses=api"]
+
+
+WORKER_SERVICE = ("worker-service: {command: [celery, worker], readiness: {mode: started}}")
+
+
+@pytest.mark.parametrize("shape", ["serve", "batch"])
+def test_a_service_ready_once_started_that_nothing_depends_on_gets_no_gate(shape):
+    """A Celery or RQ worker as a service (no port, no healthcheck: the import makes it ready once started): nothing
+    waits for it, so no readiness step runs for it, in a serving stack or beside workers."""
+    text = (SERVE if shape == "serve" else "services: {web: {command: [python3, web.py], readiness: {mode: tcp}}}\n")
+    planned = plan_of(text.replace("}}\n", "}, " + WORKER_SERVICE + "}\n"))
+    assert planned.gated == ["web"] and list(planned.services) == ["web", "worker-service"]
+    assert planned.service_gates("r") == ["results/r/services/web-readiness.json"]
+    waited = planned.args("serve", run="r") if shape == "serve" else planned.args("worker", run="r", worker="worker-01")
+    assert "--gate-record=results/r/services/web-readiness.json" in waited
+    assert not any("worker-service-readiness" in arg for arg in waited)
+
+
+API = "api: {command: [python3, api.py], depends_on: [worker-service]}"
+
+
+@pytest.mark.parametrize("main", ["", "main: api"], ids=["a-service", "main"])
+def test_a_service_ready_once_started_keeps_its_gate_when_something_depends_on_it(main):
+    services = f"services: {{web: {{command: [python3, web.py], readiness: {{mode: tcp}}}}, {WORKER_SERVICE}, {API}}}"
+    planned = plan_of(f"mode: serve\ntasks: null\nexpected: null\n{services}\n{main}\n")
+    assert "worker-service" in planned.gated
+    assert "results/r/services/worker-service-readiness.json" in planned.service_gates("r")
+
+
 def test_batch_mode_keeps_the_profiles_retries_and_its_marker():
     planned = plan_of()
     assert not planned.serving and planned.retries is None and planned.verdict("r") == "results/r/result.json"

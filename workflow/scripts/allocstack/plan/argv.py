@@ -388,7 +388,7 @@ def gate_records(plan: Plan, run: str, node: int) -> list[str]:
     files = plan.files(run)
     records = [files.coordinator_gate] if plan.builtin_coordinator else []
     records += [files.instance_gate(name, node + 1) if node > 0 and name in plan.global_services
-                else files.service_gate(name) for name in plan.services] + plan.init_records(run)
+                else files.service_gate(name) for name in plan.gated] + plan.init_records(run)
     if node > 0:
         records.append(files.node_gate(node + 1))
     return records
@@ -433,7 +433,7 @@ def serve(plan: Plan, run: str) -> list[str]:
     files = plan.files(run)
     gates = plan.service_gates(run)
     return options(*each("--gate-record", gates), ("--gate-timeout", timeouts.gates_timeout(plan.config)),
-                   *each("--uses", plan.services), *each("--main-record", plan.main_records(run)),
+                   *each("--uses", plan.reachable), *each("--main-record", plan.main_records(run)),
                    ("--up-record", files.up_record), ("--record", files.served_record), ("--marker", files.marker),
                    ("--run", run))
 
@@ -457,7 +457,7 @@ def verify(plan: Plan, run: str) -> list[str]:
     order in the event log when there is a gate (a stack of workers and a check alone has none)."""
     config, files = plan.config, plan.files(run)
     pairs: list[tuple[str, Any]] = [("--services-record", files.services_record)]
-    if (plan.builtin_coordinator or plan.services) and not plan.serving:  # a serving stack has no worker to order
+    if (plan.builtin_coordinator or plan.gated) and not plan.serving:  # a serving stack has no worker to order
         pairs.append(("--events", files.events))
     if plan.builtin_coordinator:
         pairs += [("--input", config["tasks"]), ("--results", files.coordinator_results),

@@ -161,6 +161,24 @@ class Plan:
         return {name: spec for name, spec in self.config["services"].items() if name not in init}
 
     @property
+    def gated(self) -> list[str]:
+        """The services with a readiness gate: all but those ready once started (nothing probes them) that nothing
+        depends on and that are not global (a Celery or RQ worker as a service: its gate would wait for nothing, as
+        Compose waits for nothing; no readiness job step is run for it)."""
+        specs = [*self.config["services"].values(), *([self.main_spec] if self.main_spec else [])]
+        depended = {name for spec in specs for name in spec.get("depends_on") or []}
+        return [name for name, spec in self.services.items()
+                if name in depended or name in self.global_services
+                or (spec.get("readiness") or {}).get("mode") != "started"]
+
+    @property
+    def reachable(self) -> list[str]:
+        """The services a serving stack's UP line shows a way to: all but those that publish nothing (no port, and
+        ready once started: a Celery or RQ worker, which listens on nothing)."""
+        return [name for name, spec in self.services.items()
+                if spec.get("port") is not None or (spec.get("readiness") or {}).get("mode") != "started"]
+
+    @property
     def init_jobs(self) -> list[str]:
         """config ``init_jobs`` in their start order: each runs once (``run_init``) before what depends on it."""
         return list(self.init_order)
@@ -347,7 +365,7 @@ class Plan:
 
     def service_gates(self, run: str) -> list[str]:
         """Every service's gate record and every init job's record (collection needs them all)."""
-        return ([self.files(run).service_gate(name) for name in self.services] + self.init_records(run)
+        return ([self.files(run).service_gate(name) for name in self.gated] + self.init_records(run)
                 + self.instance_gates(run))
 
     def worker_records(self, run: str) -> list[str]:
