@@ -364,9 +364,9 @@ def pcap_packets(data: bytes):
         yield ".".join(map(str, frame[ip + 12:ip + 16])), ".".join(map(str, frame[ip + 16:ip + 20])), sport, dport, payload
 
 
-def service_tasks(project: Path, run: str, count: int, seconds: float, message: str) -> Path:
-    """Tasks answered by your own service on the first node (tests/test_own_service.py's shouter: it
-    upper-cases a word), asked by a worker program on every node; and the config that runs them."""
+def upper_case_tasks(project: Path, run: str, count: int, message: str) -> None:
+    """``count`` tasks whose expected output is their message upper-cased (``{message}{i}``), written as
+    ``inputs/<run>.json`` and ``expected/<run>.json``; and ``apps/`` made for the programs that answer them."""
     document = {"schemaVersion": 1, "tasks": [{"id": f"task-{i:04d}", "payload": {"message": f"{message}{i}"}}
                                               for i in range(count)]}
     expected = [{"taskId": t["id"], "output": o, "sha256": hashlib.sha256(o.encode()).hexdigest()}
@@ -374,6 +374,12 @@ def service_tasks(project: Path, run: str, count: int, seconds: float, message: 
     write_json(project / f"inputs/{run}.json", document)
     write_json(project / f"expected/{run}.json", {"schemaVersion": 1, "results": expected})
     (project / "apps").mkdir(exist_ok=True)
+
+
+def service_tasks(project: Path, run: str, count: int, seconds: float, message: str) -> Path:
+    """Tasks answered by your own service on the first node (tests/test_own_service.py's shouter: it
+    upper-cases a word), asked by a worker program on every node; and the config that runs them."""
+    upper_case_tasks(project, run, count, message)
     (project / "apps/service.py").write_text(SERVICE)
     (project / "apps/client.py").write_text(CLIENT)
     config = project / f"config/{run}.yaml"

@@ -4,15 +4,19 @@ workers use their own node's instance (its loopback: a worker on mn2 cannot reac
 
 from __future__ import annotations
 
-import hashlib
 import json
 import textwrap
 from pathlib import Path
 
 import pytest
-from test_multinode import cluster_args, job_steps, multinode_project, submitted_job  # noqa: F401 - a fixture
+from test_multinode import (  # noqa: F401 - a fixture
+    cluster_args,
+    job_steps,
+    multinode_project,
+    submitted_job,
+    upper_case_tasks,
+)
 
-from conftest import write_json
 from workflow_helpers import snakemake
 
 pytestmark = [pytest.mark.multinode, pytest.mark.slurm, pytest.mark.apptainer]
@@ -54,13 +58,7 @@ CLIENT = textwrap.dedent("""
 
 
 def global_cache_run(project: Path, run: str, count: int) -> Path:
-    document = {"schemaVersion": 1, "tasks": [{"id": f"task-{i:04d}", "payload": {"message": f"w{i}"}}
-                                              for i in range(count)]}
-    expected = [{"taskId": t["id"], "output": o, "sha256": hashlib.sha256(o.encode()).hexdigest()}
-                for t in document["tasks"] for o in [t["payload"]["message"].upper()]]
-    write_json(project / f"inputs/{run}.json", document)
-    write_json(project / f"expected/{run}.json", {"schemaVersion": 1, "results": expected})
-    (project / "apps").mkdir(exist_ok=True)
+    upper_case_tasks(project, run, count, "w")
     (project / "apps/cache.py").write_text(CACHE)
     (project / "apps/client.py").write_text(CLIENT)
     config = project / f"config/{run}.yaml"
