@@ -44,7 +44,8 @@ WALK = f"{PROFILE} --config run=x"
 #: Shown in the docs and run as written by another test file (with the test cluster's resources added): command ->
 #: that file, which must hold the command's every word.
 RUN_ELSEWHERE = {f"{PROFILE} --configfile config/fastapi-celery.yaml": "tests/test_public_stacks.py",
-                 f"{PROFILE} --configfile config/flask-celery.yaml": "tests/test_public_stacks.py"}
+                 f"{PROFILE} --configfile config/flask-celery.yaml": "tests/test_public_stacks.py",
+                 f"{PROFILE} --configfile config/fastapi-celery-serve.yaml": "tests/test_public_stacks.py"}
 
 
 def commands_in_the_docs() -> set[str]:

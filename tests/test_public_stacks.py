@@ -47,6 +47,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+import yaml
 from test_compose_stacks import free_port
 from test_serve_mode import submit, tunnel_target, up_job, wait_for_file
 from test_slurm import TEST_RESOURCES, recorded_steps, the_stack_job
@@ -250,6 +251,26 @@ PIN = re.compile(r"[A-Za-z0-9_.-]+==[A-Za-z0-9_.+!-]+")
 def pins(text: str) -> set[str]:
     """The NAME==VERSION lines of a requirements file."""
     return {line.strip() for line in text.splitlines() if "==" in line and not line.lstrip().startswith("#")}
+
+
+@each_stack
+def test_every_file_the_manifest_copied_is_in_git(stack):
+    """What MANIFEST.yaml says was copied is in the repository, not only in the tree it was copied into: the project's
+    .gitignore leaves out logs/, and flask-celery's worker log (project/logs/celery.log, which its celery worker opens
+    for appending) once existed only in the developer's tree; every run from a clone then failed at the workers'
+    start (FileNotFoundError). A folder counts when git tracks every file under it."""
+    manifest = yaml.safe_load((ROOT / "tests/public_stacks/MANIFEST.yaml").read_text(encoding="utf-8"))["stacks"]
+    entry = next(entry for entry in manifest if entry["name"] == stack.name)
+    listed = subprocess.run(["git", "ls-files", "-z", "--", "."], cwd=stack.folder, capture_output=True, check=False)
+    if listed.returncode != 0:
+        pytest.skip(f"not a git checkout: {listed.stderr.decode(errors='replace').strip()}")
+    tracked = set(listed.stdout.decode().split("\0")) - {""}
+    for copied in entry["copied"]:
+        on_disk = [path.relative_to(stack.folder).as_posix() for path in (stack.folder / copied).rglob("*")
+                   if path.is_file() and "__pycache__" not in path.parts] if copied.endswith("/") else [copied]
+        assert on_disk, f"{stack.name}: {copied} is empty"
+        untracked = [path for path in on_disk if path not in tracked]
+        assert not untracked, f"{stack.name}: copied but not in git (git add -f if .gitignore leaves it out): {untracked}"
 
 
 @each_stack
