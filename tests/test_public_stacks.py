@@ -195,6 +195,16 @@ def new_lines(stack: PublicStack, folder: Path, name: str) -> list[str]:
     return after[len(before):]
 
 
+def allocstack_lines(project: Path) -> list[str]:
+    """Every `allocstack:` line of the run's logs (Slurm's job logs included), for a failure's message: with the
+    profile's retries an attempt's failure is seen only there."""
+    found = []
+    for log in sorted((project / "logs").rglob("*.log")):
+        found += [f"{log.relative_to(project)}: {line}" for line in log.read_text(errors="replace").splitlines()
+                  if "allocstack:" in line]
+    return found
+
+
 def check_stack_ran(project: Path, stack: PublicStack, folder: Path, ports: dict[str, int]) -> None:
     """The producer's own output, the workers' log, the daemons stopped once it ended, nothing left listening."""
     run = stack.name
@@ -209,7 +219,9 @@ def check_stack_ran(project: Path, stack: PublicStack, folder: Path, ports: dict
     # The workers' own log (celery's --logfile, in the bind-mounted project as in Docker): the one task it ran.
     written = new_lines(stack, folder, stack.worker_log)
     succeeded = [line for line in written if "Task create_task[" in line and "succeeded in" in line]
-    assert len(succeeded) == 1 and succeeded[0].endswith(": True"), "\n".join(written)[-3000:]
+    assert len(succeeded) == 1 and succeeded[0].endswith(": True"), \
+        "\n".join(written)[-2000:] + "\n--- allocstack lines of the run's logs (an attempt before the last?):\n" + \
+        "\n".join(allocstack_lines(project))[-2000:]
     # The daemons were stopped once the producer ended (celery's warm shutdown on SIGTERM: exit 0), and nothing
     # of the stack is left listening.
     records = [json.loads((project / f"results/{run}/workers/worker-{i:02d}.json").read_text())
