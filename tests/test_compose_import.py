@@ -485,8 +485,16 @@ def test_a_port_from_the_images_expose(tmp_path, capsys, monkeypatch):
     (image / "ch" / "config.pulled.json").write_text(json.dumps({"config": {"Cmd": ["redis-server"]}}))
     code, config, _ = import_document(tmp_path, document, "--runtime", "charliecloud", env={},
                                       monkeypatch=monkeypatch)
+    # Neither a port nor a healthcheck, the worker waiting for its start alone (depends_on's short form): ready once
+    # started, as Compose's service_started; the note says how to wait until it serves.
+    assert code == 0 and config["services"]["db"]["readiness"] == {"mode": "started"}
+    assert ("note: db: no healthcheck, no port and no image that EXPOSEs one; worker wait(s) for it to start "
+            "(Compose's service_started): ready once started") in capsys.readouterr().out
+    document["services"]["worker"]["depends_on"] = {"db": {"condition": "service_healthy"}}
+    code, config, _ = import_document(tmp_path, document, "--runtime", "charliecloud", env={},
+                                      monkeypatch=monkeypatch)
     assert code == 65
-    assert "services.db: has no healthcheck, no port and no image that EXPOSEs one, but worker depend(s) on it" in \
+    assert "services.db: has no healthcheck and no port, but worker wait(s) for it to be healthy" in \
         capsys.readouterr().err
     del document["services"]["worker"]["depends_on"]  # nothing waits for it: ready once started
     code, config, _ = import_document(tmp_path, document, "--runtime", "charliecloud", env={},

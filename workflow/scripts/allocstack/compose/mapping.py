@@ -737,7 +737,8 @@ def environment(name: str, spec: dict[str, Any], context: Context) -> dict[str, 
 def gate(name: str, spec: dict[str, Any], port: int | str | None, waited: dict[str, str], report: Report
          ) -> dict[str, Any] | None:
     """A service's readiness gate: its healthcheck as a command gate, else a TCP connection to its port, else
-    (when nothing waits for it to be ready) its start. ``waited``: who waits for it, and with what condition."""
+    (when nothing waits for it to be healthy) its start, as Compose's service_started. ``waited``: who waits for
+    it, and with what condition."""
     check = spec.get("healthcheck")
     where = f"services.{name}.healthcheck"
     if check is not None and not isinstance(check, dict):
@@ -782,10 +783,11 @@ def gate(name: str, spec: dict[str, Any], port: int | str | None, waited: dict[s
                                           "be healthy: add a healthcheck (or expose: its port)")
         return None
     if waited:
-        report.refuse(f"services.{name}", f"has no healthcheck, no port and no image that EXPOSEs one, but "
-                                          f"{', '.join(waited)} depend(s) on it: nothing would say when it is ready; "
-                                          "add a healthcheck (or expose: its port)")
-        return None
+        # Only service_started waits (the short form of depends_on): Compose starts the dependents once it has started.
+        report.notes.append(f"{name}: no healthcheck, no port and no image that EXPOSEs one; {', '.join(waited)} "
+                            "wait(s) for it to start (Compose's service_started): ready once started, as in Compose; "
+                            "a healthcheck (or expose: its port) would make them wait until it serves")
+        return {"mode": "started"}
     report.notes.append(f"{name}: no healthcheck and no port, and nothing waits for it: ready once started "
                         "(Compose's service_started)")
     return {"mode": "started"}
@@ -1426,7 +1428,7 @@ def resources(name: str, spec: dict[str, Any], role: str, report: Report) -> tup
     deploy = mapping(spec.get("deploy"), where, report)
     for key in deploy:
         if key not in DEPLOY_KEYS:
-            reason = {"placement": "placement constraints: the stack runs on one node",
+            reason = {"placement": "placement constraints: nothing to match in an allocation (the plan places each program)",
                       "endpoint_mode": "swarm service discovery: services are on loopback"}.get(key, "not imported")
             report.refuse(f"{where}.{key}", reason)
     mode = deploy.get("mode", "replicated")
