@@ -14,7 +14,6 @@ import textwrap
 from pathlib import Path
 
 import pytest
-import yaml
 from test_slurm import TEST_RESOURCES, cluster_project, recorded_steps, the_stack_job  # noqa: F401 (a fixture)
 
 from conftest import ROOT, run_script
@@ -260,27 +259,3 @@ def test_workers_and_a_check_alone_share_a_named_volume(project):
     assert json.loads((project / "results/volume/result.json").read_text()) == {
         "schemaVersion": 1, "status": "success", "services": [], "check": "passed"}
 
-
-def test_a_plain_depends_on_waits_for_the_start_alone_as_compose_does(project):
-    """tests/stacks/started: the workers' short-form depends_on a feeder with no port and no healthcheck (Compose's
-    service_started). The import makes the feeder ready once started, with a note (it used to refuse the stack:
-    nothing would say when the feeder is ready); the workers start after its start and wait for its jobs
-    themselves, as under Compose; the check finds every answer right."""
-    shutil.copytree(STACKS / "started", project / "stacks" / "started")
-    done = run_script("import_compose.py", "stacks/started/compose.yaml", "--output", "config/started.yaml",
-                      cwd=project)
-    assert done.returncode == 0 and "0 gap(s)" in done.stdout, done.stdout + done.stderr
-    assert ("feeder: no healthcheck, no port and no image that EXPOSEs one; worker wait(s) for it to start "
-            "(Compose's service_started): ready once started") in done.stdout
-    config = yaml.safe_load((project / "config/started.yaml").read_text())
-    assert config["services"]["feeder"]["readiness"] == {"mode": "started"}
-    run = snakemake(project, "--cores", "4", "--configfile", "config/started.yaml")
-    output = run.stdout + run.stderr
-    assert run.returncode == 0, output[-3000:]
-    assert "allocstack: run started VERIFIED" in output, output[-2000:]
-    events = events_of(project, "started")
-    worker_starts = [e["t"] for e in events if e["event"] == "worker-start"]
-    assert len(worker_starts) == 2 and min(worker_starts) >= first(events, "gate-passed", service="feeder")
-    assert "check: 12 answers, all correct" in (project / "logs/run_check/started.log").read_text()
-    answered = [(project / f"logs/run_worker/started/worker-0{i}.log").read_text() for i in (1, 2)]
-    assert all("answered 6 jobs" in log for log in answered), answered
