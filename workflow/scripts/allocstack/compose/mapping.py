@@ -616,7 +616,7 @@ def assign_roles(services: dict[str, dict[str, Any]], counts: dict[str, int], re
                            f"waits for with {COMPLETED}); allocstack runs a stack until its workers end: give the "
                            "program that uses the services as worker.command (in a config file of yours given after "
                            "this one), or mark the service that does the work with deploy.replicas (a stack that "
-                           "only serves until it is stopped: issue 25)")
+                           "only serves until it is stopped has no check: without one it imports as mode: serve)")
     for name in replicated:
         if name != workers:
             report.refuse(f"services.{name}.deploy.replicas", f"a second replicated service ({workers or replicated[0]} "
