@@ -179,3 +179,42 @@ def test_a_second_ctrl_c_during_the_cleanup_of_the_first_prints_no_traceback():
                           check=False, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     assert done.returncode == 130
     assert "Traceback" not in done.stderr and done.stderr.strip().endswith("interrupted (SIGINT)"), done.stderr
+
+
+def test_a_stop_request_passes_one_sigterm_to_the_child_alone(monkeypatch, tmp_path):
+    """launch.py asks a service's supervisor in a job step to stop through a file (``$ALLOCSTACK_STOP_REQUEST``):
+    the supervisor itself gets no signal, and its child gets exactly one SIGTERM, as Compose sends it."""
+    request, ready, seen = tmp_path / "stop" / "kv", tmp_path / "ready", tmp_path / "seen"
+    counts = ("import pathlib, signal, sys, time\n"
+              "got = []\n"
+              "signal.signal(signal.SIGTERM, lambda *_: got.append(1))\n"
+              "pathlib.Path(sys.argv[1]).touch()\n"
+              "while not got: time.sleep(0.01)\n"
+              "time.sleep(0.5)\n"
+              "pathlib.Path(sys.argv[2]).write_text(str(len(got)))\n")
+    monkeypatch.setenv("ALLOCSTACK_STOP_REQUEST", str(request))
+    supervised = Supervised("kv")
+    supervised.start([sys.executable, "-c", counts, str(ready), str(seen)], dict(os.environ), grace=10)
+
+    def ask_when_ready() -> None:
+        deadline = time.monotonic() + 60
+        while not ready.exists() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        request.parent.mkdir()
+        request.touch()
+
+    threading.Thread(target=ask_when_ready, daemon=True).start()
+    bound = threading.Timer(30, lambda: supervised.child.poll() is None and supervised.child.kill())  # never asked
+    bound.start()
+    outcome = supervised.wait()
+    bound.cancel()
+    assert seen.exists() and seen.read_text() == "1", outcome.how()
+    assert outcome.code == 0 and outcome.stopped_by == signal.SIGTERM and outcome.clean_stop
+    assert outcome.forwarded == frozenset({signal.SIGTERM}) and not outcome.killed
+
+
+def test_a_program_of_yours_is_not_given_the_stop_request():
+    from allocstack.launch.program import program_environment
+
+    env = program_environment({"ALLOCSTACK_STOP_REQUEST": "/scratch/stop/kv", "HOME": "/home/you"}, {}, {}, "kv")
+    assert env == {"HOME": "/home/you"}

@@ -24,40 +24,50 @@ LIVE = re.compile(r"^allocstack: (\d+)/(\d+) tasks done \(\d+%\), \d+ leased, [\
 
 
 class Terminal:
-    """A detached tmux session of a fixed size running one command."""
+    """A detached tmux session of a fixed size running one command, on a tmux server of its own.
+
+    Its own server (``tmux -L``), not the user's default one: the server process carries the command line
+    that started it (this test's project path), so on a shared server one test's leftover check would find,
+    and kill, the server every other test's session runs on (it did, in CI: two terminal tests at once)."""
 
     def __init__(self, name: str, command: str, cwd: Path) -> None:
         if shutil.which("tmux") is None:
             unavailable("tmux is not installed (tests/cluster/prepare.sh installs it, as root)")
         self.name = name
-        subprocess.run(["tmux", "kill-session", "-t", name], capture_output=True, check=False)
-        subprocess.run(["tmux", "new-session", "-d", "-s", name, "-x", "160", "-y", "50", "-c", str(cwd),
+        label = f"allocstack-test-{os.getpid()}-{name}"
+        self.server = ["tmux", "-L", label]
+        self.socket = Path(os.environ.get("TMUX_TMPDIR") or "/tmp") / f"tmux-{os.getuid()}" / label
+        subprocess.run([*self.server, "kill-server"], capture_output=True, check=False)
+        subprocess.run([*self.server, "new-session", "-d", "-s", name, "-x", "160", "-y", "50", "-c", str(cwd),
                         f"{command}; echo EXIT=$?; sleep 600"], check=True)
 
     def screen(self) -> list[str]:
         """Every line of the scrollback, as the terminal shows it (escape sequences applied)."""
-        done = subprocess.run(["tmux", "capture-pane", "-p", "-J", "-S", "-", "-t", self.name],
+        done = subprocess.run([*self.server, "capture-pane", "-p", "-J", "-S", "-", "-t", self.name],
                               capture_output=True, text=True, check=True)
         return done.stdout.rstrip("\n").splitlines()
 
     def close(self) -> None:
-        """End the session and wait until its shell has gone: tmux's kill-session only sends it
-        SIGHUP, and the leftover check of the project fixture runs right after (it once found
-        the shell still alive)."""
-        shown = subprocess.run(["tmux", "display-message", "-p", "-t", self.name, "#{pane_pid}"],
-                               capture_output=True, text=True, check=False).stdout.strip()
-        subprocess.run(["tmux", "kill-session", "-t", self.name], capture_output=True, check=False)
-        if not shown.isdigit():
-            return
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
-            try:
-                state = Path(f"/proc/{shown}/stat").read_text(errors="replace").split(") ", 1)[1][:1]
-            except (OSError, IndexError):
-                return  # gone
-            if state == "Z":
-                return  # ended; its parent (the tmux server) reaps it
-            time.sleep(0.02)
+        """End the session and its server, and wait until both have gone: tmux's kill-server only sends SIGHUP
+        and SIGTERM, and the leftover check of the project fixture runs right after (it once found the shell
+        still alive)."""
+        shown = subprocess.run([*self.server, "display-message", "-p", "-t", self.name, "#{pane_pid} #{pid}"],
+                               capture_output=True, text=True, check=False).stdout.split()
+        subprocess.run([*self.server, "kill-server"], capture_output=True, check=False)
+        for pid in (int(value) for value in shown if value.isdigit()):
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline and alive(pid):
+                time.sleep(0.02)
+        self.socket.unlink(missing_ok=True)  # a killed server leaves it
+
+
+def alive(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie has ended: its parent reaps it)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text(errors="replace").split(") ", 1)[1][:1]
+    except (OSError, IndexError):
+        return False
+    return state != "Z"
 
 
 @pytest.fixture
@@ -124,9 +134,9 @@ def test_ctrl_c_in_a_real_terminal_is_interrupted_not_failed_and_the_same_comman
     deadline = time.monotonic() + 120
     while journaled(project, "intr") < 4 and time.monotonic() < deadline:
         time.sleep(0.05)
-    subprocess.run(["tmux", "send-keys", "-t", term.name, "C-c"], check=True)
+    subprocess.run([*term.server, "send-keys", "-t", term.name, "C-c"], check=True)
     time.sleep(0.3)
-    subprocess.run(["tmux", "send-keys", "-t", term.name, "C-c"], check=True)
+    subprocess.run([*term.server, "send-keys", "-t", term.name, "C-c"], check=True)
     while not any(line.startswith("EXIT=") for line in term.screen()) and time.monotonic() < deadline:
         time.sleep(0.1)
     screen = term.screen()
@@ -136,7 +146,9 @@ def test_ctrl_c_in_a_real_terminal_is_interrupted_not_failed_and_the_same_comman
     assert 4 <= done < 24
     assert ("allocstack: run intr INTERRUPTED: "
             f"{done} of 24 tasks done, kept in the journal (state/intr/journal.jsonl); {24 - done} to do") in screen
-    assert f"  resume      {command}" in screen
+    # the command as typed; its program by name alone when the terminal's PATH finds that very program
+    assert any(line in (f"  resume      {command}", f"  resume      snakemake {command.split(' ', 1)[1]}")
+               for line in screen), text[-3000:]
     assert any(line.endswith("allocstack: interrupted (Ctrl-C): stopping the run's jobs; what is done stays done, "
                              "and the same command resumes") for line in screen), text[-3000:]
     assert "allocstack: interrupted already: waiting for the run's jobs to stop" in screen

@@ -37,6 +37,12 @@ appended to the log when the step ends: srun would otherwise forward it over the
 which Slurm does not encrypt (measured on the test cluster's bridge), and a task's failure
 message may quote its data.
 
+A service in a job step on this node (``--stop-request SECONDS``) is asked to stop through a file
+(``SCRATCH/stop/COMPONENT``, named to it in ``$ALLOCSTACK_STOP_REQUEST``), not through a signal to its step:
+Slurm signals every process of a step, so your program would get SIGTERM twice, straight and through the
+container runtime, where Compose sends it once (allocstack/launch/lifeline.py says what that breaks). Its
+supervisor passes one SIGTERM to your program. Only a step still running SECONDS later is signalled.
+
 Supervision: SIGTERM, SIGINT and SIGHUP are forwarded to the component (so a
 drain reaches it through srun and the container runtime; with a Charliecloud SquashFS
 image to ch-run's child alone, since ch-run unmounts the image when it gets SIGTERM
@@ -76,9 +82,11 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import traceback
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 
 from allocstack.common import attempts
@@ -91,6 +99,7 @@ from allocstack.coordinator import endrecord
 from allocstack.launch import hostsfile
 from allocstack.launch.containers import PROGRAMS
 from allocstack.launch.lifeline import ENV as LIFELINE_ENV
+from allocstack.launch.lifeline import STOP_ENV
 from allocstack.launch.nodescratch import FIRST_NODE, SCRATCH_ENV, STEP_ENV, step_mount_tree
 from allocstack.launch.program import volume_environment
 from allocstack.launch.supervise import Supervised
@@ -127,7 +136,9 @@ def this_node(environ: Mapping[str, str]) -> str:
 #: Not SLURM_STEP_ID: the launcher's is Snakemake's step, not the component's own.
 #: The command mark (allocstack/common/attempts.py) too: a gate tells its own attempt's notes from an earlier one's.
 PASSED_ENV = ("SLURM_JOB_ID", "SLURM_JOB_END_TIME", "SLURMD_NODENAME", "SLURM_SUBMIT_HOST", "USER",
-              "CUDA_VISIBLE_DEVICES", LIFELINE_ENV, attempts.COMMAND_ENV)
+              "CUDA_VISIBLE_DEVICES", LIFELINE_ENV, STOP_ENV, attempts.COMMAND_ENV)
+#: Where a service's stop request is created, in the run's scratch (:func:`stop_request_file`).
+STOP_DIR = "stop"
 
 
 def component_binds(args, scratch: Path | None) -> list[str]:
@@ -294,8 +305,36 @@ def killed_by(code: int, in_step: bool) -> int | None:
     return None
 
 
+def stop_request_file(args, scratch: Path | None, env: Mapping[str, str]) -> Path | None:
+    """Where the component is asked to stop (``--stop-request``): in a job step on this node, with scratch (the
+    node's own: the launcher and the step see the same file at once); else None (it is signalled)."""
+    in_step = args.job_steps and bool(env.get("SLURM_JOB_ID"))
+    if args.stop_request is None or scratch is None or not in_step or off_node(args, env):
+        return None
+    return scratch / STOP_DIR / args.component
+
+
+@dataclass(frozen=True)
+class StopRequest:
+    """A stop asked through ``path``; the step is signalled only if it still runs ``wait`` seconds later."""
+
+    path: Path
+    wait: float
+
+    def make(self) -> bool:
+        """Create the request; False when it cannot be (the component is signalled instead)."""
+        try:
+            self.path.parent.mkdir(mode=0o700, exist_ok=True)
+            self.path.touch(mode=0o600)
+        except OSError as exc:
+            print(f"launch: cannot ask through {self.path} ({exc.strerror}): signalling its job step",
+                  file=sys.stderr, flush=True)
+            return False
+        return True
+
+
 def supervise(command: list[str], env: dict[str, str], component: str, kill_records: list[Path],
-              off_node: bool = False, forked: bool = False) -> tuple[int, bool]:
+              off_node: bool = False, forked: bool = False, stop_request: StopRequest | None = None) -> tuple[int, bool]:
     """Run ``command``, forward signals to it; return the job's exit code, and whether this launcher got a stop
     signal (the component was stopped, it did not end by itself).
 
@@ -305,11 +344,27 @@ def supervise(command: list[str], env: dict[str, str], component: str, kill_reco
         (ch-run with a SquashFS image, :func:`allocstack.launch.containers.forks_component`): the signal
         goes to ch-run's child, found among the job step's processes (``scontrol listpids``) or
         below our own child. Until ch-run has started it, the signal goes the usual way.
+    :param stop_request: the first stop signal becomes this request (the component's supervisor passes one SIGTERM
+        to your program); the signal itself follows only if the step still runs its ``wait`` seconds later.
     :raises AllocstackError: ``prerequisite`` when ``command`` cannot be started.
     """
     in_step = command[0] == "srun"
+    requested: list[bool] = []
 
     def deliver(child: subprocess.Popen[bytes], signum: int) -> None:
+        if stop_request is not None and not requested:
+            requested.append(True)
+            if stop_request.make():
+                print(f"launch: {component}: asked to stop ({signal.Signals(signum).name}): its supervisor passes one "
+                      f"SIGTERM to your program; its step is signalled if it still runs after {stop_request.wait:g} s",
+                      file=sys.stderr, flush=True)
+                later = threading.Timer(stop_request.wait, lambda: child.poll() is None and signal_it(child, signum))
+                later.daemon = True
+                later.start()
+                return
+        signal_it(child, signum)
+
+    def signal_it(child: subprocess.Popen[bytes], signum: int) -> None:
         if forked and signal_forked(child.pid, env.get("SLURM_JOB_ID", "") if in_step else "", component, signum):
             return
         if in_step:
@@ -433,6 +488,9 @@ def parse_args(argv: list[str] | None):
     parser.add_argument("--tolerate-kill", type=Path, metavar="RECORD", action="append", default=[],
                         help="a component killed from outside is recorded here and the job succeeds (workers; "
                              "repeatable: each worker of a job step of several, but those that wrote their own)")
+    parser.add_argument("--stop-request", type=float, metavar="SECONDS",
+                        help="a service's supervisor in a job step on this node: ask it to stop through a file, and "
+                             "signal its step only if it still runs SECONDS later")
     parser.add_argument("--run-state", type=Path,
                         help="the run's state directory: refuse a second start of a live run; record a failure "
                              "another attempt cannot change, and end at once on an earlier attempt's")
@@ -481,6 +539,10 @@ def main(argv: list[str] | None = None) -> int:
             end_time = slurm.allocation_end(env)
         if end_time:
             env["SLURM_JOB_END_TIME"] = str(end_time)
+        stop_request = stop_request_file(args, scratch, env)
+        if stop_request is not None:
+            stop_request.unlink(missing_ok=True)  # an earlier command's, in a reused scratch
+            env[STOP_ENV] = str(stop_request)
         mount_tree, step_dirs = prepare_binds(args, scratch, env)
         command = build_argv(args, scratch, env, mount_tree, step_dirs)
         check_programs(command, args.runtime, args.runtime_hint)
@@ -498,8 +560,9 @@ def main(argv: list[str] | None = None) -> int:
             from allocstack.launch.containers import forks_component
 
             forked = forks_component(args.runtime, args.image)
+        asked = None if stop_request is None else StopRequest(stop_request, args.stop_request)
         code, stopped = supervise(command, env, args.component, args.tolerate_kill, off_node=args.node_index > 0,
-                                  forked=forked)
+                                  forked=forked, stop_request=asked)
     except AllocstackError as error:  # it could not be started: as good as dead at start, for its gate too
         code, stopped = report(error), False
     finally:

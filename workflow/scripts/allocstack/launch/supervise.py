@@ -3,7 +3,8 @@
 * Nothing is orphaned: the child gets SIGKILL when its supervisor dies
   (``PR_SET_PDEATHSIG``), and the supervisor passes SIGTERM on when its own
   launcher is gone (:func:`lifeline.watch_launcher`: inside Apptainer the kernel's
-  parent-death signal does not reach the program).
+  parent-death signal does not reach the program), or when launch.py asks it to stop
+  (:func:`lifeline.watch_stop_request`: one SIGTERM to the child alone, as Compose sends it).
 * The signals that end a job (:data:`lifeline.FORWARDED_SIGNALS`) are passed on so
   the child can drain, through ``deliver`` (launch.py: ``scancel --signal`` to its
   job step), and remembered: a supervisor tells "ended on our signal" from "killed
@@ -37,7 +38,7 @@ from typing import IO
 
 from ..common.errors import EXIT_TEMPFAIL, AllocstackError
 from . import watchdog
-from .lifeline import FORWARDED_SIGNALS, forward_signals, watch_launcher
+from .lifeline import FORWARDED_SIGNALS, forward_signals, watch_launcher, watch_stop_request
 from .restart import RestartPolicy, restart_after
 
 PR_SET_PDEATHSIG = 1
@@ -152,6 +153,7 @@ class Supervised:
         self.watchdog: watchdog.Watchdog | None = None
         forward_signals(self._forward)
         watch_launcher(lambda: self._forward(signal.SIGTERM, None))
+        watch_stop_request(lambda: self._forward(signal.SIGTERM, None))
 
     def start(self, argv: list[str], env: Mapping[str, str], grace: float | None = None, cwd: str | None = None,
               deliver: Deliver | None = None, preexec: Callable[[], None] | None = None) -> int:

@@ -48,6 +48,8 @@ class Launched:
     :param one_shot: a component that runs once and needs no supervision (verification) is started as
         a plain process where launch.py would add nothing: no job step, no image, no scratch.
     :param binds: more host paths it needs in the image (a step's workers' own logs).
+    :param stop_request: a service: in a job step on the launcher's node it is asked to stop through a file, and its
+        step signalled only if it still runs this many seconds later (workflow/scripts/launch.py).
     """
 
     name: str
@@ -58,6 +60,12 @@ class Launched:
     node: int = 0
     one_shot: bool = False
     binds: tuple[str, ...] = ()
+    stop_request: float | None = None
+
+
+#: Seconds a service's step may take beyond its stop_grace_period (its supervisor kills your program then) before
+#: launch.py signals the step itself.
+STOP_REQUEST_MARGIN = 10
 
 
 def launched(plan: Plan, component: str, run: str, worker: str = "", service: str = "", node: str = "",
@@ -73,7 +81,10 @@ def launched(plan: Plan, component: str, run: str, worker: str = "", service: st
         case "node_gate":
             # A node lost before its gate passed: recorded (not "ready"), its workers never start.
             return Launched(f"gate-node-{node}", node=int(node) - 1, tolerate_kill=(files.node_gate(node),))
-        case "service" | "init":
+        case "service":
+            spec = config["services"][service]
+            return Launched(service, spec["cpus"], stop_request=spec["stop_grace_period"] + STOP_REQUEST_MARGIN)
+        case "init":
             return Launched(service, config["services"][service]["cpus"])
         case "service_gate":
             return Launched(f"{service}-readiness")
@@ -138,6 +149,8 @@ def launch(plan: Plan, component: str, run: str, gpus: int = 0, **wildcards: str
         argv += options(("--node-index", how.node))
     if config["slurm"]["job_steps"]:
         argv.append("--job-steps")
+        if how.stop_request is not None:
+            argv += options(("--stop-request", how.stop_request))
         argv += options(*each("--step-arg", config["slurm"]["step_args"]))
         if gpus:
             argv += options(("--step-arg", f"--gpus={gpus}"))
