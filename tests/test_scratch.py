@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import stat
 import subprocess
 import sys
@@ -172,3 +173,29 @@ def test_removing_scratch_outlasts_a_record_written_while_it_is_removed(tmp_path
         assert failed is fails
         if not fails:
             assert not directory.exists()
+
+
+def test_removing_scratch_outlasts_a_launcher_removing_its_own_tree_meanwhile(tmp_path, monkeypatch):
+    """A Charliecloud launcher removes its own mount-point tree in the scratch while collect removes the scratch:
+    an entry that vanished meanwhile is gone, as wanted. Before, that FileNotFoundError ended the removal as if
+    the whole directory were gone, and a VERIFIED run left its scratch (ci-44: a Charliecloud run under /var/tmp)."""
+    from allocstack.common import scratch as scratch_module
+
+    scratch = tmp_path / "baseline.0123456789ab"
+    for tree in (".mounts-coordinator", "volumes"):
+        (scratch / tree / "a" / "b").mkdir(parents=True)
+        (scratch / tree / "a" / "b" / "file").write_text("x")
+    real_open = os.open
+    vanished: list[str] = []
+
+    def open_after_its_launcher_removed_it(name, flags, *args, **kwargs):
+        if name == ".mounts-coordinator" and not vanished:  # rmtree is about to enter it: its launcher is faster
+            vanished.append(name)
+            shutil.rmtree(scratch / name)
+        return real_open(name, flags, *args, **kwargs)
+
+    monkeypatch.setattr(os, "open", open_after_its_launcher_removed_it)
+    scratch_module.remove_scratch(scratch, pause=0.05)
+    monkeypatch.undo()
+    assert vanished == [".mounts-coordinator"]
+    assert not scratch.exists()

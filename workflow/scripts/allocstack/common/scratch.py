@@ -230,20 +230,30 @@ REMOVE_TRIES = 5
 def remove_scratch(path: Path, pause: float = 0.2) -> None:
     """Remove a run's scratch directory.
 
-    A component that is still ending may write its last record (its launcher's ``ended/`` note)
-    while the directory is being removed: "Directory not empty" is tried again, a few times
-    ``pause`` seconds apart, before it counts.
+    Components that are still ending work in it meanwhile: a launcher writes its last record (its ``ended/``
+    note), or removes its own Charliecloud mount-point tree. An entry that vanished meanwhile is gone, as
+    wanted (before, that FileNotFoundError ended the removal as if the whole directory were gone, and a VERIFIED
+    run left its scratch); "Directory not empty", or the directory still there after the removal, is tried
+    again, a few times ``pause`` seconds apart, before it counts.
 
     :raises AllocstackError: ``cleanup`` when it cannot be removed.
     """
+
+    def gone_already(_function: object, _name: str, info: tuple) -> None:
+        if not isinstance(info[1], FileNotFoundError):
+            raise info[1]
+
     for attempt in range(REMOVE_TRIES):
+        last = attempt + 1 == REMOVE_TRIES
         try:
-            shutil.rmtree(path)
-            return
-        except FileNotFoundError:
-            return
+            shutil.rmtree(path, onerror=gone_already)
         except OSError as exc:
-            if exc.errno == errno.ENOTEMPTY and attempt + 1 < REMOVE_TRIES:
+            if exc.errno == errno.ENOTEMPTY and not last:
                 time.sleep(pause)
                 continue
             raise AllocstackError("cleanup", f"cannot remove scratch directory {path}: {exc.strerror}") from exc
+        if not os.path.lexists(path):
+            return
+        if last:
+            raise AllocstackError("cleanup", f"cannot remove scratch directory {path}: something made it again")
+        time.sleep(pause)
