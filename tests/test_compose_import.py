@@ -659,8 +659,17 @@ def test_the_producer_beside_replicated_workers_is_recognised_as_main_where_unam
     assert code == 0 and config["main"] == "app" and config["workers"] == 3
     assert "app: it waits for the workers (worker) to start and nothing waits for it" in out
     document["services"]["ui"] = {"image": "ui:1", "command": ["ui"], "depends_on": ["app"], "expose": ["8080"]}
+    code, config, _ = import_document(tmp_path, document, env={}, monkeypatch=monkeypatch)
+    out = capsys.readouterr().out
+    # something waits for app: not the shape, so app is a service; its plain depends_on on the workers is Compose's
+    # start order only, and it starts before them (as flower, the dashboard of testdrivenio/fastapi-celery)
+    assert code == 0 and config.get("main") is None and config["services"]["app"]["depends_on"] == ["redis"]
+    assert ("app: depends_on worker (service_started) is Compose's start order only; allocstack starts your services "
+            "before the workers (they wait for every service's gate), so app starts before them") in out
+    document["services"]["app"]["depends_on"] = {"redis": {"condition": "service_started"},
+                                                 "worker": {"condition": "service_healthy"}}
     code, _, _ = import_document(tmp_path, document, env={}, monkeypatch=monkeypatch)
-    assert code == 65  # something waits for app: not the shape, and app waiting for the workers is refused as before
+    assert code == 65  # waiting for the workers to be healthy: it would start after them, refused as before
     assert "services.app.depends_on: a long-running service that waits for worker" in capsys.readouterr().err
 
 

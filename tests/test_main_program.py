@@ -75,9 +75,10 @@ def test_without_a_check_the_main_programs_exit_0_is_the_verdict(project):
 
 
 def test_a_failing_main_program_fails_the_run_naming_its_exit_code(project):
+    """As ``docker compose up --exit-code-from producer``: the command exits with the producer's own code."""
     done = run_main_stack(project, "mainfails", DAEMON, 3)
     output = done.stdout + done.stderr
-    assert done.returncode != 0
+    assert done.returncode == 3, output[-3000:]
     line = (f"allocstack: error [main-exit]: main producer ({sys.executable} -c) exited 3: producer: failing on "
             "purpose: the stack ended with it, and its exit code 3 fails the run")
     assert line in output, output[-3000:]

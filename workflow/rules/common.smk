@@ -46,7 +46,7 @@ if os.path.abspath(SCRIPTS) not in sys.path:
 
 from allocstack import plan  # noqa: E402  (found through SCRIPTS)
 from allocstack.common import attempts, errors, identity, slurm  # noqa: E402
-from allocstack.status import interrupt  # noqa: E402
+from allocstack.status import exitcode, interrupt  # noqa: E402
 from allocstack.status.terminal import TerminalFilter  # noqa: E402
 
 
@@ -241,10 +241,10 @@ def end_of_run_summary(outcome):
     ``status.py --end-of-run`` renders it from the run's records (and, after an error, the
     allocstack error lines of this run's logs), so it is the last thing on the terminal. After
     Ctrl-C: INTERRUPTED, what was done and the command that resumes (its own session: another
-    Ctrl-C does not cut it short). A serving stack's end after "up": success, exit 0.
+    Ctrl-C does not cut it short). Its exit code: allocstack/status/exitcode.py.
     """
     if interrupt.STATE.interrupted:
         outcome = "interrupted"
-    interrupt.exits_served(PLAN.layout.marker, STARTED_AT)
+    exitcode.settle(outcome, PLAN.layout.marker, PLAN.layout.main_log, STARTED_AT)
     command = PLAN.end_of_run(outcome, STARTED_AT, this_command())
     subprocess.run(command, check=False, timeout=60, start_new_session=True)

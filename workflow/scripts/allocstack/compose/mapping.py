@@ -627,6 +627,13 @@ def assign_roles(services: dict[str, dict[str, Any]], counts: dict[str, int], re
         for dependency, condition in conditions(services[name]).items():
             if name == main and dependency == workers and condition == "service_started":
                 continue  # the producer runs beside the workers, as Compose starts it once they started
+            if dependency == workers and dependency is not None and condition == "service_started":
+                # Compose's start order alone (started is not ready): a service's program that needs the workers
+                # retries there as it must here. The workers wait for every service's gate, so it starts first.
+                report.notes.append(f"{name}: depends_on {workers} (service_started) is Compose's start order only; "
+                                    f"allocstack starts your services before the workers (they wait for every "
+                                    f"service's gate), so {name} starts before them and waits for nothing of theirs")
+                continue
             if dependency in (workers, check) and dependency is not None:
                 report.refuse(f"services.{name}.depends_on", f"a long-running service that waits for {dependency}, "
                                                              f"which allocstack reads as the "

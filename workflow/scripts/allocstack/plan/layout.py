@@ -121,6 +121,11 @@ class Layout:
         return f"{RESULTS}/{self.run}"
 
     @property
+    def main_log(self) -> str:
+        """Your main program's log (rule run_main), where main.py says how it failed."""
+        return f"{LOGS}/run_main/{self.run}.log"
+
+    @property
     def state(self) -> str:
         """``<state_dir>/<run>`` (0700, on the filesystem every node shares)."""
         return f"{self.state_dir}/{self.run}"
