@@ -44,7 +44,9 @@ def assert_interrupted(output: str, code: int, run: str, command: str) -> None:
             "resumes") in lines, output[-3000:]
     verdict = next(line for line in lines if line.startswith(f"allocstack: run {run} "))
     assert verdict.startswith(f"allocstack: run {run} INTERRUPTED"), verdict
-    assert f"  resume      {command}" in lines, output[-2000:]
+    # the command as typed; its program by name alone where PATH finds that very program (common.smk this_command)
+    assert any(line in (f"  resume      {command}", f"  resume      snakemake {command.split(' ', 1)[1]}")
+               for line in lines), output[-2000:]
     for noise in NOISE:
         assert noise not in output, (noise, output[-4000:])
 
@@ -125,6 +127,35 @@ def test_your_own_stack_is_interrupted_too(project):
             os.killpg(proc.pid, signal.SIGKILL)
     assert_interrupted(output, proc.returncode, "own", f"{SNAKEMAKE} {' '.join(args)}")
     assert "allocstack: run own INTERRUPTED: the stack was stopped" in output
+    nothing_left(project)
+
+
+def test_your_own_stack_interrupted_then_the_same_command_runs_it_again_to_verified(project):
+    """Ctrl-C in the middle of your own stack (a service, two long-running workers, your check), then the same
+    command: the stack runs again from its start, as an interrupted `docker compose up` does, and verifies."""
+    seconds = project / "inputs/worker-seconds.txt"  # how long each worker works: a file the rerun finds changed
+    seconds.write_text("120")
+    (project / "config/again.yaml").write_text(OWN_STACK.replace("run: own", "run: again").replace(
+        'command: [python3, -c, "import time; time.sleep(120)"]',
+        f'command: [python3, -c, "import sys, time; time.sleep(float(open(sys.argv[1]).read()))", "{seconds}"]'))
+    args = ("--cores", "4", "--configfile", "config/again.yaml")
+    proc = started(project, *args)
+    try:
+        wait_for(lambda: len(pids_mentioning(str(seconds))) >= 2)  # both workers at work
+        os.kill(proc.pid, signal.SIGINT)
+        output, _ = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert_interrupted(output, proc.returncode, "again", f"{SNAKEMAKE} {' '.join(args)}")
+    nothing_left(project)
+    assert not (project / "results/again/result.json").exists()
+    seconds.write_text("0.5")
+    again = snakemake(project, *args, env={"TMPDIR": str(project / "tmp")})
+    output = again.stdout + again.stderr
+    assert again.returncode == 0, output[-4000:]
+    assert json.loads((project / "results/again/result.json").read_text())["status"] == "success"
+    assert "allocstack: run again VERIFIED" in output, output[-3000:]
     nothing_left(project)
 
 

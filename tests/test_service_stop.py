@@ -11,11 +11,16 @@ failed. So launch.py asks the service's supervisor to stop through a file, and i
 from __future__ import annotations
 
 import json
+import shlex
+import subprocess
+import sys
 import textwrap
 
 import pytest
 from test_slurm import TEST_RESOURCES, cluster_project, recorded_steps, the_stack_job  # noqa: F401 (a fixture)
 
+from conftest import SCRIPTS
+from real_parts import require_slurm
 from workflow_helpers import snakemake
 
 #: The service: a parent that listens (its readiness) and a child of its own, as uvicorn's reloader and its server.
@@ -71,3 +76,46 @@ def test_a_service_in_a_job_step_gets_one_sigterm_to_its_main_process_alone(clus
     assert recorded_steps(job, {"sig"}).get("sig") == "COMPLETED"
     services = json.loads((project / "results/stop/services.json").read_text())["services"]
     assert services["sig"]["status"] == "stopped" and services["sig"]["exitCode"] == 0, services
+
+
+#: A component that never reads its stop request: it says when SIGTERM reaches it (through its step), and ends.
+DEAF = ("import signal, sys, time\n"
+        "def stop(*_):\n"
+        "    print(f'deaf: SIGTERM through the step at {time.time():.3f}', file=sys.stderr, flush=True)\n"
+        "    sys.exit(0)\n"
+        "signal.signal(signal.SIGTERM, stop)\n"
+        "print('deaf: up', file=sys.stderr, flush=True)\n"
+        "while True: time.sleep(0.05)\n")
+
+
+@pytest.mark.slurm
+def test_a_step_that_does_not_end_on_its_stop_request_is_signalled_after_the_wait(tmp_path):
+    """The fallback: launch.py asks, waits ``--stop-request`` seconds (a service's stop_grace_period + 10), then
+    signals the step as before. A real sbatch job, a real job step, a real SIGTERM to launch.py."""
+    require_slurm()
+    component, log, asked = tmp_path / "deaf.py", tmp_path / "launch.log", tmp_path / "asked"
+    component.write_text(DEAF)
+    (tmp_path / "scratch").mkdir()
+    launch = [sys.executable, str(SCRIPTS / "launch.py"), "--component=deaf", "--run=deaf",
+              f"--scratch-root={tmp_path / 'scratch'}", "--cpus=1", "--job-steps", "--step-arg=--overlap",
+              "--step-arg=--mem=0", "--stop-request=2", "--", str(component)]
+    (tmp_path / "job.sh").write_text(textwrap.dedent(f"""\
+        #!/bin/bash
+        {shlex.join(launch)} > {log} 2>&1 &
+        launcher=$!
+        for _ in $(seq 600); do grep -q 'deaf: up' {log} && break; sleep 0.05; done
+        date +%s.%N > {asked}
+        kill -TERM $launcher
+        wait $launcher
+        echo "launch exit $?" >> {log}
+    """))
+    done = subprocess.run(["sbatch", "--wait", "--account=allocstack", "--partition=debug", "--mem=300", "--time=5",
+                           f"--output={tmp_path / 'job.out'}", str(tmp_path / "job.sh")],
+                          capture_output=True, text=True, timeout=300, check=False, cwd=tmp_path)
+    text = log.read_text()
+    assert done.returncode == 0, done.stdout + done.stderr + text
+    assert "launch: deaf: asked to stop (SIGTERM)" in text and "launch exit 0" in text, text
+    [signalled] = [float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+                   if line.startswith("deaf: SIGTERM through the step at ")]
+    waited = signalled - float(asked.read_text())
+    assert 2 <= waited < 12, (waited, text)  # its step was signalled once the 2 s had passed, not before

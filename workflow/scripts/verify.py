@@ -58,6 +58,7 @@ from allocstack.common.taskset import (
     TaskSet,
     ascending,
     by_id,
+    fast_document,
     ids_sha256,
     listing_sha256_of_chunks,
     load_expected,
@@ -227,13 +228,7 @@ def decode_results_fast(raw: bytes, decoder: Any = RESULTS_DOCUMENT) -> Any:
     """results.json's bytes as records (output, sha256, taskId, workerId) when msgspec reads them as a
     schemaVersion 1 document (``decoder``: RESULTS_DOCUMENT, or RESULTS_TEXT for the outputs' JSON text);
     else None (the checks one by one then name the problem)."""
-    if msgspec is None:
-        return None
-    try:
-        document = decoder.decode(raw)
-    except msgspec.MsgspecError:
-        return None
-    return document if document.schemaVersion == SCHEMA_VERSION else None
+    return fast_document(raw, decoder)
 
 
 def check_results(document: Any, tasks: TaskSet, expected: ExpectedResults | None) -> list[dict[str, Any]]:

@@ -409,7 +409,7 @@ else:
     _TASK_DOCUMENT = _TASKS = _EXPECTED_DOCUMENT = RESULTS_DOCUMENT = RESULTS_TEXT = None
 
 
-def _fast_document(raw: bytes, decoder: Any) -> Any:
+def fast_document(raw: bytes, decoder: Any) -> Any:
     """``raw`` read by msgspec's ``decoder`` when msgspec may read it, does, and finds schemaVersion 1; else None.
 
     msgspec checks what the standard library's reading could refuse wherever the decoder's types reach:
@@ -465,14 +465,14 @@ def task_parts_fast(raw: bytes, validated: bool = False) -> tuple[bytes, bytearr
     ``validated``: these bytes passed validation before (validate_inputs' summary holds their digest), so
     the checks that only the standard library's reading could fail are skipped. Those are the payloads'
     (:func:`plain_json`, after the decoding, on the payloads alone): msgspec passes over them unread, and
-    checks everything else itself (:func:`_fast_document`).
+    checks everything else itself (:func:`fast_document`).
 
     The list of tasks is read as raw elements first, then :data:`TASK_CHUNK` of them at a time
     as records (one call each, not one a task: three times faster), each chunk's elements freed
     once read, and each chunk's ids kept as text, so the document's million small objects never exist
     at once (a third less peak memory than one pass, and no string object per id).
     """
-    document = _fast_document(raw, _TASK_DOCUMENT)
+    document = fast_document(raw, _TASK_DOCUMENT)
     if document is None or not 0 < len(document.tasks) <= MAX_TASKS:
         return None
     elements = document.tasks
@@ -671,7 +671,7 @@ def in_task_order(tasks: TaskSet, ids: list[str], values: list[list[Any]]) -> li
 
 def _expected_fast(raw: bytes, tasks: TaskSet) -> ExpectedResults | None:
     """The expected document when msgspec accepts all of it as valid; None to ask the standard library."""
-    document = _fast_document(raw, _EXPECTED_DOCUMENT)
+    document = fast_document(raw, _EXPECTED_DOCUMENT)
     if document is None or len(document.results) != len(tasks):
         return None
     entries = document.results
@@ -769,7 +769,7 @@ def expected_facts(path: str, task_order: Callable[[], bytes] | None = None) -> 
         raw = read_bytes(path, "expected")
     except AllocstackError:
         return None
-    document = _fast_document(raw, _EXPECTED_DOCUMENT)
+    document = fast_document(raw, _EXPECTED_DOCUMENT)
     if document is None:
         return None
     entries = document.results
