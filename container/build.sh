@@ -9,7 +9,8 @@
 #
 # --cache-dir DIR  reuse DIR/<key>.sif when its own sidecar still matches it, where <key> is
 #                  the SHA-256 of the definition file (plus the mirror, when the file uses
-#                  one). Rebuilds only when the definition changes.
+#                  one, and the image config with --oci), of this script and of `apptainer
+#                  --version`. Rebuilds only when one of them changes.
 # --mirror URL     Debian mirror for definition files that use {{ MIRROR }} (container/test.def).
 #                  Default: $ALLOCSTACK_APT_MIRROR, else the main archive in /etc/apt.
 # --oci CONFIG     make the image as Docker Hub gives one (container/stacks/): DEF's root filesystem
@@ -154,12 +155,17 @@ host_ca_bundle() {
   return 1
 }
 
-# The cache key: what decides the image's contents that we can see from here.
+# The cache key: what decides the image's contents that we can see from here: the definition file
+# (and the mirror it uses), the image config and the code that makes the OCI image from it, this script
+# itself and the Apptainer that builds. A change to any of them is a new key, so a new build.
 cache_key() {
   {
     cat -- "$def"
     if uses_mirror; then printf '\nMIRROR=%s\n' "$mirror"; fi
     if [[ -n $oci_config ]]; then printf '\nOCI\n'; cat -- "$oci_config" "$(dirname -- "${BASH_SOURCE[0]}")/oci.py"; fi
+    printf '\nBUILDER\n'
+    cat -- "${BASH_SOURCE[0]}"
+    apptainer --version
   } | sha256sum | cut -d' ' -f1
 }
 
@@ -257,6 +263,7 @@ main() {
   if [[ -n $cached ]] && sidecar_matches "$cached"; then
     source=$cached
     how="cache hit $cached"
+    touch -- "$cached" "$cached.sha256"  # last used now: a cache may drop what was not used for long
   else
     build_image
     source="$workdir/image.sif"

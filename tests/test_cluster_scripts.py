@@ -69,3 +69,68 @@ def test_ci_purges_before_it_runs_the_readmes_test_command():
              if line.strip() and not line.lstrip().startswith("#")]
     purge = lines.index("bash tests/cluster/prepare.sh purge")
     assert lines.index("make test") > purge
+
+
+CONTAINER = CLUSTER.parent.parent / "container"
+
+#: A stand-in for the `apptainer` that build.sh runs: it says a version (``$FAKE_VERSION``) and, asked to
+#: build IMAGE from RECIPE (its last two words), writes a small file as IMAGE and a line to ``$BUILDS``;
+#: build.sh's cache is what is tested.
+FAKE_APPTAINER = """#!/bin/sh
+if [ "$1" = --version ]; then echo "apptainer version $FAKE_VERSION"; exit 0; fi
+if [ "$1" = build ]; then
+  image=; recipe=
+  for word; do image=$recipe; recipe=$word; done
+  echo "built $recipe" >>"$BUILDS"
+  echo "image of $recipe" >"$image"
+  exit 0
+fi
+exit 2
+"""
+
+
+def test_an_image_is_taken_from_the_cache_until_its_recipe_build_script_or_apptainer_change(tmp_path):
+    """`prepare.sh purge` keeps the image cache (CI's runs from nothing then skip ~400 s of builds), which is
+    safe only if a change to anything that makes an image builds it again: the recipe, build.sh, Apptainer."""
+    tools, builder, cache = tmp_path / "bin", tmp_path / "container", tmp_path / "cache"
+    tools.mkdir()
+    builder.mkdir()
+    (tools / "apptainer").write_text(FAKE_APPTAINER)
+    (tools / "apptainer").chmod(0o755)
+    for name in ("build.sh", "oci.py"):
+        (builder / name).write_bytes((CONTAINER / name).read_bytes())
+    recipe = tmp_path / "image.def"
+    recipe.write_text("Bootstrap: docker\nFrom: debian:bookworm\n")
+    builds = tmp_path / "builds.log"
+    builds.touch()
+
+    def build(version: str = "1.4.5") -> str:
+        env = {**os.environ, "PATH": f"{tools}:{os.environ['PATH']}", "FAKE_VERSION": version, "BUILDS": str(builds)}
+        result = subprocess.run(["bash", str(builder / "build.sh"), "--cache-dir", str(cache), str(recipe),
+                                 str(tmp_path / "out.sif")], capture_output=True, text=True, env=env, timeout=60,
+                                check=False)
+        assert result.returncode == 0, result.stderr
+        return result.stdout
+
+    def built() -> int:
+        return len(builds.read_text().splitlines())
+
+    assert "built from" in build() and built() == 1
+    assert "cache hit" in build() and built() == 1
+    with (builder / "build.sh").open("a") as script:
+        script.write("# a changed build script\n")
+    assert "built from" in build() and built() == 2
+    assert "cache hit" in build() and built() == 2
+    assert "built from" in build(version="1.4.6") and built() == 3
+    recipe.write_text("Bootstrap: docker\nFrom: debian:trixie\n")
+    assert "built from" in build(version="1.4.6") and built() == 4
+    assert len(list(cache.glob("*.sif"))) == 4
+    assert (tmp_path / "out.sif").read_text() == f"image of {recipe}\n"
+
+
+def test_purge_keeps_the_image_cache_and_purge_all_removes_it():
+    """What a purge keeps is said in prepare.sh's own usage and code: the cache by default, nothing with --all."""
+    script = (CLUSTER / "prepare.sh").read_text()
+    assert 'image_cache=${ALLOCSTACK_IMAGE_CACHE:-/var/cache/allocstack-images}' in script
+    assert '--cache-dir "$image_cache"' in script
+    assert "apptainer_home/images/cache" not in script  # inside the toolbox's home a purge would remove it
