@@ -3,9 +3,9 @@ licence are on record, and the counts (clean / gaps / refused / crash, refusals 
 
 The importer runs in-process (import_compose.load -> compose.combine -> compose.import_stack, then
 import_compose.main writing into tmp_path). Its own refusal is a result, not a failure: refused files are counted.
-A crash is any other exception. What the importer gets wrong today is marked ``xfail(strict=True)`` with the bug
-named, so that whoever fixes it sees the mark flip; the mutation fuzz test is ``xfail(strict=False)`` until no
-mutation crashes it.
+A crash is any other exception. What the importer gets wrong is marked ``xfail(strict=True)`` with the bug named,
+so that whoever fixes it sees the mark flip (none today: every such check passes); the mutation fuzz test asserts
+that no mutation crashes it.
 """
 
 from __future__ import annotations
