@@ -2,8 +2,9 @@
 
 An option renamed in a script (or in the plan) fails here, not at run time on the path that uses it. Every
 entry point the rules start is covered: launch.py, validate_inputs.py, coordinator.py, readiness.py (the
-coordinator's gate, each other node's, each service's), app_service.py, worker.py, replica.py, main.py, check.py,
-collect.py, verify.py, and status.py at the end of a run.
+coordinator's gate, each other node's, each service's and each global service's instance), app_service.py (a
+service, a global service's instance on another node), worker.py, replica.py, main.py, check.py, serve.py (a
+serving stack), collect.py, verify.py, and status.py at the end of a run.
 """
 
 from __future__ import annotations
@@ -89,6 +90,14 @@ STACKS = {
     "many workers on many nodes, in an image": (
         "nodes: 4\nworkers: 70\nworker: {per_step: 9}\nimage: allocstack.sif\nservices: {kv: {command: [kv]}}",
         {"environ": IN_STEP, "deployment": frozenset({"apptainer"}), **INSTALLED}),
+    "a serving stack (mode: serve) with an init job": (
+        ("mode: serve\ntasks: null\nexpected: null\ninit_jobs: [migrate]\n"
+        "services: {db: {command: [db], port: 5432}, migrate: {command: [m], depends_on: [db]},"
+        " web: {command: [web], port: 8000, depends_on: [db, migrate]}}\n"), {"environ": IN_STEP}),
+    "a global service on three nodes": (
+        ("nodes: 3\nworkers: 6\nworker: {command: [python3, client.py]}\n"
+        "services: {cache: {command: [cache], mode: global, readiness: {mode: tcp}}, api: {command: [api]}}\n"),
+        {"environ": IN_STEP}),
 }
 
 
@@ -104,6 +113,10 @@ def jobs(planned: plan.Plan) -> Iterator[tuple[str, dict[str, str]]]:
     for service in planned.services:
         yield "service", {**run, "service": service}
         yield "service_gate", {**run, "service": service}
+        if service in planned.global_services:
+            for node in range(2, planned.nodes + 1):
+                yield "instance", {**run, "service": service, "node": str(node)}
+                yield "instance_gate", {**run, "service": service, "node": str(node)}
     for init in planned.init_jobs:
         yield "init", {**run, "service": init}
     if planned.main:
@@ -116,6 +129,8 @@ def jobs(planned: plan.Plan) -> Iterator[tuple[str, dict[str, str]]]:
             yield "worker", {**run, "worker": worker}
     if planned.runs_check:
         yield "check", run
+    if planned.serving:
+        yield "serve", run
     yield "collect", run
     yield "verify", run
 
@@ -179,7 +194,7 @@ def test_every_entry_point_is_covered():
     started = {planned.script_of(component) for text, facts in STACKS.values()
                for planned in [plan_of(text, **facts)] for component, _ in jobs(planned)}
     assert started == {"validate_inputs.py", "coordinator.py", "readiness.py", "app_service.py", "worker.py",
-                       "replica.py", "main.py", "worker_block.py", "check.py", "collect.py", "verify.py"}
+                       "replica.py", "main.py", "worker_block.py", "check.py", "serve.py", "collect.py", "verify.py"}
 
 
 def test_the_end_of_run_summary_parses_with_status_pys_parser():
