@@ -6,6 +6,7 @@ import hashlib
 import os
 import re
 import shutil
+import stat
 import subprocess
 import tempfile
 import time
@@ -17,14 +18,19 @@ from allocstack.common.errors import AllocstackError
 from allocstack.common.jsonio import check_sidecar, sha256_tree
 from allocstack.launch.containers import (
     BASE_PATH,
+    Bind,
+    PrivateDir,
     charliecloud_prefix,
     check_image_format,
     check_mount_points,
+    check_mount_targets,
     child_pids,
     forked_components,
     forks_component,
+    make_mount_points,
     mount_tops,
     mount_tree_dirs,
+    program_prefix,
 )
 from conftest import ROOT, SCRIPTS, run_script
 
@@ -201,6 +207,131 @@ def test_a_directory_image_without_the_mount_point_says_how_to_add_it(tmp_path):
         check_mount_points(str(image), {"work", "scratch"})
     assert caught.value.diag == "prerequisite"
     assert f"image {image} has no directory /scratch" in caught.value.message and "mount points" in caught.value.message
+
+
+def secrets_image(root: Path) -> Path:
+    """An image as Debian's and Docker Hub's are laid out where Compose mounts secrets and configs: /run holding
+    only runtime state (an empty /run/lock, sticky, and a stale pid file), an empty /srv with an empty directory, /etc
+    and /opt holding files, /var/run a symlink to /run."""
+    make_image(root)
+    (root / "run/lock").mkdir(parents=True)
+    (root / "run/lock").chmod(0o1777)
+    (root / "run/stale.pid").write_text("1\n")
+    (root / "srv/www").mkdir(parents=True)
+    (root / "opt/app").mkdir(parents=True)
+    (root / "opt/app/main.py").write_text("print()\n")
+    (root / "var").mkdir()
+    (root / "var/run").symlink_to("/run")
+    return root
+
+
+def test_a_secret_below_run_gets_a_private_run_and_a_config_an_empty_directory_of_the_image(tmp_path):
+    """ch-run binds only onto paths the image has: /run/secrets/<name> gets a private /run (the image's directories
+    there made again, its runtime files not), a config in an empty directory of the image a private one in its
+    place; a target the image has is bound as it is, and one below a directory already private needs nothing."""
+    image, token, settings = secrets_image(tmp_path / "image"), tmp_path / "token.txt", tmp_path / "settings.ini"
+    token.write_text("s3cret\n")
+    settings.write_text("[app]\n")
+    secret, config = Bind(str(token), "/run/secrets/token", True), Bind(str(settings), "/srv/app/settings.ini", True)
+    assert check_mount_targets(str(image), [secret, config]) == [
+        PrivateDir("/run", 0o755, (("lock", 0o1777),)), PrivateDir("/srv", 0o755, (("www", 0o755),))]
+    assert check_mount_targets(str(image), [Bind(str(tmp_path), "/srv/www"), Bind(str(token), "/etc/os-release")]) == []
+    assert check_mount_targets(str(image), [Bind(str(token), "/tmp/x/token")], covered=["/tmp"]) == []
+    # the deepest directory the image has: /srv/www for the first, /srv for the second, which holds the first
+    nested = [Bind(str(tmp_path), "/srv/www/data"), Bind(str(settings), "/srv/settings.ini")]
+    assert [entry.path for entry in check_mount_targets(str(image), nested)] == ["/srv"]
+    # a SquashFS image cannot be looked into: /run is made private all the same, the rest left to ch-run
+    squashfs = tmp_path / "image.sqfs"
+    squashfs.write_bytes(b"hsqs" + bytes(60))
+    assert check_mount_targets(str(squashfs), [secret, config]) == [PrivateDir("/run")]
+
+
+@pytest.mark.parametrize("target, source, said", [
+    ("/etc/app.ini", "file", ("has no file /etc/app.ini to mount {source} onto: ch-run binds only onto paths the image "
+                             "has, and a private /etc would hide what the image keeps there (/etc/os-release): create "
+                             "it in the image (a Dockerfile's RUN mkdir -p /etc && touch /etc/app.ini), mount it below "
+                             "/run, or run with Apptainer")),
+    ("/opt/app/settings.ini", "file", "a private /opt/app would hide what the image keeps there (/opt/app/main.py)"),
+    ("/in", "directory", ("has no directory /in to mount {source} onto: ch-run binds only onto paths the image has, "
+                         "and cannot make one at its top level: create it in the image (a Dockerfile's VOLUME /in or "
+                         "RUN mkdir -p /in)")),
+    ("/var/run/secrets/token", "file", ("(/var/run is a symlink in the image (to /run), which ch-run follows on the "
+                                       "host's side: mount at the path it names)")),
+    ("/srv/www", "file", ("has no file /srv/www to mount {source} onto: ch-run binds only onto paths the image has "
+                         "(/srv/www is a directory in the image)")),
+    ("/etc/os-release/x", "file", "(/etc/os-release is a file in the image)"),
+])
+def test_a_mount_target_nothing_can_make_is_refused_in_one_line_naming_it(tmp_path, target, source, said):
+    image = secrets_image(tmp_path / "image")
+    host = tmp_path / source
+    host.mkdir() if source == "directory" else host.write_text("x\n")
+    with pytest.raises(AllocstackError) as caught:
+        check_mount_targets(str(image), [Bind(str(host), target, True)])
+    assert caught.value.diag == "prerequisite" and "\n" not in caught.value.message
+    assert caught.value.message.startswith(f"image {image} has no ")
+    assert said.format(source=host) in caught.value.message
+
+
+def test_an_image_without_run_cannot_hold_a_secret(tmp_path):
+    image = make_image(tmp_path / "image")
+    (tmp_path / "token.txt").write_text("x\n")
+    with pytest.raises(AllocstackError) as caught:
+        check_mount_targets(str(image), [Bind(str(tmp_path / "token.txt"), "/run/secrets/token", True)])
+    assert "has no file /run/secrets/token to mount" in caught.value.message
+    assert "and no directory /run to hold it: create it in the image" in caught.value.message
+
+
+def test_a_directory_whose_contents_cannot_be_seen_is_not_taken_for_an_empty_one(tmp_path, monkeypatch):
+    """Another owner's 0700 directory in an image (an image unpacked by root, run by a user): what it holds is
+    unknown, so no private directory takes its place; below /run it is made again, empty."""
+    image, token = secrets_image(tmp_path / "image"), tmp_path / "token.txt"
+    token.write_text("x\n")
+    (image / "srv/www/private").mkdir()
+    (image / "run/sshd").mkdir()
+    scandir = os.scandir
+
+    def unreadable(path):
+        if Path(path).name in ("private", "sshd"):
+            raise PermissionError(13, "Permission denied", str(path))
+        return scandir(path)
+
+    monkeypatch.setattr("allocstack.launch.containers.os.scandir", unreadable)
+    with pytest.raises(AllocstackError) as caught:
+        check_mount_targets(str(image), [Bind(str(token), "/srv/app.ini")])
+    assert "a private /srv would hide what the image keeps there (/srv/www/private)" in caught.value.message
+    assert check_mount_targets(str(image), [Bind(str(token), "/run/secrets/token")])[0].skeleton == (
+        ("lock", 0o1777), ("sshd", 0o755))
+
+
+def test_the_mount_points_are_made_in_the_tree_with_the_images_modes_and_the_owners_own(tmp_path):
+    tree, token, data = tmp_path / "tree", tmp_path / "token.txt", tmp_path / "data"
+    token.write_text("x\n")
+    data.mkdir()
+    private = [PrivateDir("/run", 0o555, (("lock", 0o1777),)), PrivateDir("/srv")]
+    make_mount_points(tree, private, [Bind(str(token), "/run/secrets/token", True), Bind(str(data), "/srv/out"),
+                                      Bind(str(token), "/tmp/x/settings.ini"), Bind(str(token), "/etc/hosts")],
+                      covered=["/tmp"])
+    made = sorted(str(path.relative_to(tree)) + ("/" if path.is_dir() else "") for path in tree.rglob("*"))
+    assert made == ["run/", "run/lock/", "run/secrets/", "run/secrets/token", "srv/", "srv/out/", "tmp/", "tmp/x/",
+                    "tmp/x/settings.ini"]  # /etc/hosts: the image has it, bound there
+    assert (tree / "run/secrets/token").stat().st_size == 0
+    assert stat.S_IMODE((tree / "run").stat().st_mode) == 0o755  # 0o555 + the owner's own, to remove it after
+    assert stat.S_IMODE((tree / "run/lock").stat().st_mode) == 0o1777
+    make_mount_points(tree, private, [Bind(str(token), "/run/secrets/token", True)], covered=[])  # a restart: again
+
+
+def test_ch_run_binds_the_private_directories_before_the_mounts_inside_them(tmp_path):
+    image = secrets_image(tmp_path / "image")
+    token, private = tmp_path / "token.txt", tmp_path / "program"
+    token.write_text("x\n")
+    argv, _ = program_prefix("charliecloud", str(image), [], ["/work/me/project"],
+                             [Bind(str(token), "/run/secrets/token")], {}, "/code", private)
+    binds = [arg.removeprefix("--bind=") for arg in argv if arg.startswith("--bind=")]
+    tree = private / "mounts"
+    assert binds == [f"{tree}/work:/work", f"{tree}/run:/run", "/work/me/project:/work/me/project",
+                     f"{token}:/run/secrets/token"]
+    assert (tree / "run/lock").is_dir() and (tree / "run/secrets/token").is_file()
+    assert not (tree / "run/stale.pid").exists()
 
 
 def test_the_dockerfile_is_the_same_recipe_as_the_apptainer_definition():

@@ -199,7 +199,7 @@ def check_program_images(checks: list[dict[str, Any]], runtime: str) -> dict[str
             check_image_format(runtime, image)
             digests[image] = check_sidecar(image, f"the image of {check['what']}")
         found[check["what"]] = {"image": image, "sha256": digests[image]}
-        if runtime == "charliecloud":  # ch-run binds only onto paths a directory image has: say it now
+        if runtime == "charliecloud":  # a mount target ch-run cannot bind onto, nor a private directory make: say it now
             check_mount_targets(image, [Bind(mount.get("source") or "/", mount["target"])
                                         for mount in check.get("mounts", [])])
         if not (check["command"] or check["port"]):

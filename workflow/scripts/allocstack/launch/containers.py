@@ -14,7 +14,9 @@ a private *mount-point tree* for each component: for every top-level directory t
 run's paths live under (``/project`` for ``/project/me/allocstack/results/run``), an
 empty tree of just the directories leading to those paths; that tree is bound at
 the top-level directory (which the image must have, empty: everything the image
-keeps below it is hidden during the run), and the run's paths are bound inside it.
+keeps below it is hidden during the run), and the run's paths are bound inside it. A program's own mounts
+(Compose's volumes, secrets and configs) whose targets the image lacks get private directories of the same
+tree where they hide nothing the image keeps (:func:`check_mount_targets`).
 
 ch-run takes a directory image or a SquashFS file; with the latter it stays behind as
 the image's file server and runs the component as its child (:func:`forks_component`),
@@ -26,6 +28,7 @@ from __future__ import annotations
 import contextlib
 import os
 import pwd
+import stat
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -299,13 +302,15 @@ def program_prefix(runtime: str, image: str, args: list[str], binds: list[str], 
         for bind in mounts:
             argv += ["--bind", f"{bind.host}:{bind.target}{':ro' if bind.read_only else ''}"]
         return [*argv, image], {f"{APPTAINER_ENV_PREFIX}{name}": value for name, value in env.items()}
-    check_mount_targets(image, mounts)
-    private.mkdir(mode=0o700, parents=True, exist_ok=True)
     tree = private / "mounts"
     host_paths = [*unique, cwd] if host_cwd else list(unique)
+    tops = sorted(mount_tops(host_paths) - set(whole_tops(unique)))
     check_mount_points(image, mount_tops(host_paths))
+    private_dirs = check_mount_targets(image, mounts, [f"/{top}" for top in tops])
+    private.mkdir(mode=0o700, parents=True, exist_ok=True)
     for directory in mount_tree_dirs(unique, cwd if host_cwd else None, tree):
         directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+    make_mount_points(tree, private_dirs, mounts, [f"/{top}" for top in tops])
     env_file = private / "environment"
     env_file.write_text("".join(f"{name}={charliecloud_value(name, value)}\n" for name, value in env.items()),
                         encoding="utf-8")
@@ -315,8 +320,10 @@ def program_prefix(runtime: str, image: str, args: list[str], binds: list[str], 
     if Path(image).is_dir() and (Path(image) / "ch" / "environment").is_file():
         argv.append(f"--set-env={Path(image) / 'ch' / 'environment'}")
     argv += [*args, f"--set-env={env_file}", "--private-tmp", f"--cd={cwd}"]
-    for top in sorted(mount_tops(host_paths) - set(whole_tops(unique))):
+    for top in tops:
         argv.append(f"--bind={tree / top}:/{top}")
+    for entry in private_dirs:  # before what is bound inside it
+        argv.append(f"--bind={tree / entry.path.lstrip('/')}:{entry.path}")
     for path in sorted(unique):
         argv.append(f"--bind={path}:{path}")
     for index, bind in enumerate(mounts):
@@ -340,23 +347,165 @@ def program_prefix(runtime: str, image: str, args: list[str], binds: list[str], 
     return argv, {}
 
 
-def check_mount_targets(image: str, mounts: list[Bind]) -> None:
-    """A directory image must have each mount's target (ch-run binds only onto paths the image has, and
-    cannot create one in a read-only image); a SquashFS image cannot be looked into before ch-run mounts it.
+#: Where Compose puts secrets, and where a system keeps its runtime state (the FHS: emptied at the start of each
+#: boot), so nothing an image keeps there is read by a program: below it ch-run gets a private directory.
+RUNTIME_DIR = "/run"
 
-    :raises AllocstackError: ``prerequisite`` naming the missing path and the fix.
+
+@dataclass(frozen=True)
+class PrivateDir:
+    """A directory of an image that a program under ch-run sees as a private directory of its own, so that each
+    mount below it has a path to be bound onto (ch-run 0.31 binds only onto paths the image has, and cannot make
+    one in a read-only image): ``path`` in the image, its permission bits there, and the image's directories below
+    it (relative path, permission bits), made again, empty."""
+
+    path: str
+    mode: int = 0o755
+    skeleton: tuple[tuple[str, int], ...] = ()
+
+
+def within(path: str, directories: Iterable[str]) -> bool:
+    """``path`` is one of ``directories`` or below one of them (absolute, normalised paths)."""
+    return any(path == directory or path.startswith(directory.rstrip("/") + "/") for directory in directories)
+
+
+def image_directories(root: Path, stop_at_other: bool = False) -> tuple[list[tuple[str, int]], Path | None]:
+    """The directories below ``root`` (relative path, permission bits), and the first entry that is not a
+    directory (a file, a symlink, ...) or whose directory cannot be read, None when there is none. Symlinks are never
+    followed; with ``stop_at_other`` the walk stops at that first entry."""
+    found: list[tuple[str, int]] = []
+    other = None
+    pending = [root]
+    while pending:
+        current = pending.pop()
+        try:
+            with os.scandir(current) as listing:
+                entries = sorted(listing, key=lambda entry: entry.name)
+        except PermissionError:  # what it holds cannot be seen (another owner's 0700 directory)
+            entries, other = [], other or current
+            if stop_at_other:
+                return sorted(found), other
+        for entry in entries:
+            if entry.is_dir(follow_symlinks=False):
+                found.append((str(Path(entry.path).relative_to(root)),
+                              stat.S_IMODE(entry.stat(follow_symlinks=False).st_mode)))
+                pending.append(Path(entry.path))
+            elif other is None:
+                other = Path(entry.path)
+                if stop_at_other:
+                    return sorted(found), other
+    return sorted(found), other
+
+
+def deepest_directory(image: Path, target: str) -> tuple[str, str | None]:
+    """The deepest directory on ``target``'s path that ``image`` (a directory image) has, walking down from ``/``
+    without following symlinks; and, when the walk stops at something else than a missing name, what it is."""
+    current = "/"
+    for part in Path(target).parts[1:]:
+        below = os.path.join(current, part)
+        inside = image / below.lstrip("/")
+        if inside.is_symlink():
+            return current, (f"{below} is a symlink in the image (to {os.readlink(inside)}), which ch-run follows "
+                             "on the host's side: mount at the path it names")
+        if not inside.exists():
+            return current, None
+        if not inside.is_dir():
+            return current, f"{below} is a file in the image"
+        current = below
+    return current, None
+
+
+def check_mount_targets(image: str, mounts: list[Bind], covered: Iterable[str] = ()) -> list[PrivateDir]:
+    """Where ch-run needs a private directory in place of the image's so that each mount has a path to be bound
+    onto; the one-line refusal where none can do.
+
+    ch-run (0.31) binds only onto paths the image has, and mounts it read-only. A mount whose target a directory
+    image has is bound there. Below ``/run`` (every secret, at ``/run/secrets/<name>``) the program gets a
+    private ``/run`` with the image's directories there made again: a system's runtime state, which nothing
+    reads from an image (also for a SquashFS image, which cannot be looked into before ch-run mounts it; the
+    image needs a ``/run``, as Debian's and Docker Hub's all have). Elsewhere a missing target gets a private
+    directory in place of the deepest directory of its path the image has, when that directory holds nothing
+    but directories (made again): nothing of the image is hidden. ``covered``: directories that are private
+    already (the mount-point tree of the run's own paths).
+
+    :raises AllocstackError: ``prerequisite`` naming the missing path, why nothing can make it, and the fix.
     """
-    if not Path(image).is_dir():
-        return
+    root = Path(image)
+    directory_image = root.is_dir()
+    private: dict[str, PrivateDir] = {}
     for bind in mounts:
-        inside = Path(image) / bind.target.lstrip("/")
+        target = os.path.normpath(bind.target)
+        if within(target, [*covered, *private]):
+            continue
         wanted_dir = Path(bind.host).is_dir()
-        if not (inside.is_dir() if wanted_dir else inside.is_file()):
-            kind = "directory" if wanted_dir else "file"
-            raise AllocstackError(
-                "prerequisite", f"image {image} has no {kind} {bind.target} to mount {bind.host} onto: ch-run binds "
-                                f"only onto paths the image has; create it in the image (as a Dockerfile's VOLUME "
-                                f"{bind.target} does), or run with Apptainer")
+        kind = "directory" if wanted_dir else "file"
+        missing = (f"image {image} has no {kind} {target} to mount {bind.host} onto: ch-run binds only onto paths "
+                   "the image has")
+        make = f"VOLUME {target} or RUN mkdir -p {target}" if wanted_dir else \
+            f"RUN mkdir -p {os.path.dirname(target)} && touch {target}"
+        fix = f"create it in the image (a Dockerfile's {make}), mount it below /run, or run with Apptainer"
+        if within(target, [RUNTIME_DIR]):
+            if directory_image:
+                ancestor, problem = deepest_directory(root, RUNTIME_DIR)
+                if ancestor != RUNTIME_DIR:
+                    raise AllocstackError("prerequisite", f"{missing}, and no directory {RUNTIME_DIR} to hold it"
+                                                          f"{f' ({problem})' if problem else ''}: {fix}")
+            private[RUNTIME_DIR] = private_dir(root, RUNTIME_DIR) if directory_image else PrivateDir(RUNTIME_DIR)
+            continue
+        if not directory_image:
+            continue  # a SquashFS image: ch-run says itself what it cannot bind
+        inside = root / target.lstrip("/")
+        if (inside.is_dir() if wanted_dir else inside.is_file()) and not inside.is_symlink():
+            continue
+        ancestor, problem = deepest_directory(root, target)
+        if problem is None and ancestor == target:
+            problem = f"{target} is a {'file' if wanted_dir else 'directory'} in the image"
+        if problem:
+            raise AllocstackError("prerequisite", f"{missing} ({problem}): {fix}")
+        if ancestor == "/":
+            raise AllocstackError("prerequisite", f"{missing}, and cannot make one at its top level: {fix}")
+        other = image_directories(root / ancestor.lstrip("/"), stop_at_other=True)[1]
+        if other is not None:
+            held = "/" + str(other.relative_to(root))
+            raise AllocstackError("prerequisite", f"{missing}, and a private {ancestor} would hide what the image "
+                                                  f"keeps there ({held}): {fix}")
+        private[ancestor] = private_dir(root, ancestor)
+    return [entry for path, entry in sorted(private.items())
+            if not within(path, [other for other in private if other != path])]
+
+
+def private_dir(image: Path, path: str) -> PrivateDir:
+    """The image's directory ``path`` as a private directory: its permission bits and the directories below it."""
+    inside = image / path.lstrip("/")
+    return PrivateDir(path, stat.S_IMODE(inside.lstat().st_mode), tuple(image_directories(inside)[0]))
+
+
+def make_mount_points(tree: Path, private: list[PrivateDir], mounts: list[Bind], covered: Iterable[str]) -> None:
+    """In ``tree`` (the program's mount-point tree), each private directory with the image's directories there,
+    and a mount point for each mount below one of them or below ``covered``: a directory, or an empty file.
+    The image's permission bits are given last, once nothing more is made inside, each with the owner's own (the
+    user's: allocstack removes the tree with the run's scratch)."""
+    modes: dict[Path, int] = {}
+    for entry in private:
+        base = tree / entry.path.lstrip("/")
+        base.mkdir(mode=0o700, parents=True, exist_ok=True)
+        modes[base] = entry.mode
+        for relative, mode in entry.skeleton:
+            (base / relative).mkdir(mode=0o700, parents=True, exist_ok=True)
+            modes[base / relative] = mode
+    directories = [*covered, *(entry.path for entry in private)]
+    for bind in mounts:
+        target = os.path.normpath(bind.target)
+        if not within(target, directories):
+            continue
+        point = tree / target.lstrip("/")
+        if Path(bind.host).is_dir():
+            point.mkdir(mode=0o700, parents=True, exist_ok=True)
+        else:
+            point.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+            point.touch(mode=0o600, exist_ok=True)
+    for directory, mode in modes.items():
+        directory.chmod(mode | stat.S_IRWXU)
 
 
 def deliverer(runtime: str, image: str | None) -> Callable[[Any, int], None]:
