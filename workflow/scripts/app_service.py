@@ -4,7 +4,8 @@
 A key-value store, a database, a model server, an API: each gets the same
 treatment as the built-in coordinator. This supervisor writes the Snakemake
 service file first thing, waits for the gates of the services it depends on
-(their gate records), takes its port (``--port``, or a free one on 127.0.0.1),
+(their gate records; for those it waits for with ``service_started``, ``--started``, only
+until their endpoint files exist: their programs have started), takes its port (``--port``, or a free one on 127.0.0.1),
 then runs your command with the variables of its dependencies and its own
 (``ALLOCSTACK_<NAME>_HOST``, ``_PORT``, ``_ENDPOINT``, ``_TOKEN``, see
 allocstack/launch/program.py), and publishes ``SCRATCH/services/<name>.json``

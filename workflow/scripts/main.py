@@ -3,8 +3,8 @@
 the stack.
 
 A service of yours that drives the run (a producer that queues the work and waits for it): it waits for the gates
-of its ``depends_on``, then runs once, beside the workers, with its dependencies' ``ALLOCSTACK_<NAME>_*``
-variables, the named volumes' ``ALLOCSTACK_VOLUME_*`` and its ``environment`` (allocstack/launch/program.py).
+of its ``depends_on`` (with ``--started``, only their start: ``service_started``), then runs once, beside the
+workers, with its dependencies' ``ALLOCSTACK_<NAME>_*`` variables, the named volumes' ``ALLOCSTACK_VOLUME_*`` and its ``environment`` (allocstack/launch/program.py).
 When it ends it notes so in scratch (``main-ended.json``), which tells every long-running worker to stop
 (SIGTERM, ``worker.stop_grace_period``, SIGKILL: replica.py); exit 0 writes its record, and the check then runs.
 
