@@ -637,7 +637,11 @@ def test_compose_ups_own_flags_exit_code_from_scale_and_profile(tmp_path, capsys
                                       env={}, monkeypatch=monkeypatch)
     out = capsys.readouterr()
     assert code == 0, out.err
-    assert config["main"] == "app" and config["workers"] == 4 and config["services"]["app"]["depends_on"] == ["redis"]
+    # Compose's short form on redis (a tcp gate on its port): app starts once redis has started, as Compose starts it
+    assert config["main"] == "app" and config["workers"] == 4
+    assert config["services"]["app"]["depends_on"] == {"redis": "service_started"}
+    assert ("note: app: depends_on redis (service_started, Compose's short form): starts once it has started, not when "
+            "its gate passes, as Compose does (condition: service_healthy would wait for the gate)") in out.out
     assert "dash" not in config["services"] and "a daemon that never ends by itself" not in out.out
     assert "0 gap(s)" in out.out and "no check: app's exit code is the verdict" in out.out  # no check needed
     code, config, _ = import_document(tmp_path, document, "--exit-code-from", "app", "--scale", "worker=2",
@@ -663,7 +667,9 @@ def test_the_producer_beside_replicated_workers_is_recognised_as_main_where_unam
     out = capsys.readouterr().out
     # something waits for app: not the shape, so app is a service; its plain depends_on on the workers is Compose's
     # start order only, and it starts before them (as flower, the dashboard of testdrivenio/fastapi-celery)
-    assert code == 0 and config.get("main") is None and config["services"]["app"]["depends_on"] == ["redis"]
+    assert code == 0 and config.get("main") is None
+    assert config["services"]["app"]["depends_on"] == {"redis": "service_started"}
+    assert config["services"]["ui"]["depends_on"] == {"app": "service_started"}  # app's gate: its image's port
     assert ("app: depends_on worker (service_started) is Compose's start order only; allocstack starts your services "
             "before the workers (they wait for every service's gate), so app starts before them") in out
     document["services"]["app"]["depends_on"] = {"redis": {"condition": "service_started"},
@@ -698,8 +704,11 @@ def test_a_service_waited_for_to_complete_that_is_not_the_workers_is_an_init_job
     out = capsys.readouterr()
     assert code == 0, out.err
     assert config["init_jobs"] == ["migrate"]
-    assert config["services"]["migrate"]["depends_on"] == ["db"] and config["services"]["migrate"]["readiness"] == {}
-    assert config["services"]["api"]["depends_on"] == ["db", "migrate"]
+    # db's tcp gate is not waited for where Compose waits for its start alone; the init job's exit 0 is
+    assert config["services"]["migrate"]["depends_on"] == {"db": "service_started"}
+    assert config["services"]["migrate"]["readiness"] == {}
+    assert config["services"]["api"]["depends_on"] == {"db": "service_started",
+                                                       "migrate": "service_completed_successfully"}
     # the check stays the service that waits for the workers, and the workers the replicated service
     assert config["verify"]["command"] == ["check"] and config["worker"]["command"] == ["work"]
     assert config["workers"] == 2
@@ -747,3 +756,36 @@ def test_services_waited_for_to_complete_with_no_plain_workers_are_refused_by_na
     refusal = ("services.api: api, migrate, worker are waited for to complete (service_completed_successfully), "
                "and none of them is the workers plainly: mark the workers with deploy.replicas")
     assert refusal in err, err
+
+
+# ---------------------------------------------------------------- depends_on's short form (issue 25, point 4b)
+
+def test_compose_short_form_on_a_gated_service_is_written_as_service_started_and_the_plan_takes_it(
+        tmp_path, capsys, monkeypatch):
+    """Compose starts a dependent of the short form (service_started) once its dependency's container started: on a
+    service with a gate of its own (a port's tcp gate here) the import writes the mapping form, which waits for the
+    start alone; service_healthy and a dependency ready once started keep the list form (the same bytes as before).
+    A service renamed for allocstack's own names keeps its condition. The plan loads what the import wrote."""
+    from allocstack import plan
+    from allocstack.plan import Facts
+
+    document = copy.deepcopy(BASE)
+    document["services"].update({
+        "api": {"image": "app:1", "command": ["api"], "expose": ["8000"], "depends_on": ["db"]},
+        "ui": {"image": "ui:1", "command": ["ui"], "expose": ["8080"],
+               "depends_on": {"api": {"condition": "service_healthy"}}},
+        "readiness": {"image": "probe:1", "command": ["probe"], "expose": ["9000"],
+                      "depends_on": {"db": {"condition": "service_started"}, "ui": {"condition": "service_healthy"}}},
+    })
+    code, config, output = import_document(tmp_path, document, env={}, monkeypatch=monkeypatch)
+    out = capsys.readouterr()
+    assert code == 0, out.err
+    services = config["services"]
+    assert services["api"]["depends_on"] == {"db": "service_started"}
+    assert services["ui"]["depends_on"] == ["api"]  # service_healthy alone: the list form, as before
+    assert services["readiness-service"]["depends_on"] == {"db": "service_started", "ui": "service_healthy"}
+    assert "note: api: depends_on db (service_started, Compose's short form): starts once it has started" in out.out
+    assert "    depends_on:\n      db: service_started\n" in output.read_text()
+    planned = plan.load(config, Facts(cwd=str(tmp_path), is_file=lambda path: True, skip_validation=False))
+    assert planned.started(planned.services["api"]["depends_on"]) == ["db"]
+    assert planned.gates(planned.run, planned.services["api"]["depends_on"]) == []

@@ -53,10 +53,22 @@ RESTARTS = ("tasks: null\nexpected: null\nverify: {command: [python3, c.py]}\nma
             "  db: {command: [db], restart: {condition: on-failure, delay: 0.5, max_attempts: 3, window: 60}}\n"
             "  producer: {command: [p], depends_on: [db]}\n")
 
+#: Compose's depends_on mapping form: an edge that waits for the start only, one for the gate, one for an init job.
+CONDITIONS = ("tasks: null\nexpected: null\nverify: {command: [python3, c.py]}\nmain: producer\ninit_jobs: [migrate]\n"
+              "worker: {mode: long-running, command: [rq, worker]}\n"
+              "services:\n"
+              "  db: {command: [db], readiness: {mode: tcp, timeout: 40}}\n"
+              "  cache: {command: [cache], readiness: {mode: command, command: [ping], timeout: 50}}\n"
+              "  migrate: {command: [m], depends_on: {db: service_healthy}}\n"
+              "  web: {command: [web], depends_on: {db: service_started, cache: service_healthy,"
+              " migrate: service_completed_successfully}}\n"
+              "  producer: {command: [p], depends_on: {db: service_started, web: service_started}}\n")
+
 #: name -> (config, facts): between them every option the plan can give.
 STACKS = {
     "restart policies": (RESTARTS, {}),
     "the baseline": ("", {}),
+    "Compose's depends_on conditions": (CONDITIONS, {}),
     "more nodes": ("nodes: 3\nworkers: 7\nnetwork: {interface: ib0, tls: false}\nservices: {kv: {command: [kv]}}",
                    {"environ": IN_STEP}),
     "more nodes, long-running workers": ("nodes: 2\nworkers: 2\nworker: {mode: long-running, command: [w]}",
@@ -386,3 +398,30 @@ def test_worker_max_lifetime_bounds_the_long_running_workers_and_the_check_names
     replica = parse("replica.py", planned.args("worker", run=planned.run, worker="worker-01"))
     assert replica.max_lifetime == 30 and replica.stop_grace == 3 and replica.stop_when_main_ends is None
     assert parse("check.py", planned.args("check", run=planned.run)).max_lifetime == 30
+
+
+def test_a_service_started_edge_waits_for_the_start_alone_and_the_others_for_their_gates(workdir):
+    """depends_on {db: service_started}: web waits for db's endpoint file (--started db), not for db's gate record;
+    cache (service_healthy) and migrate (an init job) are waited for as the list form waits; main likewise."""
+    planned = plan_of(CONDITIONS)
+    layout = planned.layout
+    web = parse("app_service.py", planned.args("service", run=planned.run, service="web"))
+    assert web.started == ["db"] and web.uses == ["db", "cache"]  # db's variables: its endpoint, once it started
+    assert [str(path) for path in web.gate_record] == [layout.service_gate("cache"), layout.init_record("migrate")]
+    # bounded by db's start (not its gate), cache's start and gate, migrate's start (after db's gate) and run
+    assert web.gate_timeout == 30 + max(30, 30 + 50, 30 + 30 + 40 + 3600)
+    bare = plan_of(CONDITIONS.replace(" migrate: service_completed_successfully", ""))
+    assert parse("app_service.py", bare.args("service", run=bare.run, service="web")).gate_timeout == 30 + 30 + 50
+    producer = parse("main.py", planned.args("main", run=planned.run))
+    assert producer.started == ["db", "web"] and producer.gate_record == [] and producer.uses == ["db", "web"]
+    migrate = parse("main.py", planned.args("init", run=planned.run, service="migrate"))
+    assert migrate.started == [] and [str(path) for path in migrate.gate_record] == [layout.service_gate("db")]
+    # the list form is unchanged: every edge waits for the gate, and no --started option is given
+    listed = plan_of(CONDITIONS.replace("{db: service_started, web: service_started}", "[db, web]"))
+    producer = parse("main.py", listed.args("main", run=listed.run))
+    assert producer.started == [] and [str(path) for path in producer.gate_record] == [
+        layout.service_gate("db"), layout.service_gate("web")]
+    assert not any(arg.startswith("--started") for arg in listed.args("main", run=listed.run))
+    # the workers still wait for every gate, db's included
+    replica = parse("replica.py", planned.args("worker", run=planned.run, worker="worker-01"))
+    assert layout.service_gate("db") in map(str, replica.gate_record)

@@ -93,6 +93,21 @@ BAD = {
                                           "init_jobs: migrate is not one of services (db)"),
     "an init job that is main": (OWN + "services: {app: {command: [x]}}\nmain: app\ninit_jobs: [app]",
                                  "init_jobs: app is main: an init job runs once before what depends on it"),
+    "service_completed_successfully on a service": (
+        OWN + "services: {db: {command: [x]}, api: {command: [y], depends_on: {db: service_completed_successfully}}}",
+        ("services.api.depends_on.db is service_completed_successfully, but db is not an init job: list it in "
+        "init_jobs")),
+    "an init job waited for to start": (
+        OWN + "services: {migrate: {command: [x]}, api: {command: [y], depends_on: {migrate: service_started}}}\n"
+              "init_jobs: [migrate]",
+        ("services.api.depends_on.migrate is service_started, but migrate is an init job: what depends on it waits "
+        "for its exit 0; write service_completed_successfully")),
+    "main waits for an init job to be healthy": (
+        OWN + "services: {migrate: {command: [x]}, app: {command: [y], depends_on: {migrate: service_healthy}}}\n"
+              "init_jobs: [migrate]\nmain: app",
+        "services.app.depends_on.migrate is service_healthy, but migrate is an init job"),
+    "a condition that is not Compose's": ("services: {db: {command: [x]}, api: {command: [y], depends_on: {db: up}}}",
+                                          "services.api.depends_on"),
     "main with a task document": ("services: {app: {command: [x]}}\nmain: app",
                                   "main: app with a task document (tasks)"),
     "a kept volume not one of volumes": ("volumes: [a]\nkeep_volumes: [b]", "keep_volumes: b is not one of `volumes`"),

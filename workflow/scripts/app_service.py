@@ -4,7 +4,8 @@
 A key-value store, a database, a model server, an API: each gets the same
 treatment as the built-in coordinator. This supervisor writes the Snakemake
 service file first thing, waits for the gates of the services it depends on
-(their gate records), takes its port (``--port``, or a free one on 127.0.0.1),
+(their gate records; for those it waits for with ``service_started``, ``--started``, only
+until their endpoint files exist: their programs have started), takes its port (``--port``, or a free one on 127.0.0.1),
 then runs your command with the variables of its dependencies and its own
 (``ALLOCSTACK_<NAME>_HOST``, ``_PORT``, ``_ENDPOINT``, ``_TOKEN``, see
 allocstack/launch/program.py), and publishes ``SCRATCH/services/<name>.json``
@@ -56,6 +57,7 @@ from allocstack.common.cli import (
     add_network_options,
     add_placement_arguments,
     add_program_arguments,
+    add_started_arguments,
     non_negative_float,
     run,
     runtime_facts,
@@ -78,7 +80,7 @@ from allocstack.common.scratch import make_private, private_level
 from allocstack.launch import exposure
 from allocstack.launch.program import (
     Placement,
-    await_gates,
+    await_dependencies,
     describe,
     image_meta,
     prepare,
@@ -131,6 +133,7 @@ def parse_args(argv: list[str] | None):
     parser.add_argument("--port-from-image", action="store_true",
                         help="the port its image EXPOSEs (config port: image; needs --image)")
     add_gate_arguments(parser)
+    add_started_arguments(parser)
     parser.add_argument("--stop-grace", type=non_negative_float, default=10.0,
                         help="seconds it may take to stop after SIGTERM before it is killed")
     add_restart_arguments(parser)
@@ -190,7 +193,7 @@ def main(argv: list[str] | None = None) -> int:
         make_private(events.parent)
         for stale in (published, ended, events):  # what a crashed earlier run left
             stale.unlink(missing_ok=True)
-        await_gates(args.gate_record, args.gate_timeout, log)
+        await_dependencies(args.gate_record, args.started, args.scratch, args.gate_timeout, log)
         placement = Placement.from_args(args)
         wanted = image_port(placement, name) if args.port_from_image else args.port
         port, token = take_port(wanted), secrets.token_urlsafe(32)

@@ -3,8 +3,8 @@
 the stack.
 
 A service of yours that drives the run (a producer that queues the work and waits for it): it waits for the gates
-of its ``depends_on``, then runs once, beside the workers, with its dependencies' ``ALLOCSTACK_<NAME>_*``
-variables, the named volumes' ``ALLOCSTACK_VOLUME_*`` and its ``environment`` (allocstack/launch/program.py).
+of its ``depends_on`` (with ``--started``, only their start: ``service_started``), then runs once, beside the
+workers, with its dependencies' ``ALLOCSTACK_<NAME>_*`` variables, the named volumes' ``ALLOCSTACK_VOLUME_*`` and its ``environment`` (allocstack/launch/program.py).
 When it ends it notes so in scratch (``main-ended.json``), which tells every long-running worker to stop
 (SIGTERM, ``worker.stop_grace_period``, SIGKILL: replica.py); exit 0 writes its record, and the check then runs.
 
@@ -32,6 +32,7 @@ from allocstack.common.cli import (
     add_gate_arguments,
     add_placement_arguments,
     add_program_arguments,
+    add_started_arguments,
     run,
     runtime_facts,
 )
@@ -41,7 +42,7 @@ from allocstack.common.events import append_event
 from allocstack.common.jsonio import atomic_write_json
 from allocstack.common.scratch import make_private
 from allocstack.launch import exposure
-from allocstack.launch.program import Placement, await_gates, describe, prepare, program_environment
+from allocstack.launch.program import Placement, await_dependencies, describe, prepare, program_environment
 from allocstack.launch.supervise import Outcome, Supervised
 
 
@@ -51,6 +52,7 @@ def parse_args(argv: list[str] | None):
     add_program_arguments(parser, "your main program", required=False)
     add_placement_arguments(parser)
     add_gate_arguments(parser)
+    add_started_arguments(parser)
     parser.add_argument("--record", type=Path, required=True, help="its record (JSON), written when it exited 0")
     parser.add_argument("--init", action="store_true",
                         help="an init job (config init_jobs): its record is its dependents' gate; it ends no stack")
@@ -94,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         make_private(events.parent)
         events.unlink(missing_ok=True)
-        await_gates(args.gate_record, args.gate_timeout, log)
+        await_dependencies(args.gate_record, args.started, args.scratch, args.gate_timeout, log)
         env = program_environment(os.environ, services_environment(args.scratch, args.uses), args.environment_json,
                                   f"services.{name}")
         how = prepare(Placement.from_args(args), args.command_json, env, set(args.environment_json),

@@ -111,6 +111,13 @@ def add_gate_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--gate-timeout", type=positive_float, default=60.0, help="bound on waiting for the gates")
 
 
+def add_started_arguments(parser: argparse.ArgumentParser) -> None:
+    """The services a program of yours waits for only until they have started (depends_on ``service_started``)."""
+    parser.add_argument("--started", action="append", default=[], metavar="NAME",
+                        help="start only once service NAME has started (its endpoint file in scratch: not its gate; "
+                             "repeatable), within --gate-timeout with the gates")
+
+
 def scratch_defaults(args: argparse.Namespace) -> None:
     """With ``args.scratch`` set, default ``endpoint_file`` and ``events`` to the files in it."""
     if args.scratch:

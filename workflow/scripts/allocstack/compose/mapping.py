@@ -31,14 +31,12 @@ from typing import Any
 from ..common.images import ImageMeta, parse_reference
 from ..common.names import SERVICE_NAME_PATTERN, variable_prefix, volume_variable
 from ..plan.config import completed, defaults, service_defaults
+from ..plan.depends import COMPLETED, CONDITIONS, HEALTHY, STARTED
 from ..plan.order import DependencyCycle, start_order
 from ..plan.refusals import reserved
 from ..plan.shape import allocation
 from .hostnames import HostRewriter, named_hosts
 from .interpolation import Interpolator, Use, Variables, as_references, markers, read_env_file
-
-COMPLETED = "service_completed_successfully"
-CONDITIONS = ("service_started", "service_healthy", COMPLETED)
 
 #: Service keys that need what a Slurm allocation without a daemon and root does not have, and whether that
 #: is truly impossible here (root, host devices, the host's namespaces) or only not imported.
@@ -1014,6 +1012,7 @@ def import_stack(compose: dict[str, Any], compose_dir: Path, project_dir: Path, 
         config["main"] = roles.main
     if roles.init:
         config["init_jobs"] = roles.init
+    start_only(config["services"], active, roles.init, report)
     rename_reserved(config, report)
     secrets_by_name(config, report)
     services = config["services"]
@@ -1335,6 +1334,25 @@ def kept_volume(options: Any) -> bool:
     return isinstance(extension, dict) and extension.get("keep") is True
 
 
+def start_only(services: dict[str, Any], active: dict[str, Any], init: list[str], report: Report) -> None:
+    """Compose's ``service_started`` (depends_on's short form) on a service with a gate of its own (a healthcheck, a
+    port) waits for its start alone: that service's ``depends_on`` is written in the mapping form, each edge with its
+    condition (``service_healthy`` where it waits for the gate: Compose said so, or the import added the edge for a
+    hostname; an init job's ``service_completed_successfully``). Everything else keeps the list form."""
+    for name, spec in services.items():
+        said = conditions(active[name])
+        early = [d for d in spec["depends_on"] if said.get(d) == STARTED and d not in init
+                 and services[d]["readiness"].get("mode", "started") != "started"]
+        if not early:
+            continue
+        spec["depends_on"] = {d: COMPLETED if d in init else STARTED if said.get(d) == STARTED else HEALTHY
+                              for d in spec["depends_on"]}
+        report.notes.append(f"{name}: depends_on {', '.join(early)} (service_started, Compose's short form): starts "
+                            f"once {'they have' if len(early) > 1 else 'it has'} started, not when "
+                            f"{'their gates pass' if len(early) > 1 else 'its gate passes'}, as Compose does "
+                            "(condition: service_healthy would wait for the gate)")
+
+
 def rename_reserved(config: dict[str, Any], report: Report) -> None:
     """A service whose name is allocstack's own (``worker``, ``check``, ...: its job steps') is
     ``<name>-service`` in the config: its key, the ``depends_on`` that name it, and its variables
@@ -1366,7 +1384,9 @@ def rename_reserved(config: dict[str, Any], report: Report) -> None:
         spec = config["services"][new]
         spec["hostnames"] = [old, *(alias for alias in spec.get("hostnames", []) if alias != old)]
     for spec in config["services"].values():
-        spec["depends_on"] = [renamed.get(name, name) for name in spec["depends_on"]]
+        depends = spec["depends_on"]
+        spec["depends_on"] = ({renamed.get(name, name): condition for name, condition in depends.items()}
+                              if isinstance(depends, dict) else [renamed.get(name, name) for name in depends])
     if "init_jobs" in config:
         config["init_jobs"] = [renamed.get(name, name) for name in config["init_jobs"]]
     for key in ("worker", "verify"):

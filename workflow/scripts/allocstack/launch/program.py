@@ -43,6 +43,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..common.endpoint import service_end_path, service_endpoint_path
 from ..common.errors import AllocstackError
 from ..common.jsonio import read_json
 from ..common.names import VOLUME_PREFIX, VOLUMES, volume_variable
@@ -149,6 +150,33 @@ def await_gates(paths: list[Path], timeout: float, log: Callable[[str], None]) -
         record = read_json(path, "gate record", diag="prerequisite")
         if not isinstance(record, dict) or record.get("status") != "ready":
             raise AllocstackError("prerequisite", f"gate record {path} does not say ready: refusing to start")
+
+
+def await_dependencies(gates: list[Path], started: list[str], scratch: Path, timeout: float,
+                       log: Callable[[str], None]) -> None:
+    """Wait, within ``timeout`` s in all, for every gate record (:func:`await_gates`), then for every service in
+    ``started`` to have started: its endpoint file in ``scratch``, which its supervisor writes once its program is
+    running (depends_on ``service_started``, as Compose starts a dependent once its dependency's container started).
+
+    :raises AllocstackError: ``prerequisite`` when a gate does not pass, or a service has not started in time or
+        ended before it started (its end record says why).
+    """
+    deadline = time.monotonic() + timeout
+    await_gates(gates, timeout, log)
+    for name in started:
+        published, ended = service_endpoint_path(scratch, name), service_end_path(scratch, name)
+        if not published.exists():
+            log(f"waiting for service {name} to start (its endpoint file {published}; not its gate: depends_on "
+                f"service_started; at most {timeout:g} s in all)")
+        while not published.exists():
+            if ended.exists():
+                problem = service_problem(name, read_json(ended, "service end record", diag="prerequisite"))
+                raise AllocstackError("prerequisite", f"{problem or f'service {name} ended'} before it started: "
+                                                      "refusing to start")
+            if time.monotonic() > deadline:
+                raise AllocstackError("prerequisite", f"service {name} did not start within {timeout:g} s (no "
+                                                      f"{published}): refusing to start")
+            time.sleep(0.02)
 
 
 class ProgramError(Exception):

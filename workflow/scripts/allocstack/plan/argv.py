@@ -254,6 +254,14 @@ def node_gate(plan: Plan, run: str, node: str) -> list[str]:
                    flags=("--off-node",))
 
 
+def waits(plan: Plan, run: str, spec: dict[str, Any]) -> list[tuple[str, Any]]:
+    """app_service.py, main.py: what a program of yours waits for before it starts (its ``depends_on``): the services
+    whose variables it gets, the gate records of the edges that wait for a gate, and the services it waits for only
+    until they have started (``service_started``: their endpoint files)."""
+    return [*each("--uses", plan.uses(spec["depends_on"])), *each("--gate-record", plan.gates(run, spec["depends_on"])),
+            *each("--started", plan.started(spec["depends_on"]))]
+
+
 def service(plan: Plan, run: str, service: str, node: str = "") -> list[str]:
     """app_service.py: services.<service>, started once its dependencies' gates passed (``node``: a global service's
     instance on that node, 1-based above 1: its own files, and no relay: each node's programs use their own)."""
@@ -269,9 +277,7 @@ def service(plan: Plan, run: str, service: str, node: str = "") -> list[str]:
                      *programs.options(plan, spec), ("--environment-json", spec["environment"]),
                      *port, ("--gate-timeout", timeouts.start_bound(plan.config, service)),
                      ("--stop-grace", spec["stop_grace_period"]), *restart(spec),
-                     *each("--uses", plan.uses(spec["depends_on"])),
-                     *each("--gate-record", plan.gates(run, spec["depends_on"])),
-                     flags=("--port-from-image",) if from_image else ()),
+                     *waits(plan, run, spec), flags=("--port-from-image",) if from_image else ()),
             *relay]
 
 
@@ -337,7 +343,7 @@ def main(plan: Plan, run: str) -> list[str]:
     """main.py: config ``main``, once its dependencies' gates passed, beside the workers; its end ends the stack."""
     spec, files = plan.main_spec or {}, plan.files(run)
     return options(("--name", plan.main), *programs.options(plan, spec), ("--environment-json", spec["environment"]),
-                   *each("--uses", plan.uses(spec["depends_on"])), *each("--gate-record", plan.gates(run, spec["depends_on"])),
+                   *waits(plan, run, spec),
                    ("--gate-timeout", timeouts.gates_timeout(plan.config)), ("--record", files.main_record))
 
 
@@ -346,7 +352,7 @@ def init(plan: Plan, run: str, service: str) -> list[str]:
     depends on it; bounded by its readiness.timeout (else the stack's)."""
     spec, files = plan.config["services"][service], plan.files(run)
     return options(("--name", service), *programs.options(plan, spec), ("--environment-json", spec["environment"]),
-                   *each("--uses", plan.uses(spec["depends_on"])), *each("--gate-record", plan.gates(run, spec["depends_on"])),
+                   *waits(plan, run, spec),
                    ("--gate-timeout", timeouts.start_bound(plan.config, service)),
                    ("--timeout", timeouts.gate_timeout(plan.config, service)),
                    ("--stop-grace", spec["stop_grace_period"]), ("--record", files.init_record(service)),

@@ -22,6 +22,7 @@ from typing import Any
 from ..common import names, slurm
 from ..common.errors import AllocstackError
 from ..launch.containers import PROGRAMS
+from . import depends
 from .facts import Facts
 from .programs import check_command_set, env_references, parts_of_yours, program_image, program_images
 from .shape import Shape
@@ -109,7 +110,7 @@ def refuse_bad_serve(config: Mapping[str, Any]) -> None:
     if config["nodes"] > 1:
         for name, spec in config["services"].items():
             if spec["mode"] == "global" and spec["depends_on"]:
-                raise PlanError("config", f"services.{name}.mode is global with depends_on {spec['depends_on']}: an "
+                raise PlanError("config", f"services.{name}.mode is global with depends_on {list(spec['depends_on'])}: an "
                                           "instance on each node reaches nothing of the first node's; drop depends_on")
     if config["mode"] != "serve":
         return
@@ -149,6 +150,17 @@ def refuse_bad_init(config: Mapping[str, Any]) -> None:
         if name not in config["services"]:
             known = ", ".join(config["services"]) or "none"
             raise PlanError("config", f"init_jobs: {name} is not one of services ({known})")
+
+
+def refuse_bad_conditions(config: Mapping[str, Any], main_spec: Mapping[str, Any] | None,
+                          spelled: Mapping[str, str]) -> None:
+    """A ``depends_on`` in Compose's mapping form waits for an init job only to complete, and only an init job so."""
+    specs = {**config["services"], **({config["main"]: main_spec} if main_spec else {})}
+    for name, spec in specs.items():
+        why = depends.refusal(f"{spelled.get(name, f'services.{name}')}.depends_on", spec["depends_on"],
+                              config["init_jobs"])
+        if why:
+            raise PlanError("config", why)
 
 
 def refuse_bad_restarts(config: Mapping[str, Any], spelled: Mapping[str, str]) -> None:

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..common import identity as identities
-from . import argv, connections, decisions, placement, refusals
+from . import argv, connections, decisions, depends, placement, refusals
 from .config import migrate_service_block, nulls_from_command_line, schema, validate
 from .facts import Facts
 from .layout import Layout
@@ -187,10 +187,16 @@ class Plan:
         """Every init job's record (it exited 0): what its dependents, the workers among them, wait for."""
         return [self.files(run).init_record(name) for name in self.init_jobs]
 
-    def gates(self, run: str, names: Iterable[str]) -> list[str]:
-        """What waiting for ``names`` (a depends_on) means: a service's gate record, an init job's record."""
+    def gates(self, run: str, depends_on: Iterable[str] | Mapping[str, str]) -> list[str]:
+        """The records waiting for a ``depends_on`` means (its edges that wait for more than the start): a service's
+        gate record, an init job's record."""
         files = self.files(run)
-        return [files.init_record(name) if name in self.init_jobs else files.service_gate(name) for name in names]
+        return [files.init_record(name) if name in self.init_jobs else files.service_gate(name)
+                for name in depends.gate_waits(depends_on)]
+
+    def started(self, depends_on: Iterable[str] | Mapping[str, str]) -> list[str]:
+        """The services of a ``depends_on`` waited for only until they have started (``service_started``)."""
+        return depends.start_waits(depends_on)
 
     def uses(self, names: Iterable[str]) -> list[str]:
         """The services among ``names`` (a depends_on) whose variables a program gets (an init job has none)."""
@@ -475,6 +481,7 @@ def load(config: Mapping[str, Any], facts: Facts) -> Plan:
         main_spec = complete["services"].pop(complete["main"])
         order = [name for name in order if name != complete["main"]]
     refusals.refuse_bad_init(complete)
+    refusals.refuse_bad_conditions(complete, main_spec, spelled)
     init_order = tuple(name for name in order if name in complete["init_jobs"])
     order = [name for name in order if name not in init_order]
     refusals.refuse_shared_steps(complete)

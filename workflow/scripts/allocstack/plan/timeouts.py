@@ -9,6 +9,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from . import depends
+
 #: Seconds a service may take to publish its endpoint once its dependencies are ready
 #: (srun + Apptainer + the supervisor's start).
 SERVICE_START_SECONDS = 30
@@ -35,10 +37,12 @@ def gate_interval(config: Mapping[str, Any], name: str) -> float:
 
 
 def start_bound(config: Mapping[str, Any], name: str) -> float:
-    """Seconds until ``name`` has published its endpoint at the latest: its dependencies' gates, then its start."""
+    """Seconds until ``name`` has published its endpoint at the latest: its dependencies' gates (or, for those it
+    waits for with ``service_started``, their starts), then its start."""
     dependencies = config["services"][name]["depends_on"]
+    gated = depends.gate_waits(dependencies)
     return SERVICE_START_SECONDS + max(
-        (start_bound(config, d) + gate_timeout(config, d) for d in dependencies), default=0)
+        (start_bound(config, d) + (gate_timeout(config, d) if d in gated else 0) for d in dependencies), default=0)
 
 
 def gates_timeout(config: Mapping[str, Any]) -> float:
