@@ -126,3 +126,34 @@ def test_sigterm_to_the_jobs_process_group_stops_your_service_cleanly(tmp_path):
     end = json.loads((tmp_path / "scratch" / "services" / "db.end.json").read_text())
     assert proc.returncode == 0 and end["status"] == "stopped", (end, stderr)
     assert end["how"] == "killed by SIGTERM" and "stopped cleanly" in stderr
+
+
+def test_a_worker_waits_for_a_service_no_gate_covers_to_start_then_gets_its_variables(tmp_path):
+    """A service ready once started that nothing depends on has no gate: a worker (here a long-running one,
+    replica.py, as the plan starts it with --started) waits until it has published its endpoint, then starts its
+    program with the service's variables. Without the wait it read the endpoint file at once and failed when the
+    service's supervisor had not written it yet (a race the gates did not cover)."""
+    from allocstack.common.endpoint import service_endpoint_path, write_endpoint
+
+    scratch, seen = tmp_path / "scratch", tmp_path / "seen.txt"
+    scratch.mkdir(mode=0o700)
+    program = [sys.executable, "-c", f"import os; open({str(seen)!r}, 'w').write(os.environ['ALLOCSTACK_SIDECAR_ENDPOINT'])"]
+    worker = subprocess.Popen(
+        [sys.executable, str(SCRIPTS / "replica.py"), "--worker-id", "worker-01", "--index", "0", "--workers", "1",
+         "--scratch", str(scratch), "--uses", "sidecar", "--started", "sidecar", "--gate-timeout", "60",
+         "--command-json", json.dumps(program)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path)
+    try:
+        time.sleep(1.5)
+        assert worker.poll() is None and not seen.exists(), "the worker started before the service did"
+        published = service_endpoint_path(scratch, "sidecar")
+        published.parent.mkdir(mode=0o700, exist_ok=True)  # as app_service.py makes it
+        write_endpoint(published, "http://127.0.0.1:5999", "t0ken", "")
+        _, stderr = worker.communicate(timeout=60)
+    finally:
+        if worker.poll() is None:
+            worker.kill()
+            worker.wait()
+    assert worker.returncode == 0, stderr
+    assert seen.read_text() == "http://127.0.0.1:5999"
+    assert "waiting for service sidecar to start" in stderr

@@ -425,3 +425,23 @@ def test_a_service_started_edge_waits_for_the_start_alone_and_the_others_for_the
     # the workers still wait for every gate, db's included
     replica = parse("replica.py", planned.args("worker", run=planned.run, worker="worker-01"))
     assert layout.service_gate("db") in map(str, replica.gate_record)
+
+
+def test_the_workers_wait_for_the_start_of_each_service_no_gate_covers(workdir):
+    """A service ready once started that nothing depends on has no gate, but the workers get its variables: they
+    wait until it has started (its endpoint file), else they could read its variables before it publishes them."""
+    stack = ("workers: 20\nworker: {command: [python3, w.py], per_step: 10}\n"
+             "services: {db: {command: [db], port: 5432},"
+             " sidecar: {command: [agent], depends_on: [db], readiness: {mode: started}}}\n")
+    planned = plan_of(stack)
+    assert planned.gated == ["db"] and planned.ungated == ["sidecar"]
+    block = parse("worker_block.py", planned.args("workers", run=planned.run, step=planned.step_names[0]))
+    assert block.started == ["sidecar"] and [str(path) for path in block.gate_record] == [
+        planned.layout.coordinator_gate, planned.layout.service_gate("db")]
+    single = plan_of(stack.replace(", per_step: 10", ", per_step: 1"))
+    assert parse("worker.py", single.args("worker", run=single.run, worker="worker-01")).started == ["sidecar"]
+    daemons = plan_of("tasks: null\nexpected: null\nworker: {mode: long-running, command: [w]}\n"
+                      "verify: {command: [c]}\n" + stack.split("\n", 2)[2])
+    assert parse("replica.py", daemons.args("worker", run=daemons.run, worker="worker-01")).started == ["sidecar"]
+    gated = plan_of(stack.replace("readiness: {mode: started}", "readiness: {mode: tcp}"))
+    assert parse("worker_block.py", gated.args("workers", run=gated.run, step=gated.step_names[0])).started == []

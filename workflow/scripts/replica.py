@@ -39,6 +39,7 @@ from allocstack.common.cli import (
     add_gate_arguments,
     add_placement_arguments,
     add_program_arguments,
+    add_started_arguments,
     positive_int,
     run,
     runtime_facts,
@@ -49,7 +50,7 @@ from allocstack.common.events import append_event
 from allocstack.common.jsonio import atomic_write_json
 from allocstack.common.scratch import make_private
 from allocstack.launch import exposure
-from allocstack.launch.program import Placement, await_gates, describe, prepare, program_environment
+from allocstack.launch.program import Placement, await_dependencies, describe, prepare, program_environment
 from allocstack.launch.restart import RestartPolicy, exhausted
 from allocstack.launch.restart import add_arguments as add_restart_arguments
 from allocstack.launch.supervise import Outcome, Supervised
@@ -83,6 +84,7 @@ def parse_args(argv: list[str] | None):
     parser.add_argument("--uses-coordinator", action="store_true",
                         help="also the built-in coordinator's variables (ALLOCSTACK_COORDINATOR_*)")
     add_gate_arguments(parser)
+    add_started_arguments(parser)
     parser.add_argument("--stop-when-main-ends", metavar="NAME",
                         help="config main: stop the program once NAME ended (SIGTERM, --stop-grace, SIGKILL)")
     parser.add_argument("--max-lifetime", type=float, default=None,
@@ -114,7 +116,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         make_private(events.parent)
         events.unlink(missing_ok=True)
-        await_gates(args.gate_record, args.gate_timeout, log)
+        await_dependencies(args.gate_record, args.started, args.scratch, args.gate_timeout, log)
         if args.remote_services:  # off the first node: through the TLS tunnels
             services = remote_services_environment(args.remote_services, args.uses,
                                                    args.endpoint_file if args.uses_coordinator else None)

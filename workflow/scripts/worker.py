@@ -43,6 +43,7 @@ from allocstack.common.cli import (
     EXIT_INTERRUPTED,
     ArgumentParser,
     add_gate_arguments,
+    add_started_arguments,
     argv_list,
     json_object,
     non_negative_float,
@@ -64,7 +65,7 @@ from allocstack.common.errors import EXIT_OK, EXIT_TEMPFAIL, AllocstackError, re
 from allocstack.common.events import append_event, ensure_log_dir
 from allocstack.common.jsonio import atomic_write_json, sha256_texts
 from allocstack.launch.lifeline import watch_launcher
-from allocstack.launch.program import await_gates, expand_argv, program_environment
+from allocstack.launch.program import await_dependencies, expand_argv, program_environment
 from allocstack.worker.client import CoordinatorClient
 from allocstack.worker.handlers import TaskFailure, baseline, command_handler
 from allocstack.worker.httpclient import ConnectFailed, TimedOut, TransportError
@@ -288,6 +289,7 @@ def parse_args(argv: list[str] | None):
                         help="off the first node: NAME=INSTANCE, a global service reached at its instance on this "
                              "node (SCRATCH/services/INSTANCE.json), not through the tunnel (repeatable)")
     add_gate_arguments(parser)
+    add_started_arguments(parser)
     parser.add_argument("--record", type=Path, help="write this worker's record (JSON) here at the end")
     parser.add_argument("--batch", type=positive_int, default=1, help="tasks claimed per round trip")
     parser.add_argument("--command-json", type=argv_list, default=None,
@@ -334,7 +336,7 @@ def main(argv: list[str] | None = None) -> int:
 
     watch_launcher(orphaned)
     try:
-        await_gates(args.gate_record, args.gate_timeout, log)
+        await_dependencies(args.gate_record, args.started, args.scratch, args.gate_timeout, log)
         if args.remote_services:  # off the first node: your services through their TLS tunnels
             from allocstack.launch.tunnel import remote_services_environment  # asyncio: only here (~20 ms to import)
 

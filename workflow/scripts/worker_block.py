@@ -32,13 +32,20 @@ from pathlib import Path
 
 from allocstack import SCHEMA_VERSION
 from allocstack.common import names
-from allocstack.common.cli import ArgumentParser, add_gate_arguments, positive_float, positive_int, run
+from allocstack.common.cli import (
+    ArgumentParser,
+    add_gate_arguments,
+    add_started_arguments,
+    positive_float,
+    positive_int,
+    run,
+)
 from allocstack.common.endpoint import Endpoint, read_endpoint, read_view_token, write_endpoint
 from allocstack.common.errors import AllocstackError, report
 from allocstack.common.jsonio import atomic_write_json
 from allocstack.launch.lifeline import ENV as LIFELINE_ENV
 from allocstack.launch.lifeline import FORWARDED_SIGNALS, watch_launcher
-from allocstack.launch.program import await_gates
+from allocstack.launch.program import await_dependencies
 from allocstack.launch.supervise import die_with_parent
 from allocstack.worker.block import MAX_RESTARTS, Fate, Member, Members, restart_pause
 from allocstack.worker.relay import Relay
@@ -69,6 +76,7 @@ def parse_args(argv: list[str] | None):
     parser.add_argument("--max-restarts", type=int, default=MAX_RESTARTS,
                         help="times a worker killed from outside is started again")
     add_gate_arguments(parser)
+    add_started_arguments(parser)
     parser.add_argument("--worker-arg", action="append", default=[],
                         help="an option of worker.py every worker gets, e.g. --worker-arg=--batch=64 (repeatable)")
     args = parser.parse_args(argv)
@@ -221,7 +229,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         for directory in (args.records, args.log_dir):
             directory.mkdir(parents=True, exist_ok=True)
-        await_gates(args.gate_record, args.gate_timeout, lambda message: log(f"{args.step}: {message}"))
+        await_dependencies(args.gate_record, args.started, args.scratch, args.gate_timeout,
+                           lambda message: log(f"{args.step}: {message}"))
         endpoint = read_endpoint(args.endpoint_file or args.scratch / names.ENDPOINT)
     except AllocstackError as error:
         return report(error)

@@ -317,6 +317,7 @@ def worker(plan: Plan, run: str, worker: str) -> list[str]:
     """worker.py (per-task) or replica.py (long-running): a worker of its own job step, once every gate passed."""
     config, files = plan.config, plan.files(run)
     pairs = [("--worker-id", worker), *each("--gate-record", gate_records(plan, run, plan.worker_node(worker))),
+             *each("--started", started_waits(plan, plan.worker_node(worker))),
              ("--gate-timeout", timeouts.gates_timeout(config)), ("--record", files.worker_record(worker))]
     flags: tuple[str, ...] = ()
     if plan.long_running:
@@ -389,7 +390,8 @@ def workers(plan: Plan, run: str, step: str) -> list[str]:
     pairs: list[tuple[str, Any]] = [
         ("--step", step), *each("--worker", block.workers), ("--records", files.step_records(step)),
         ("--log-dir", files.step_logs), ("--connections", connections.PER_STEP),
-        *each("--gate-record", gate_records(plan, run, block.node)), ("--gate-timeout", timeouts.gates_timeout(config)),
+        *each("--gate-record", gate_records(plan, run, block.node)), *each("--started", started_waits(plan, block.node)),
+        ("--gate-timeout", timeouts.gates_timeout(config)),
         ("--connect-timeout", config["worker"]["connect_timeout"])]
     worker_args = options(*per_task(plan))
     if plan.nodes > 1:
@@ -411,6 +413,12 @@ def gate_records(plan: Plan, run: str, node: int) -> list[str]:
     if node > 0:
         records.append(files.node_gate(node + 1))
     return records
+
+
+def started_waits(plan: Plan, node: int) -> list[str]:
+    """The services the workers on the first node (``node`` 0) wait for only until they have started: those with no
+    gate, whose variables they get too (their endpoint files are in that node's scratch)."""
+    return plan.ungated if node == 0 else []
 
 
 def worker_network(plan: Plan, run: str, worker: str) -> list[str]:

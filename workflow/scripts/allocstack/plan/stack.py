@@ -172,6 +172,13 @@ class Plan:
                 or (spec.get("readiness") or {}).get("mode") != "started"]
 
     @property
+    def ungated(self) -> list[str]:
+        """The services with no gate (ready once started, and nothing depends on them): the workers, which get their
+        variables too, wait only until each has started (its endpoint file), as Compose waits for nothing more."""
+        gated = set(self.gated)
+        return [name for name in self.services if name not in gated]
+
+    @property
     def reachable(self) -> list[str]:
         """The services a serving stack's UP line shows a way to: all but those that publish nothing (no port, and
         ready once started: a Celery or RQ worker, which listens on nothing)."""
