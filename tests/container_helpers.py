@@ -40,7 +40,9 @@ def assert_sigterm_drains(proc: subprocess.Popen, marker: Path, needle: str) -> 
 
 
 def assert_killed_launcher_leaves_nothing(proc: subprocess.Popen, needle: str) -> None:
-    """SIGKILL of the launcher (as Snakemake ends a failed group's jobs): the component must not outlive it."""
+    """SIGKILL of the launcher (as Snakemake ends a failed group's jobs): the component must not outlive it.
+    ``needle``: text in the component's command line that no other test's process has (a path of its tmp_path:
+    the tests run side by side, and one machine-wide search once found another test's component)."""
     deadline = time.monotonic() + 30
     while not [p for p in pids_mentioning(needle) if p != proc.pid] and time.monotonic() < deadline:
         time.sleep(0.1)

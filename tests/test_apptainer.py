@@ -102,7 +102,7 @@ def test_sigkill_of_the_launcher_leaves_no_container_behind(tmp_path, image):
          "--worker-id", "worker-01", "--gate-record", str(tmp_path / "bound/never.json"), "--gate-timeout", "60"],
         cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )
-    assert_killed_launcher_leaves_nothing(proc, "never.json")
+    assert_killed_launcher_leaves_nothing(proc, str(tmp_path / "bound/never.json"))  # this test's own
 
 
 def test_missing_apptainer_is_a_prerequisite_error_naming_the_fix(project, image):

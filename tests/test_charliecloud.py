@@ -179,7 +179,7 @@ def test_sigkill_of_the_launcher_leaves_no_component_behind(tmp_path, any_image)
     (tmp_path / "bound").mkdir()
     proc = launch(tmp_path, any_image, SCRIPTS / "worker.py", "--worker-id", "worker-01", "--gate-record",
                   str(tmp_path / "bound/never.json"), "--gate-timeout", "60", component="worker-01")
-    assert_killed_launcher_leaves_nothing(proc, "never.json")
+    assert_killed_launcher_leaves_nothing(proc, str(tmp_path / "bound/never.json"))  # this test's own
 
 
 def test_sigterm_to_the_stack_drains_and_a_rerun_resumes(project, any_image):

@@ -114,12 +114,17 @@ verify:
 def test_your_own_stack_is_interrupted_too(project):
     """Services of yours and long-running workers (no built-in coordinator): SIGINT to Snakemake alone stops them
     all, and the run says INTERRUPTED; the summary names no task count it does not have."""
-    (project / "config/own.yaml").write_text(OWN_STACK)
+    # The workers' command names this test's project: the search for them is machine-wide, and other tests run
+    # `time.sleep(120)` side by side (one such match once had Snakemake interrupted before the stack started).
+    marker = str(project / "own-worker")
+    (project / "config/own.yaml").write_text(OWN_STACK.replace(
+        'command: [python3, -c, "import time; time.sleep(120)"]',
+        f'command: [python3, -c, "import time; time.sleep(120)", "{marker}"]'))
     args = ("--cores", "4", "--configfile", "config/own.yaml")
     proc = started(project, *args)
     try:
         pid = proc.pid
-        wait_for(lambda: len(pids_mentioning("time.sleep(120)")) >= 2)
+        wait_for(lambda: len(pids_mentioning(marker)) >= 2)
         os.kill(pid, signal.SIGINT)
         output, _ = proc.communicate(timeout=120)
     finally:
