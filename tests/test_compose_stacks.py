@@ -150,20 +150,23 @@ def test_an_imported_stack_runs_on_the_cluster(cluster_project, name):  # noqa: 
 PYTHON = json.dumps(sys.executable)
 
 
-def run_own_stack(project, run: str, workers: int, worker: str, service: str, code: str):
-    """Snakemake on a stack without a Compose file: one service NAME (a tcp gate) and long-running workers,
-    each a snippet of Python; the check passes. Returns the run."""
+def run_own_stack(project, run: str, workers: int, worker: str, service: str, code: str, *args: str,
+                  python: str = sys.executable, readiness: dict | None = None):
+    """Snakemake on a stack without a Compose file: one service NAME (a tcp gate, with ``readiness`` added to its
+    settings) and long-running workers, each a snippet of Python run by ``python`` (``python3``: the image's, in
+    one); the check passes; ``args`` go to Snakemake. Returns the run."""
+    python, gate = json.dumps(python), json.dumps({"mode": "tcp", **(readiness or {})})
     (project / f"config/{run}.yaml").write_text(textwrap.dedent(f"""
         run: {run}
         tasks: null
         expected: null
         workers: {workers}
-        worker: {{mode: long-running, command: [{PYTHON}, -c, {json.dumps(worker)}]}}
+        worker: {{mode: long-running, command: [{python}, -c, {json.dumps(worker)}]}}
         services:
-          {service}: {{command: [{PYTHON}, -c, {json.dumps(code)}], readiness: {{mode: tcp}}}}
-        verify: {{command: [{PYTHON}, -c, pass]}}
+          {service}: {{command: [{python}, -c, {json.dumps(code)}], readiness: {gate}}}
+        verify: {{command: [{python}, -c, pass]}}
     """))
-    return snakemake(project, "--cores", "4", "--configfile", f"config/{run}.yaml")
+    return snakemake(project, "--cores", "4", "--configfile", f"config/{run}.yaml", *args)
 
 
 def test_a_failing_replica_fails_the_run_naming_it(project):

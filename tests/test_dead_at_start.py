@@ -3,13 +3,15 @@ the end-of-run verdict quotes the first failed component's last line (and a hint
 
 Real launchers, gates and programs: without an image (a program that crashes), in Apptainer (the program
 killed at start, as the OOM killer does) and in Charliecloud (a SquashFS image on a node whose /dev/fuse is
-not usable: ch-run gives up after its retries, the program never starts).
+not usable: ch-run gives up after its retries, the program never starts). The same for a service of your own
+(app_service.py) and its gate, in whole runs without an image and in Apptainer.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -18,6 +20,7 @@ from pathlib import Path
 
 import pytest
 
+from allocstack.common import names
 from allocstack.common.attempts import COMMAND_ENV
 from allocstack.common.scratch import run_scratch
 from allocstack.coordinator.endrecord import launcher_saw_end
@@ -194,6 +197,8 @@ DEAD = ("import sys\nprint('Fatal Python error: init_fs_encoding: failed to get 
 def test_under_slurm_a_dead_at_start_coordinator_ends_its_gate_within_2_s(tmp_path):
     """The Slurm profile, each component a job step in the image: the coordinator's step dies at start. Its
     gate (another step) ends within 2 s of it, quoting its line, not Slurm's about the step."""
+    from test_attempts import elapsed_seconds, submitted
+
     from real_parts import require_slurm
 
     require_slurm()
@@ -201,9 +206,11 @@ def test_under_slurm_a_dead_at_start_coordinator_ends_its_gate_within_2_s(tmp_pa
     project = copy_project(tmp_path / "project")
     (project / "workflow/scripts/coordinator.py").write_text(DEAD)
     write_json(project / "config/long-gate.json", {"readiness": {"timeout": GATE_DEADLINE}})
+    started = time.monotonic()
     done = snakemake(project, "--profile", "profiles/slurm", "--retries", "0", "--configfile", "config/long-gate.json",
                      "--default-resources", "slurm_account=allocstack", "slurm_partition=debug", "mem_mb=300",
                      "runtime=10", "--config", f"image={image}", timeout=600)
+    took = time.monotonic() - started
     output = done.stdout + done.stderr
     assert done.returncode != 0
     gate_log = (project / "logs/await_readiness/baseline.log").read_text()
@@ -216,4 +223,59 @@ def test_under_slurm_a_dead_at_start_coordinator_ends_its_gate_within_2_s(tmp_pa
                 if json.loads(line)["event"] == "gate-failed"]
     lag = failed["t"] - note["endedAt"]
     assert lag <= GATE_BOUND, f"the gate ended {lag:.2f} s after the coordinator"
-    print(f"under Slurm: the gate ended {lag:.2f} s after the coordinator's step")
+    [job] = submitted(output)  # (its time pending in the queue is the rest of the whole run's)
+    print(f"under Slurm: the gate ended {lag:.2f} s after the coordinator's step; the whole run failed in {took:.1f} s, "
+          f"its job ran {elapsed_seconds(job)} s (sacct)")
+
+
+# A service of yours that dies at start, once its gate waits for it (its gate's log is there, and a second more,
+# bounded): it says when it exits (stdout: its log), then its last line (stderr), and exits 1. Run by ``python3``,
+# which is the image's in one; its working directory is where snakemake runs, in the image too.
+SERVICE_DIES = """import os, sys, time
+waiting = time.monotonic() + 60
+while not os.path.exists(sys.argv[1]) and time.monotonic() < waiting:
+    time.sleep(0.05)
+time.sleep(1.0)
+print(f"db: exiting at {time.time():.3f}", flush=True)
+print("db: FATAL: could not open the data directory /var/lib/db: Permission denied", file=sys.stderr, flush=True)
+sys.exit(1)
+"""
+LAST_WORDS = "db: FATAL: could not open the data directory /var/lib/db: Permission denied"
+
+
+@pytest.mark.parametrize("runtime", ["none", pytest.param("apptainer", marks=pytest.mark.apptainer)])
+def test_a_service_of_yours_that_dies_at_start_ends_its_gate_within_2_s(project, runtime):
+    """Your own service (app_service.py) dies at start while its gate (readiness.py, a tcp gate with a 120 s
+    deadline) waits: the gate ends within 2 s of the program's exit, and the verdict names the service and its
+    last line of stderr. Without an image, and in Apptainer (the service in the image, its supervisor beside it)."""
+    from test_compose_stacks import run_own_stack
+
+    run = "dead-service"
+    gate_log = f"logs/await_service/{run}/db.log"
+    args = ["--sdm", "apptainer", "--config", f"image={require_apptainer()}"] if runtime == "apptainer" else []
+    started = time.monotonic()
+    done = run_own_stack(project, run, 1, "pass", "db", SERVICE_DIES.replace("sys.argv[1]", repr(gate_log)), *args,
+                         python="python3", readiness={"timeout": GATE_DEADLINE})
+    took = time.monotonic() - started
+    output = done.stdout + done.stderr
+    assert done.returncode != 0
+    # (how it ended as its supervisor recorded it, or as its launcher noted it: whichever the gate saw first)
+    said = re.compile(r"allocstack: error \[service-exit\]: service db ended before it was ready(: exited 1| \(exit "
+                      rf"1\)): {re.escape(LAST_WORDS)}$")
+    [line] = [text for text in (project / gate_log).read_text().splitlines() if said.match(text)]
+    verdict = output.split(f"allocstack: run {run} FAILED", 1)[1]
+    assert f"  {line}\n" in verdict, verdict[:3000]
+    errors = [text.strip() for text in verdict.splitlines() if text.strip().startswith("allocstack: error [")]
+    assert all(error.startswith("allocstack: error [service-exit]: service db ended ") and LAST_WORDS in error
+               for error in errors), errors  # (its supervisor's record says so too)
+    service_log = (project / f"logs/serve_service/{run}/db.log").read_text()
+    exited_at = float(re.search(r"db: exiting at (\d+\.\d+)", service_log)[1])
+    [scratch] = (project / "tmp").glob(f"allocstack-*/{run}.*")
+    [failed] = [event for event in map(json.loads, (scratch / names.component_events("db")).read_text().splitlines())
+                if event["event"] == "gate-failed"]
+    assert failed["service"] == "db"
+    lag = failed["t"] - exited_at
+    assert 0 <= lag <= GATE_BOUND, f"the gate ended {lag:.2f} s after the service's program"
+    if runtime == "apptainer":
+        assert "db: in its image: apptainer exec" in service_log
+    print(f"{runtime}: service db's gate ended {lag:.2f} s after its program; the whole run failed in {took:.1f} s")

@@ -4,7 +4,9 @@ Rows (point 4 of issue 30): $TMPDIR under /tmp, under /var/tmp, elsewhere (a nod
 /local/<jobid>, made by the test), a per-job directory made by the test cluster's Slurm prolog and removed
 at the job's end (tests/cluster/job-tmpdir.sh), a read-only or full one (one clear line), and
 $SLURM_TMPDIR set. Each row runs once without an image, once in Apptainer and once in Charliecloud, and
-once under the Slurm profile on the test cluster's three namespaced nodes (not the full cross-product).
+once under the Slurm profile on the test cluster's three namespaced nodes (not the full cross-product). A stack
+of your own (a service, long-running workers writing into a named volume, a check reading it: tests/stacks/kv)
+runs with $TMPDIR elsewhere under each runtime too: every caller of the scratch, not only the built-in stack's.
 Every successful run must be VERIFIED with its scratch under that root (provenance.json says which and
 where it came from) and removed afterwards; every refused one must say so in one line naming the root.
 """
@@ -24,9 +26,10 @@ from pathlib import Path
 
 import pytest
 from scratch_helpers import fill, mount_tmpfs, require_root, unmount
+from test_compose_stacks import STACK, check_stack_ran, import_test_stack, place_images
 from test_multinode import cluster_args, multinode_project  # noqa: F401  (a fixture)
 
-from conftest import local_user, pids_mentioning
+from conftest import local_user, pids_mentioning, pids_of_run
 from real_parts import require_apptainer, require_charliecloud, require_job_tmpdir_prolog
 from workflow_helpers import copy_project, snakemake
 
@@ -37,6 +40,8 @@ NO_APPTAINER_PATH = os.pathsep.join(p for p in os.environ["PATH"].split(os.paths
 #: The test cluster's per-job directory (tests/cluster/job-tmpdir.sh) on every node, for jobs that ask for it.
 NODE_SCRATCH = Path("/tmp/allocstack-node-scratch")
 JOB_TMPDIR_ENV = "ALLOCSTACK_TEST_JOB_TMPDIR"
+#: The runtimes' own processes, told from others' by the run's paths in their environment (conftest.pids_of_run).
+RUNTIME_HELPERS = ("Apptainer runtime parent", "squashfuse")
 
 
 def runtime_args(runtime: str, *config: str) -> tuple[list[str], dict[str, str]]:
@@ -80,15 +85,18 @@ def roots():
         shutil.rmtree(path, ignore_errors=True)
 
 
-def run(project: Path, runtime: str, env: dict[str, str], *config: str, timeout: float = 300):
+def run(project: Path, runtime: str, env: dict[str, str], *config: str, timeout: float = 300,
+        configfile: str | None = None):
     args, runtime_env = runtime_args(runtime, *config)
-    return snakemake(project, "--cores", "4", *args, env={**runtime_env, **env}, timeout=timeout)
+    files = ["--configfile", configfile] if configfile else []
+    return snakemake(project, "--cores", "4", *files, *args, env={**runtime_env, **env}, timeout=timeout)
 
 
-def assert_verified_in(project: Path, output: str, root: Path, source: str, runtime: str) -> dict:
+def assert_verified_in(project: Path, output: str, root: Path, source: str, runtime: str, run: str = "baseline",
+                       verdict: str = "4 of 4 tasks correct") -> dict:
     """VERIFIED, its scratch under ``root`` (from ``source``), run in the image, and removed afterwards."""
-    assert "allocstack: run baseline VERIFIED: 4 of 4 tasks correct" in output, output[-4000:]
-    provenance = json.loads((project / "results/baseline/provenance.json").read_text())
+    assert f"allocstack: run {run} VERIFIED: {verdict}" in output, output[-4000:]
+    provenance = json.loads((project / f"results/{run}/provenance.json").read_text())
     scratch = Path(provenance["scratch"]["path"])
     assert scratch.parent == root / f"allocstack-{os.getuid()}", provenance["scratch"]
     assert provenance["scratch"]["from"] == source
@@ -127,6 +135,35 @@ def test_a_run_uses_its_own_scratch_wherever_the_center_puts_tmpdir(project, roo
     done = run(project, runtime, {"TMPDIR": str(root), **env} if row != "slurm-tmpdir" else env)
     assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
     assert_verified_in(project, done.stdout + done.stderr, root, source, runtime)
+
+
+@pytest.mark.parametrize("runtime", RUNTIMES)
+def test_your_own_stack_uses_its_scratch_with_tmpdir_outside_tmp(project, roots, runtime):
+    """Every caller of the scratch, not only the built-in stack's: tests/stacks/kv imported as a user would (a
+    service, app_service.py, with its gate; three long-running workers, replica.py, writing their notes into the
+    named volume; the check, check.py, reading them back while the service is up), $TMPDIR node-local-like."""
+    require_root("a directory outside /tmp and /var/tmp")
+    root = roots(elsewhere(runtime, secrets.token_hex(4)))
+    config = import_test_stack(project, "kv", *(["--runtime", "charliecloud"] if runtime == "charliecloud" else []))
+    if runtime != "none":  # each program in its image: here the test image (python3, as the Compose file's)
+        place_images(project, config, require_apptainer() if runtime == "apptainer" else require_charliecloud())
+    started = time.monotonic()
+    done = run(project, runtime, {"TMPDIR": str(root)}, configfile=config)
+    took = time.monotonic() - started
+    output = done.stdout + done.stderr
+    assert done.returncode == 0, output[-4000:]
+    check_stack_ran(project, "kv")  # result.json success, the service stopped cleanly, the check's own line
+    run_name = STACK["kv"][0]
+    provenance = assert_verified_in(project, output, root, "$TMPDIR", runtime, run=run_name,
+                                    verdict="your check passed, 1 service(s) stopped cleanly")
+    assert {"kv", "kv-readiness", "worker-01", "worker-02", "worker-03"} <= set(provenance["components"])
+    assert list(root.iterdir()) == [root / f"allocstack-{os.getuid()}"]
+    assert not list((root / f"allocstack-{os.getuid()}").iterdir())  # nothing of the run is left in the root
+    deadline = time.monotonic() + 10
+    while pids_of_run(root, *RUNTIME_HELPERS) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not pids_of_run(root, *RUNTIME_HELPERS)
+    print(f"{runtime}: your own stack with $TMPDIR {root}: VERIFIED in {took:.1f} s")
 
 
 @pytest.mark.parametrize("runtime, kind, variable", [
