@@ -243,9 +243,11 @@ def job_span(job: str) -> tuple[str, str, str]:
 
 
 @pytest.mark.slurm
+@pytest.mark.serial
 def test_two_slurm_jobs_on_one_node_with_the_same_tmpdir_keep_to_their_own_scratch(tmp_path):
     """Two clones, each its own sbatch job, on the test cluster's one node at the same time, both with the same
-    $TMPDIR (a node's shared /var/tmp): the run name is the same, the scratch is not."""
+    $TMPDIR (a node's shared /var/tmp): the run name is the same, the scratch is not. Serial: each job asks for 3
+    of the node's 8 CPUs, so beside another test's job Slurm ran them one after the other (CI, stop 35)."""
     require_slurm()
     shared = Path(tempfile.mkdtemp(prefix="allocstack-shared-tmp-", dir="/var/tmp"))
     try:
