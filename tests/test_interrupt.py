@@ -37,10 +37,10 @@ def started(project: Path, *args: str) -> subprocess.Popen:
                             text=True, start_new_session=True, env={**os.environ, "TMPDIR": str(project / "tmp")})
 
 
-def assert_interrupted(output: str, code: int, run: str, command: str) -> None:
-    assert code == 130, output[-4000:]
+def assert_interrupted(output: str, code: int, run: str, command: str, by: str = "Ctrl-C") -> None:
+    assert code == {"Ctrl-C": 130, "SIGTERM": 143}[by], output[-4000:]
     lines = output.splitlines()
-    assert ("allocstack: interrupted (Ctrl-C): stopping the run's jobs; what is done stays done, and the same command "
+    assert (f"allocstack: interrupted ({by}): stopping the run's jobs; what is done stays done, and the same command "
             "resumes") in lines, output[-3000:]
     verdict = next(line for line in lines if line.startswith(f"allocstack: run {run} "))
     assert verdict.startswith(f"allocstack: run {run} INTERRUPTED"), verdict
@@ -57,10 +57,11 @@ def nothing_left(project: Path) -> None:
     assert not left, [Path(f"/proc/{pid}/cmdline").read_bytes() for pid in left]
 
 
-@pytest.mark.parametrize("to", ["group", "snakemake alone", "twice"])
+@pytest.mark.parametrize("to", ["group", "snakemake alone", "twice", "sigterm alone"])
 def test_an_interrupted_run_says_interrupted_and_the_same_command_resumes(project, to):
     """The process group (a terminal's Ctrl-C), Snakemake's pid alone (its jobs hear only what allocstack passes
-    on), and a second SIGINT while the first one's stop is under way."""
+    on), a second SIGINT while the first one's stop is under way, and SIGTERM to Snakemake's pid alone (``kill
+    PID``: Snakemake's own graceful stop would wait for jobs that never end)."""
     config = slow_run(project, "stop", tasks=24, seconds=0.3)
     args = ("--cores", "4", "--configfile", str(config))
     proc = started(project, *args)
@@ -69,6 +70,8 @@ def test_an_interrupted_run_says_interrupted_and_the_same_command_resumes(projec
         wait_for(lambda: journaled(project, "stop") >= 4)
         if to == "group":
             os.killpg(proc.pid, signal.SIGINT)
+        elif to == "sigterm alone":
+            os.kill(pid, signal.SIGTERM)
         else:
             os.kill(pid, signal.SIGINT)
             if to == "twice":
@@ -78,7 +81,8 @@ def test_an_interrupted_run_says_interrupted_and_the_same_command_resumes(projec
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
-    assert_interrupted(output, proc.returncode, "stop", f"{SNAKEMAKE} {' '.join(args)}")
+    assert_interrupted(output, proc.returncode, "stop", f"{SNAKEMAKE} {' '.join(args)}",
+                       "SIGTERM" if to == "sigterm alone" else "Ctrl-C")
     if to == "twice":
         assert "allocstack: interrupted already: waiting for the run's jobs to stop" in output
     nothing_left(project)
@@ -111,9 +115,10 @@ verify:
 """
 
 
-def test_your_own_stack_is_interrupted_too(project):
-    """Services of yours and long-running workers (no built-in coordinator): SIGINT to Snakemake alone stops them
-    all, and the run says INTERRUPTED; the summary names no task count it does not have."""
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["sigint", "sigterm"])
+def test_your_own_stack_is_interrupted_too(project, signum):
+    """Services of yours and long-running workers (no built-in coordinator): SIGINT or SIGTERM to Snakemake alone
+    stops them all, and the run says INTERRUPTED; the summary names no task count it does not have."""
     # The workers' command names this test's project: the search for them is machine-wide, and other tests run
     # `time.sleep(120)` side by side (one such match once had Snakemake interrupted before the stack started).
     marker = str(project / "own-worker")
@@ -125,12 +130,13 @@ def test_your_own_stack_is_interrupted_too(project):
     try:
         pid = proc.pid
         wait_for(lambda: len(pids_mentioning(marker)) >= 2)
-        os.kill(pid, signal.SIGINT)
+        os.kill(pid, signum)
         output, _ = proc.communicate(timeout=120)
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
-    assert_interrupted(output, proc.returncode, "own", f"{SNAKEMAKE} {' '.join(args)}")
+    assert_interrupted(output, proc.returncode, "own", f"{SNAKEMAKE} {' '.join(args)}",
+                       "SIGTERM" if signum == signal.SIGTERM else "Ctrl-C")
     assert "allocstack: run own INTERRUPTED: the stack was stopped" in output
     nothing_left(project)
 
@@ -252,6 +258,37 @@ def test_the_first_sigint_passes_on_and_stops_scheduling_the_next_ones_only_say_
     finally:
         job.kill()
         job.wait()
+
+
+def test_sigterm_is_the_same_interruption_with_its_own_line_and_exit_143(fresh_state, monkeypatch):
+    interrupt = fresh_state
+    stopped, written = threading.Event(), []
+    snakemake = interrupt.Snakemake(jobs=lambda: [], scheduling=lambda: True, stop=stopped.set, local=lambda: True)
+    on_signal = interrupt.handler(snakemake, write=lambda fd, data: written.append(data) or len(data))
+    on_signal(signal.SIGTERM, None)
+    on_signal(signal.SIGINT, None)
+    assert stopped.wait(10) and interrupt.STATE.count == 2
+    assert [data.decode().lstrip("\r\x1b[K") for data in written] == [
+        "allocstack: interrupted (SIGTERM): stopping the run's jobs; what is done stays done, and the same command "
+        "resumes\n", interrupt.AGAIN]
+    with pytest.raises(SystemExit) as ended:
+        sys.exit(1)
+    assert ended.value.code == 143
+
+
+def test_sigterm_is_taken_over_only_where_sigint_was(fresh_state, monkeypatch):
+    """Inside a Slurm job (no SIGINT handler of allocstack's) Snakemake's own SIGTERM handling stays."""
+    interrupt = fresh_state
+    installed = {}
+    monkeypatch.setattr(signal, "signal", lambda signum, handler: installed.__setitem__(signum, handler))
+    monkeypatch.setattr(signal, "getsignal", lambda signum: signal.default_int_handler)
+    interrupt.take_sigterm()
+    assert installed == {}
+    ours = interrupt.handler(interrupt.Snakemake(jobs=list, scheduling=bool, stop=lambda: None, local=bool))
+    ours.allocstack = True
+    monkeypatch.setattr(signal, "getsignal", lambda signum: ours)
+    interrupt.take_sigterm()
+    assert installed == {signal.SIGTERM: ours}
 
 
 @pytest.mark.parametrize("local, scheduling", [(False, True), (True, False)])

@@ -208,9 +208,8 @@ node_gates = lambda wildcards: PLAN.node_gates(wildcards.run)
 
 
 def start_of_run():
-    """Snakemake's onstart (a run, not a dry run; the command's own process): ``--forcerun serve_coordinator``
-    (or validate_inputs, or --forceall) starts the run over: its journal is set aside, named in one line.
-    """
+    """Snakemake's onstart (a run): SIGTERM interrupts as Ctrl-C does; --forcerun serve_coordinator starts over."""
+    interrupt.take_sigterm()
     dag = workflow.dag_settings
     if not PLAN.starts_over(dag.forcerun, dag.forceall):
         return

@@ -1,4 +1,4 @@
-"""Ctrl-C in the Snakemake command that runs a stack: the run is INTERRUPTED, not failed.
+"""Ctrl-C (or SIGTERM) in the Snakemake command that runs a stack: the run is INTERRUPTED, not failed.
 
 Left to itself, Snakemake 9 answers SIGINT with a KeyboardInterrupt wherever its main thread is:
 its jobs, which the terminal interrupted too, then end with errors it reports one by one ("Error in
@@ -20,6 +20,12 @@ Ctrl-C lands in Snakemake's own cleanup ("RuntimeError: Cannot close a running e
   jobs the interruption ended, and the command exits 130 (128 + SIGINT, as a shell reports a
   program Ctrl-C ended) instead of 1.
 
+SIGTERM to the command (``kill PID``, a session or a batch system ending it) is the same interruption:
+Snakemake's own answer is a graceful stop that waits for the running jobs, and a stack's services and
+long-running workers never end by themselves, so it would wait for ever. :func:`take_sigterm` (from the
+command's onstart, after Snakemake's scheduler installed its own handler) takes it over: its line says
+SIGTERM, the jobs get SIGINT passed on as above, and the command exits 143 (128 + SIGTERM).
+
 The pieces that touch Snakemake come in as functions, so the handling is tested without it.
 Standard library only.
 """
@@ -39,6 +45,8 @@ from dataclasses import dataclass
 EXIT_INTERRUPTED = 128 + signal.SIGINT
 FIRST = ("allocstack: interrupted (Ctrl-C): stopping the run's jobs; what is done stays done, and the same "
          "command resumes\n")
+#: The first line for each signal the command takes over.
+FIRST_LINES = {signal.SIGINT: FIRST, signal.SIGTERM: FIRST.replace("(Ctrl-C)", "(SIGTERM)")}
 AGAIN = "allocstack: interrupted already: waiting for the run's jobs to stop\n"
 
 
@@ -92,13 +100,15 @@ def stop_the_run(snakemake: Snakemake) -> None:
     snakemake.stop()
 
 
-def exits_interrupted(original: Callable[..., object] = sys.exit) -> Callable[..., object]:
+def exits_interrupted(original: Callable[..., object] = sys.exit,
+                      interrupted: int = EXIT_INTERRUPTED) -> Callable[..., object]:
     """``sys.exit`` for an interrupted command: Snakemake's ``exit(1)`` (some job did not complete: the ones the
-    interruption ended) becomes 130; any other code stays. Once, then it is ``original`` again."""
+    interruption ended) becomes ``interrupted`` (130; 143 after SIGTERM); any other code stays. Once, then it is
+    ``original`` again."""
 
     def exit(code: object = None) -> object:
         sys.exit = original
-        return original(EXIT_INTERRUPTED if code == 1 else code)
+        return original(interrupted if code == 1 else code)
 
     return exit
 
@@ -122,7 +132,7 @@ def exits_served(marker: str | os.PathLike[str], since: float, original: Callabl
 
 def handler(snakemake: Snakemake, write: Callable[[int, bytes], int] = os.write,
             clock: Callable[[], float] = time.time) -> Callable[[int, object], None]:
-    """The SIGINT handler of a Snakemake command (see the module's docstring).
+    """The SIGINT (and SIGTERM) handler of a Snakemake command (see the module's docstring).
 
     It only notes, writes (a raw write: a print could land inside one the main thread is doing) and starts
     a thread; it raises KeyboardInterrupt only where Snakemake's own handling must run: a first Ctrl-C while
@@ -134,9 +144,10 @@ def handler(snakemake: Snakemake, write: Callable[[int, bytes], int] = os.write,
         first = STATE.at is None
         if first:
             STATE.at = clock()
-            sys.exit = exits_interrupted(sys.exit)
+            sys.exit = exits_interrupted(sys.exit, 128 + signum)
+        line = FIRST_LINES.get(signum, FIRST) if first else AGAIN
         try:  # on a terminal, from the start of a line (a live progress line may be drawn there)
-            write(2, (("\r\033[K" if os.isatty(2) else "") + (FIRST if first else AGAIN)).encode())
+            write(2, (("\r\033[K" if os.isatty(2) else "") + line).encode())
         except OSError:
             pass
         if not first:
@@ -155,3 +166,11 @@ def install(snakemake: Snakemake) -> None:
     on_sigint = handler(snakemake)
     on_sigint.allocstack = True  # type: ignore[attr-defined]
     signal.signal(signal.SIGINT, on_sigint)
+
+
+def take_sigterm() -> None:
+    """Where :func:`install` took SIGINT over (the command that starts a run), SIGTERM goes to the same handler;
+    called once Snakemake's scheduler has installed its own SIGTERM handler (onstart), which this replaces."""
+    on_sigint = signal.getsignal(signal.SIGINT)
+    if getattr(on_sigint, "allocstack", False):
+        signal.signal(signal.SIGTERM, on_sigint)
