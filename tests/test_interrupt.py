@@ -263,14 +263,13 @@ def test_the_first_sigint_passes_on_and_stops_scheduling_the_next_ones_only_say_
 def test_sigterm_is_the_same_interruption_with_its_own_line_and_exit_143(fresh_state, monkeypatch):
     interrupt = fresh_state
     stopped, written = threading.Event(), []
-    snakemake = interrupt.Snakemake(jobs=lambda: [], scheduling=lambda: True, stop=stopped.set, local=lambda: True)
+    snakemake = interrupt.Snakemake(jobs=list, scheduling=lambda: True, stop=stopped.set, local=lambda: True)
     on_signal = interrupt.handler(snakemake, write=lambda fd, data: written.append(data) or len(data))
     on_signal(signal.SIGTERM, None)
     on_signal(signal.SIGINT, None)
     assert stopped.wait(10) and interrupt.STATE.count == 2
     assert [data.decode().lstrip("\r\x1b[K") for data in written] == [
-        "allocstack: interrupted (SIGTERM): stopping the run's jobs; what is done stays done, and the same command "
-        "resumes\n", interrupt.AGAIN]
+        interrupt.FIRST.replace("(Ctrl-C)", "(SIGTERM)"), interrupt.AGAIN]
     with pytest.raises(SystemExit) as ended:
         sys.exit(1)
     assert ended.value.code == 143
