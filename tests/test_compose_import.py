@@ -456,6 +456,9 @@ def test_images_mounts_working_dir_entrypoint_secrets_and_configs_as_compose_wri
     assert "to get: image: redis:7 (db) -> images/redis-7.sif: apptainer build images/redis-7.sif docker://redis:7" \
            in out and "sha256sum images/redis-7.sif > images/redis-7.sif.sha256" in out
     assert "docker-archive://demo-app.tar" in out
+    assert ("podman save --format oci-archive demo-app -o demo-app.oci.tar, then apptainer build images/demo-app.sif "
+            "oci-archive://demo-app.oci.tar") in out
+    assert "apptainer build images/redis-7.sif oci-archive://x.oci.tar" in out
     code, config, _ = import_document(tmp_path, document, "--run", "demo", "--runtime", "charliecloud", "--images",
                                       "ch", env={}, monkeypatch=monkeypatch)
     out = capsys.readouterr().out

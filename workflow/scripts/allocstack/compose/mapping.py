@@ -843,7 +843,8 @@ def what_to_build(images: dict[str, tuple[str, list[str]]], runtime: str) -> lis
                        f"{path}, which keeps none of them)")
             else:
                 how = (f"apptainer build {path} docker://{value} (or where Docker runs: docker save {value} -o x.tar, "
-                       f"then apptainer build {path} docker-archive://x.tar)")
+                       f"then apptainer build {path} docker-archive://x.tar; from an OCI archive that Podman, Buildah "
+                       f"or skopeo wrote: apptainer build {path} oci-archive://x.oci.tar)")
         else:
             context = value.split(" ")[0]
             tag = Path(path).name.removesuffix(".sif")
@@ -851,8 +852,9 @@ def what_to_build(images: dict[str, tuple[str, list[str]]], runtime: str) -> lis
                 how = f"ch-image build -t {tag} {context} && ch-convert {tag} {path}"
             else:
                 how = (f"where Docker or Podman runs: docker build -t {tag} {context} && docker save {tag} -o "
-                       f"{tag}.tar, then apptainer build {path} docker-archive://{tag}.tar (or an Apptainer "
-                       "definition file: container/README.md)")
+                       f"{tag}.tar, then apptainer build {path} docker-archive://{tag}.tar (with Podman or Buildah: "
+                       f"podman save --format oci-archive {tag} -o {tag}.oci.tar, then apptainer build {path} "
+                       f"oci-archive://{tag}.oci.tar; or an Apptainer definition file: container/README.md)")
         sidecar = (f"python3 workflow/scripts/image_digest.py {path}" if runtime == "charliecloud"
                    else f"sha256sum {path} > {path}.sha256")
         lines.append(f"{source} ({', '.join(users)}) -> {path}: {how}; then {sidecar}")
