@@ -325,7 +325,42 @@ def two_refusals_for_one_cause(name: str, outcome: Outcome) -> list[str]:
             and match.group(1) in privileged]
 
 
+#: An import's line per image: ``SOURCE (USERS) -> PATH: how to get it`` (compose/mapping.py what_to_build).
+TO_GET = re.compile(r"(?P<source>(?:image|build): .+?) \((?P<users>[^()]+)\) -> (?P<path>\S+): ")
+
+
+def services_without_their_own_image(name: str, outcome: Outcome) -> list[str]:
+    """Each service runs in its own image, as in Compose: every service with ``image:`` or ``build:`` (and no
+    ``profiles:``: Compose starts those only when asked) is named in
+    one line of what to get, one image file per distinct image (the same reference shares its file), and the
+    written config gives each service the file of its own line. Of the files that import (a refused file may be
+    refused for its image reference)."""
+    if outcome.imported is None or outcome.status not in RUNNABLE:
+        return []
+    found, path_of_user, path_of_source = [], {}, {}
+    for line in outcome.imported.report.build:
+        match = TO_GET.match(line)
+        if not match:
+            found.append(f"not a line of what to get: {line[:80]}")
+            continue
+        if path_of_source.setdefault(match["source"], match["path"]) != match["path"]:
+            found.append(f"{match['source']}: two image files")
+        for user in match["users"].split(", "):
+            path_of_user[user] = match["path"]
+    if len(set(path_of_source.values())) != len(path_of_source):
+        found.append(f"two images share one file: {path_of_source}")
+    for service, spec in services_of(name).items():
+        if (spec.get("image") or spec.get("build")) and not spec.get("profiles") and service not in path_of_user:
+            found.append(f"{service}: no image to get")
+    for service, spec in (outcome.imported.config.get("services") or {}).items():
+        own = path_of_user.get(service, path_of_user.get(service.removesuffix("-service")))
+        if own is not None and (spec or {}).get("image") != own:
+            found.append(f"services.{service}.image: {(spec or {}).get('image')}, not {own}")
+    return found
+
+
 CHECKS = {
+    "service-without-its-own-image": services_without_their_own_image,
     "image-tag-as-port": image_tags_read_as_ports,
     "value-rewritten-as-host": values_rewritten_as_hosts,
     "default-split-at-colon": defaults_split_at_their_colon,
