@@ -262,7 +262,10 @@ def test_a_service_of_yours_that_dies_at_start_ends_its_gate_within_2_s(project,
     # (how it ended as its supervisor recorded it, or as its launcher noted it: whichever the gate saw first)
     said = re.compile(r"allocstack: error \[service-exit\]: service db ended before it was ready(: exited 1| \(exit "
                       rf"1\)): {re.escape(LAST_WORDS)}$")
-    [line] = [text for text in (project / gate_log).read_text().splitlines() if said.match(text)]
+    gate_lines = (project / gate_log).read_text().splitlines()
+    lines = [text for text in gate_lines if said.match(text)]
+    assert len(lines) == 1, ("\n".join(gate_lines[-20:]), output[-3000:])
+    [line] = lines
     verdict = output.split(f"allocstack: run {run} FAILED", 1)[1]
     assert f"  {line}\n" in verdict, verdict[:3000]
     errors = [text.strip() for text in verdict.splitlines() if text.strip().startswith("allocstack: error [")]

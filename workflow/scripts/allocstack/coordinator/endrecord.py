@@ -21,6 +21,7 @@ that line instead of at its deadline.
 from __future__ import annotations
 
 import os
+import re
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -58,6 +59,11 @@ def read(path: str | os.PathLike) -> Any:
     return read_json(path, WHAT, diag="coordinator-exit")
 
 
+#: A service's supervisor's own last line (app_service.py): "... service NAME <ending> (HOW)", HOW being how the
+#: program ended and its last line. The launcher's note then quotes that line; the gate says HOW alone.
+SUPERVISOR_SAID = re.compile(r"allocstack: error \[service-exit\]: service \S+ [^(]*\((?P<how>(?:exited|killed by) .+)\)$")
+
+
 def ended_before_ready(path: str | os.PathLike | None, service: str | None = None,
                        scratch: Path | None = None) -> None:
     """For a gate: raise when what it waits for has already ended (it died before serving).
@@ -75,10 +81,13 @@ def ended_before_ready(path: str | os.PathLike | None, service: str | None = Non
     if scratch is not None:
         ended = launcher_saw_end(scratch, service or "coordinator", os.environ)
         if ended is not None:
-            how = f"(exit {ended.get('exitCode')})" + (f": {ended['line']}" if ended.get("line") else ", no line written")
+            line = str(ended.get("line") or "")
+            told = SUPERVISOR_SAID.match(line)  # a service's supervisor already said how it ended: that, not nested
+            how = (f": {told['how']}" if told else
+                   f" (exit {ended.get('exitCode')})" + (f": {line}" if line else ", no line written"))
             if service:
-                raise AllocstackError("service-exit", f"service {service} ended before it was ready {how}")
-            raise AllocstackError("coordinator-exit", f"the coordinator ended before it was ready {how}")
+                raise AllocstackError("service-exit", f"service {service} ended before it was ready{how}")
+            raise AllocstackError("coordinator-exit", f"the coordinator ended before it was ready{how}")
     if path is None or not os.path.exists(path):
         return
     try:
