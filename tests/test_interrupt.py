@@ -260,7 +260,7 @@ def test_the_first_sigint_passes_on_and_stops_scheduling_the_next_ones_only_say_
         job.wait()
 
 
-def test_sigterm_is_the_same_interruption_with_its_own_line_and_exit_143(fresh_state, monkeypatch):
+def test_sigterm_is_the_same_interruption_with_its_own_line_and_exit_143(fresh_state):
     interrupt = fresh_state
     stopped, written = threading.Event(), []
     snakemake = interrupt.Snakemake(jobs=list, scheduling=lambda: True, stop=stopped.set, local=lambda: True)

@@ -21,7 +21,6 @@ that line instead of at its deadline.
 from __future__ import annotations
 
 import os
-import re
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -59,11 +58,6 @@ def read(path: str | os.PathLike) -> Any:
     return read_json(path, WHAT, diag="coordinator-exit")
 
 
-#: A service's supervisor's own last line (app_service.py): "... service NAME <ending> (HOW)", HOW being how the
-#: program ended and its last line. The launcher's note then quotes that line; the gate says HOW alone.
-SUPERVISOR_SAID = re.compile(r"allocstack: error \[service-exit\]: service \S+ [^(]*\((?P<how>(?:exited|killed by) .+)\)$")
-
-
 def ended_before_ready(path: str | os.PathLike | None, service: str | None = None,
                        scratch: Path | None = None) -> None:
     """For a gate: raise when what it waits for has already ended (it died before serving).
@@ -78,16 +72,16 @@ def ended_before_ready(path: str | os.PathLike | None, service: str | None = Non
     workers can finish a small task set before another node's gate runs, and that gate must
     still pass (its workers then hear "done").
     """
-    if scratch is not None:
+    # A service's supervisor that wrote its end record says how its program ended (the launcher's note would
+    # quote only the supervisor's last line, which is its own error line about that end).
+    supervisor_said = service is not None and path is not None and os.path.exists(path)
+    if scratch is not None and not supervisor_said:
         ended = launcher_saw_end(scratch, service or "coordinator", os.environ)
         if ended is not None:
-            line = str(ended.get("line") or "")
-            told = SUPERVISOR_SAID.match(line)  # a service's supervisor already said how it ended: that, not nested
-            how = (f": {told['how']}" if told else
-                   f" (exit {ended.get('exitCode')})" + (f": {line}" if line else ", no line written"))
+            how = f"(exit {ended.get('exitCode')})" + (f": {ended['line']}" if ended.get("line") else ", no line written")
             if service:
-                raise AllocstackError("service-exit", f"service {service} ended before it was ready{how}")
-            raise AllocstackError("coordinator-exit", f"the coordinator ended before it was ready{how}")
+                raise AllocstackError("service-exit", f"service {service} ended before it was ready {how}")
+            raise AllocstackError("coordinator-exit", f"the coordinator ended before it was ready {how}")
     if path is None or not os.path.exists(path):
         return
     try:
