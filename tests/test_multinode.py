@@ -26,6 +26,7 @@ from test_own_service import CLIENT, SERVICE
 
 from allocstack.common.events import gate_precedes_workers, read_events
 from conftest import ensure_other_user, expected_for, pids_mentioning, write_json
+from conftest import wait_for as poll
 from real_parts import SLURM_STATE, require_apptainer, require_charliecloud, require_multinode
 from workflow_helpers import SNAKEMAKE, copy_project, snakemake
 
@@ -121,13 +122,7 @@ def start_run(project: Path, args: list[str]) -> subprocess.Popen:
 
 
 def wait_for(predicate, timeout: float = 180, what: str = "the run"):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.1)
+    return poll(predicate, timeout, what, interval=0.1)
 
 
 def job_of(run: subprocess.Popen, project: Path) -> str:

@@ -12,6 +12,30 @@ ROOT = Path(__file__).resolve().parents[1]
 SNAKEMAKE = str(Path(sys.executable).parent / "snakemake")
 PROJECT_PARTS = ["Snakefile", "workflow", "config", "inputs", "expected", "profiles", "container"]
 
+#: The Snakefile of a workflow of yours (beside a copy of allocstack in ../allocstack) that uses allocstack as
+#: a module, its config under the key ``allocstack``: what you add goes after it.
+MODULE_USER = '''\
+configfile: "config.yaml"
+
+
+module allocstack:
+    snakefile:
+        "../allocstack/Snakefile"
+    config:
+        config["allocstack"]
+
+
+use rule * from allocstack as allocstack_*
+'''
+
+
+def assert_run_failed(project: Path, run: str, done: subprocess.CompletedProcess, line: str) -> None:
+    """Snakemake's run ``run`` failed, said ``line``, and wrote no result."""
+    output = done.stdout + done.stderr
+    assert done.returncode != 0
+    assert line in output, output[-4000:]
+    assert not (project / f"results/{run}/result.json").exists()
+
 
 def copy_project(destination: Path) -> Path:
     """Copy what a user clones (no results, logs or .snakemake) to ``destination``."""
