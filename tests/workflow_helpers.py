@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
 import sys
+import textwrap
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -27,6 +29,18 @@ module allocstack:
 
 use rule * from allocstack as allocstack_*
 '''
+
+
+def long_running_head(run: str, workers: int, program: str) -> str:
+    """The first lines of the config of run ``run``: no tasks, ``workers`` long-running workers that each run the
+    Python ``program`` (``python -c``); the test adds its services, volumes and check below them."""
+    return textwrap.dedent(f"""\
+        run: {run}
+        tasks: null
+        expected: null
+        workers: {workers}
+        worker: {{mode: long-running, command: [{json.dumps(sys.executable)}, -c, {json.dumps(program)}]}}
+    """)
 
 
 def assert_run_failed(project: Path, run: str, done: subprocess.CompletedProcess, line: str) -> None:
