@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import pwd
@@ -9,7 +10,9 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -77,9 +80,30 @@ def pytest_xdist_make_scheduler(config, log):
     return MultinodeTogether(config, log)
 
 
+def wait_for(predicate: Callable[[], Any], timeout: float = 60, what: str = "it", interval: float = 0.05) -> Any:
+    """Poll ``predicate`` every ``interval`` seconds until it returns something true, and return that; fail
+    naming ``what`` after ``timeout`` seconds (a bound, not a speed)."""
+    deadline = time.monotonic() + timeout
+    while not (value := predicate()):
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(interval)
+    return value
+
+
 def write_json(path: Path, document) -> Path:
     path.write_text(json.dumps(document), encoding="utf-8")
     return path
+
+
+def write_tasks_and_expected(project: Path, run: str, tasks: dict, output_of: Callable[[dict], str]) -> None:
+    """Write ``tasks`` to ``inputs/<run>.json`` and their results, each output ``output_of(payload)``, to
+    ``expected/<run>.json``."""
+    results = []
+    for task in tasks["tasks"]:
+        output = output_of(task["payload"])
+        results.append({"taskId": task["id"], "output": output, "sha256": hashlib.sha256(output.encode()).hexdigest()})
+    write_json(project / f"inputs/{run}.json", tasks)
+    write_json(project / f"expected/{run}.json", {"schemaVersion": 1, "results": results})
 
 
 def run_script(name: str, *args: str, env: dict | None = None, timeout: float = 60, cwd: Path | None = None):

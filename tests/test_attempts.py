@@ -22,6 +22,7 @@ import pytest
 from allocstack.common import attempts
 from allocstack.common.attempts import COMMAND_ENV, Command
 from conftest import SCRIPTS, write_json
+from conftest import wait_for as poll
 from real_parts import require_slurm
 from workflow_helpers import SNAKEMAKE, copy_project, snakemake
 
@@ -140,11 +141,7 @@ def start(project: Path, *args: str, env: dict[str, str] | None = None) -> subpr
 
 
 def wait_for(predicate, timeout: float = 180, what: str = "it"):
-    deadline = time.monotonic() + timeout
-    while not (value := predicate()):
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.1)
-    return value
+    return poll(predicate, timeout, what, interval=0.1)
 
 
 def endpoint_of(project: Path, tmp: Path) -> Path | None:

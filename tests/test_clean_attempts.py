@@ -8,7 +8,7 @@ import json
 import sys
 import textwrap
 
-from workflow_helpers import snakemake
+from workflow_helpers import long_running_head, snakemake
 
 PYTHON = json.dumps(sys.executable)
 #: Each replica leaves a file of its own in the fresh volume and a line in the kept one; it fails while the
@@ -26,12 +26,7 @@ CHECK = ("import os, sys; e = os.environ; out = os.listdir(e['ALLOCSTACK_VOLUME_
 
 
 def write_config(project, tally: int) -> None:
-    (project / "config/clean.yaml").write_text(textwrap.dedent(f"""
-        run: clean
-        tasks: null
-        expected: null
-        workers: 2
-        worker: {{mode: long-running, command: [{PYTHON}, -c, {json.dumps(WORKER)}]}}
+    (project / "config/clean.yaml").write_text(long_running_head("clean", 2, WORKER) + textwrap.dedent(f"""
         volumes: [out, tally]
         keep_volumes: [tally]
         verify: {{command: [{PYTHON}, -c, {json.dumps(CHECK)}, "{tally}"]}}

@@ -72,20 +72,28 @@ CHECK = ("import os, sys; notes = sorted(n for n in os.listdir(os.environ['ALLOC
          " print(f'check: stopped {notes}'); sys.exit(notes != ['worker-01', 'worker-02'])")
 
 
-def test_daemon_workers_are_ended_by_worker_max_lifetime_and_the_run_goes_on_to_the_check(project):
+def run_daemon_workers(project: Path, run: str, workers: int, program: str, max_lifetime: int,
+                       stop_grace_period: int, check: str, more: str = "") -> None:
+    """Run ``run``: no tasks, ``workers`` long-running workers that run the Python ``program`` within
+    ``max_lifetime``, then the Python ``check`` (``more``: a line more of config); assert the run succeeded."""
     python = json.dumps(sys.executable)
-    (project / "config/lifetime.yaml").write_text(textwrap.dedent(f"""
-        run: lifetime
+    (project / f"config/{run}.yaml").write_text(textwrap.dedent(f"""
+        run: {run}
         tasks: null
         expected: null
-        workers: 2
-        worker: {{mode: long-running, command: [{python}, -c, {json.dumps(DAEMON)}], max_lifetime: 2,
-                  stop_grace_period: 5}}
-        volumes: [out]
-        verify: {{command: [{python}, -c, {json.dumps(CHECK)}]}}
+        workers: {workers}
+        worker: {{mode: long-running, command: [{python}, -c, {json.dumps(program)}], max_lifetime: {max_lifetime},
+                  stop_grace_period: {stop_grace_period}}}
+        {more}
+        verify: {{command: [{python}, -c, {json.dumps(check)}]}}
     """))
-    done = snakemake(project, "--cores", "4", "--configfile", "config/lifetime.yaml")
+    done = snakemake(project, "--cores", "4", "--configfile", f"config/{run}.yaml")
     assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
+
+
+def test_daemon_workers_are_ended_by_worker_max_lifetime_and_the_run_goes_on_to_the_check(project):
+    run_daemon_workers(project, "lifetime", 2, DAEMON, max_lifetime=2, stop_grace_period=5, check=CHECK,
+                       more="volumes: [out]")
     assert json.loads((project / "results/lifetime/result.json").read_text())["status"] == "success"
     for worker in ("worker-01", "worker-02"):
         log = (project / f"logs/run_worker/lifetime/{worker}.log").read_text()
@@ -99,18 +107,8 @@ def test_daemon_workers_are_ended_by_worker_max_lifetime_and_the_run_goes_on_to_
 
 def test_a_worker_that_ignores_sigterm_past_max_lifetime_is_killed_and_the_run_still_goes_on(project):
     stubborn = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN)\nwhile True: time.sleep(0.1)"
-    python = json.dumps(sys.executable)
-    (project / "config/stubborn.yaml").write_text(textwrap.dedent(f"""
-        run: stubborn
-        tasks: null
-        expected: null
-        workers: 1
-        worker: {{mode: long-running, command: [{python}, -c, {json.dumps(stubborn)}], max_lifetime: 1,
-                  stop_grace_period: 1}}
-        verify: {{command: [{python}, -c, "print('check: the run went on')"]}}
-    """))
-    done = snakemake(project, "--cores", "4", "--configfile", "config/stubborn.yaml")
-    assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
+    run_daemon_workers(project, "stubborn", 1, stubborn, max_lifetime=1, stop_grace_period=1,
+                       check="print('check: the run went on')")
     log = (project / "logs/run_worker/stubborn/worker-01.log").read_text()
     line = ("still ran after worker.max_lifetime (1 s): max_lifetime ended it (SIGTERM; killed after its "
             "stop_grace_period (1 s)); the run goes on to the check")

@@ -9,7 +9,7 @@ import json
 import sys
 import textwrap
 
-from workflow_helpers import snakemake
+from workflow_helpers import long_running_head, snakemake
 
 PYTHON = json.dumps(sys.executable)
 #: How long the database takes before its port accepts (its tcp gate passes only then): generous, the machine is
@@ -38,12 +38,7 @@ CHECK = ("import json, os, sys; db = [float(line) for line in open(sys.argv[1]).
 
 def test_service_started_starts_before_the_gate_passes_and_service_healthy_after(project):
     db, early, late = (project / name for name in ("db-times", "early-started.json", "late-started.json"))
-    (project / "config/started.yaml").write_text(textwrap.dedent(f"""
-        run: started
-        tasks: null
-        expected: null
-        workers: 1
-        worker: {{mode: long-running, command: [{PYTHON}, -c, {json.dumps(WORKER)}]}}
+    (project / "config/started.yaml").write_text(long_running_head("started", 1, WORKER) + textwrap.dedent(f"""
         services:
           db:
             command: [{PYTHON}, -c, {json.dumps(DB)}, {json.dumps(str(db))}, "{OPENS_AFTER}"]

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import expected_for, make_tasks, pids_mentioning, write_json
+from conftest import expected_for, make_tasks, pids_mentioning, wait_for, write_json
 from workflow_helpers import SNAKEMAKE, snakemake
 
 
@@ -56,13 +56,6 @@ def component_pids(project: Path, needle: str) -> list[int]:
                 launchers[pid] = parent
     supervising = {parent for _, parent in found}
     return [pid for pid, _ in found] + [pid for pid in launchers if pid not in supervising]
-
-
-def wait_for(predicate, timeout: float = 60) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, "timed out waiting"
-        time.sleep(0.05)
 
 
 def journaled(project: Path, run: str) -> int:

@@ -13,7 +13,7 @@ import textwrap
 import yaml
 
 from conftest import ROOT, run_script
-from workflow_helpers import snakemake
+from workflow_helpers import long_running_head, snakemake
 
 PYTHON = json.dumps(sys.executable)
 #: A database-like service: listens on its port until stopped.
@@ -41,12 +41,7 @@ CHECK = ("import os, sys; saw = open(os.path.join(os.environ['ALLOCSTACK_VOLUME_
 def run_init_stack(project, run: str, code: int, migrate_needs_db: bool = True):
     started = project / f"{run}-api-started"
     depends = "[db]" if migrate_needs_db else "[]"
-    (project / f"config/{run}.yaml").write_text(textwrap.dedent(f"""
-        run: {run}
-        tasks: null
-        expected: null
-        workers: 2
-        worker: {{mode: long-running, command: [{PYTHON}, -c, {json.dumps(WORKER)}]}}
+    (project / f"config/{run}.yaml").write_text(long_running_head(run, 2, WORKER) + textwrap.dedent(f"""
         services:
           db: {{command: [{PYTHON}, -c, {json.dumps(DB)}], readiness: {{mode: tcp}}}}
           migrate: {{command: [{PYTHON}, -c, {json.dumps(MIGRATE)}, "{code}"], depends_on: {depends}}}
@@ -109,12 +104,7 @@ READ_CHECK = ("import os, sys; out = os.environ['ALLOCSTACK_VOLUME_OUT'];"
 
 
 def run_without_services(project, run: str, init: str, extra: str = ""):
-    (project / f"config/{run}.yaml").write_text(textwrap.dedent(f"""
-        run: {run}
-        tasks: null
-        expected: null
-        workers: 2
-        worker: {{mode: long-running, command: [{PYTHON}, -c, {json.dumps(READER)}]}}
+    (project / f"config/{run}.yaml").write_text(long_running_head(run, 2, READER) + textwrap.dedent(f"""
         services:
           seed: {{command: [{PYTHON}, -c, {json.dumps(init)}]{extra}}}
         init_jobs: [seed]

@@ -17,13 +17,14 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 from test_faults import journaled, slow_run, wait_for
 
 from conftest import pids_mentioning, write_json
-from workflow_helpers import SNAKEMAKE, copy_project, snakemake
+from workflow_helpers import MODULE_USER, SNAKEMAKE, copy_project, snakemake
 
 #: What Snakemake says about the jobs the interruption ended, and never may after Ctrl-C.
 NOISE = ("Error in rule", "RuleException", "CalledProcessError", "Traceback", "WorkflowError", "Removing output files",
@@ -35,6 +36,31 @@ def started(project: Path, *args: str) -> subprocess.Popen:
     a SIGINT to its group on to Snakemake a second time). Each test ends it within its own bounds."""
     return subprocess.Popen([SNAKEMAKE, *args], cwd=project, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True, start_new_session=True, env={**os.environ, "TMPDIR": str(project / "tmp")})
+
+
+def sigint(pid: int) -> None:
+    """Ctrl-C to Snakemake alone (its jobs hear only what allocstack passes on)."""
+    os.kill(pid, signal.SIGINT)
+
+
+def sigint_group(pid: int) -> None:
+    """Ctrl-C to Snakemake's process group, as a terminal sends it."""
+    os.killpg(pid, signal.SIGINT)
+
+
+def interrupted(project: Path, args: tuple[str, ...], ready: Callable[[], bool],
+                interrupt: Callable[[int], None] = sigint) -> tuple[str, int]:
+    """Start Snakemake (:func:`started`), ``interrupt`` it once ``ready()``, and return its output and exit code
+    (killed with its group should it not end within 120 s)."""
+    proc = started(project, *args)
+    try:
+        wait_for(ready)
+        interrupt(proc.pid)
+        output, _ = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    return output, proc.returncode
 
 
 def assert_interrupted(output: str, code: int, run: str, command: str, by: str = "Ctrl-C") -> None:
@@ -64,12 +90,10 @@ def test_an_interrupted_run_says_interrupted_and_the_same_command_resumes(projec
     PID``: Snakemake's own graceful stop would wait for jobs that never end)."""
     config = slow_run(project, "stop", tasks=24, seconds=0.3)
     args = ("--cores", "4", "--configfile", str(config))
-    proc = started(project, *args)
-    try:
-        pid = proc.pid
-        wait_for(lambda: journaled(project, "stop") >= 4)
+
+    def interrupt(pid: int) -> None:
         if to == "group":
-            os.killpg(proc.pid, signal.SIGINT)
+            os.killpg(pid, signal.SIGINT)
         elif to == "sigterm alone":
             os.kill(pid, signal.SIGTERM)
         else:
@@ -77,11 +101,9 @@ def test_an_interrupted_run_says_interrupted_and_the_same_command_resumes(projec
             if to == "twice":
                 time.sleep(0.2)
                 os.kill(pid, signal.SIGINT)
-        output, _ = proc.communicate(timeout=120)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-    assert_interrupted(output, proc.returncode, "stop", f"{SNAKEMAKE} {' '.join(args)}",
+
+    output, code = interrupted(project, args, lambda: journaled(project, "stop") >= 4, interrupt)
+    assert_interrupted(output, code, "stop", f"{SNAKEMAKE} {' '.join(args)}",
                        "SIGTERM" if to == "sigterm alone" else "Ctrl-C")
     if to == "twice":
         assert "allocstack: interrupted already: waiting for the run's jobs to stop" in output
@@ -126,16 +148,9 @@ def test_your_own_stack_is_interrupted_too(project, signum):
         'command: [python3, -c, "import time; time.sleep(120)"]',
         f'command: [python3, -c, "import time; time.sleep(120)", "{marker}"]'))
     args = ("--cores", "4", "--configfile", "config/own.yaml")
-    proc = started(project, *args)
-    try:
-        pid = proc.pid
-        wait_for(lambda: len(pids_mentioning(marker)) >= 2)
-        os.kill(pid, signum)
-        output, _ = proc.communicate(timeout=120)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-    assert_interrupted(output, proc.returncode, "own", f"{SNAKEMAKE} {' '.join(args)}",
+    output, code = interrupted(project, args, lambda: len(pids_mentioning(marker)) >= 2,
+                                lambda pid: os.kill(pid, signum))
+    assert_interrupted(output, code, "own", f"{SNAKEMAKE} {' '.join(args)}",
                        "SIGTERM" if signum == signal.SIGTERM else "Ctrl-C")
     assert "allocstack: run own INTERRUPTED: the stack was stopped" in output
     nothing_left(project)
@@ -150,15 +165,8 @@ def test_your_own_stack_interrupted_then_the_same_command_runs_it_again_to_verif
         'command: [python3, -c, "import time; time.sleep(120)"]',
         f'command: [python3, -c, "import sys, time; time.sleep(float(open(sys.argv[1]).read()))", "{seconds}"]'))
     args = ("--cores", "4", "--configfile", "config/again.yaml")
-    proc = started(project, *args)
-    try:
-        wait_for(lambda: len(pids_mentioning(str(seconds))) >= 2)  # both workers at work
-        os.kill(proc.pid, signal.SIGINT)
-        output, _ = proc.communicate(timeout=120)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-    assert_interrupted(output, proc.returncode, "again", f"{SNAKEMAKE} {' '.join(args)}")
+    output, code = interrupted(project, args, lambda: len(pids_mentioning(str(seconds))) >= 2)  # both workers at work
+    assert_interrupted(output, code, "again", f"{SNAKEMAKE} {' '.join(args)}")
     nothing_left(project)
     assert not (project / "results/again/result.json").exists()
     seconds.write_text("0.5")
@@ -168,21 +176,6 @@ def test_your_own_stack_interrupted_then_the_same_command_runs_it_again_to_verif
     assert json.loads((project / "results/again/result.json").read_text())["status"] == "success"
     assert "allocstack: run again VERIFIED" in output, output[-3000:]
     nothing_left(project)
-
-
-OUTER = '''\
-configfile: "config.yaml"
-
-
-module allocstack:
-    snakefile:
-        "../allocstack/Snakefile"
-    config:
-        config["allocstack"]
-
-
-use rule * from allocstack as allocstack_*
-'''
 
 
 def test_as_a_module_ctrl_c_then_the_same_command_resumes(tmp_path):
@@ -200,17 +193,10 @@ def test_as_a_module_ctrl_c_then_the_same_command_resumes(tmp_path):
     text = config.read_text().replace("inputs/mine.json", "data/inputs.json").replace("expected/mine.json",
                                                                                       "data/expected.json")
     (outer / "config.yaml").write_text("allocstack:\n" + "".join(f"  {line}\n" for line in text.splitlines()))
-    (outer / "Snakefile").write_text(OUTER)
+    (outer / "Snakefile").write_text(MODULE_USER)
     args = ("--cores", "4")
-    proc = started(outer, *args)
-    try:
-        wait_for(lambda: journaled(outer, "mine") >= 4)
-        os.killpg(proc.pid, signal.SIGINT)
-        output, _ = proc.communicate(timeout=120)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-    assert proc.returncode == 130, output[-3000:]
+    output, code = interrupted(outer, args, lambda: journaled(outer, "mine") >= 4, sigint_group)
+    assert code == 130, output[-3000:]
     assert "Error in rule" not in output and "Traceback" not in output
     done = journaled(outer, "mine")
     rerun = snakemake(outer, *args)

@@ -11,20 +11,9 @@ from __future__ import annotations
 import json
 import shutil
 
-from workflow_helpers import copy_project, snakemake
+from workflow_helpers import MODULE_USER, copy_project, snakemake
 
-OUTER = '''\
-configfile: "config.yaml"
-
-
-module allocstack:
-    snakefile:
-        "../allocstack/Snakefile"
-    config:
-        config["allocstack"]
-
-
-use rule * from allocstack as allocstack_*
+OUTER = MODULE_USER + '''\
 
 
 rule all:

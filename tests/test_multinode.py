@@ -26,6 +26,7 @@ from test_own_service import CLIENT, SERVICE
 
 from allocstack.common.events import gate_precedes_workers, read_events
 from conftest import ensure_other_user, expected_for, pids_mentioning, write_json
+from conftest import wait_for as poll
 from real_parts import SLURM_STATE, require_apptainer, require_charliecloud, require_multinode
 from workflow_helpers import SNAKEMAKE, copy_project, snakemake
 
@@ -121,13 +122,7 @@ def start_run(project: Path, args: list[str]) -> subprocess.Popen:
 
 
 def wait_for(predicate, timeout: float = 180, what: str = "the run"):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.1)
+    return poll(predicate, timeout, what, interval=0.1)
 
 
 def job_of(run: subprocess.Popen, project: Path) -> str:
@@ -149,14 +144,21 @@ def running_job(project: Path) -> str | None:
     return jobs[0] if jobs else None
 
 
-# -- 1. the baseline across three nodes -----------------------------------------------------
-def test_baseline_runs_as_one_job_with_workers_on_all_three_nodes(multinode_project):
-    project, image, layout = multinode_project
-    done = snakemake(project, *cluster_args(layout, image), timeout=600)
+def run_baseline(project: Path, *args: str) -> subprocess.CompletedProcess:
+    """Run the baseline (4 tasks) with ``args`` and assert it succeeded."""
+    done = snakemake(project, *args, timeout=600)
     output = done.stdout + done.stderr
     assert done.returncode == 0, output[-4000:]
     marker = json.loads((project / "results/baseline/result.json").read_text())
     assert marker["status"] == "success" and marker["taskCount"] == 4
+    return done
+
+
+# -- 1. the baseline across three nodes -----------------------------------------------------
+def test_baseline_runs_as_one_job_with_workers_on_all_three_nodes(multinode_project):
+    project, image, layout = multinode_project
+    done = run_baseline(project, *cluster_args(layout, image))
+    output = done.stdout + done.stderr
     job = submitted_job(output)
     nodes = sorted(layout["nodes"])  # mn1 mn2 mn3
     workers = {f"worker-{i:02d}" for i in range(1, 7)}
@@ -202,11 +204,8 @@ def test_node_local_scratch_with_an_image_is_made_and_removed_on_each_node(multi
     nodes = sorted(layout["nodes"])
     here = Path(layout["scratch"])  # the host's own directory at that path: no node of the multi partition writes there
     before = {node: sorted(os.listdir(layout["scratchDirs"][node])) for node in nodes}
-    done = snakemake(project, *cluster_args(layout, image, *config), timeout=600)
+    done = run_baseline(project, *cluster_args(layout, image, *config))
     output = done.stdout + done.stderr
-    assert done.returncode == 0, output[-4000:]
-    marker = json.loads((project / "results/baseline/result.json").read_text())
-    assert marker["status"] == "success" and marker["taskCount"] == 4
     workers = {f"worker-{i:02d}" for i in range(1, 7)}
     steps = job_steps(submitted_job(output), workers)
     assert {steps[name]["node"] for name in workers} == set(nodes), steps
@@ -540,11 +539,8 @@ def worker_process(layout: dict, node: str, worker: str) -> int | None:
 
 def test_seven_workers_a_node_run_as_three_worker_steps_each_keeping_its_identity(multinode_project):
     project, image, layout = multinode_project
-    done = snakemake(project, *grouped_args(layout, image), timeout=600)
+    done = run_baseline(project, *grouped_args(layout, image))
     output = done.stdout + done.stderr
-    assert done.returncode == 0, output[-4000:]
-    marker = json.loads((project / "results/baseline/result.json").read_text())
-    assert marker["status"] == "success" and marker["taskCount"] == 4
     nodes = sorted(layout["nodes"])
     steps = job_steps(submitted_job(output), {"workers-01", "workers-02", "workers-03", "coordinator"})
     assert {name: steps[name]["node"] for name in ("workers-01", "workers-02", "workers-03")} == \

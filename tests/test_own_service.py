@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import signal
@@ -11,7 +10,7 @@ import sys
 import textwrap
 import time
 
-from conftest import SCRIPTS, make_tasks, run_script, write_json
+from conftest import SCRIPTS, make_tasks, run_script, write_tasks_and_expected
 from workflow_helpers import snakemake
 
 SERVICE = textwrap.dedent("""
@@ -45,13 +44,7 @@ CLIENT = textwrap.dedent("""
 
 
 def test_workers_use_your_own_service_after_its_own_gate(project):
-    tasks = make_tasks(12, message="w")
-    results = []
-    for task in tasks["tasks"]:
-        output = task["payload"]["message"].upper()
-        results.append({"taskId": task["id"], "output": output, "sha256": hashlib.sha256(output.encode()).hexdigest()})
-    write_json(project / "inputs/own.json", tasks)
-    write_json(project / "expected/own.json", {"schemaVersion": 1, "results": results})
+    write_tasks_and_expected(project, "own", make_tasks(12, message="w"), lambda payload: payload["message"].upper())
     (project / "apps").mkdir()
     (project / "apps/service.py").write_text(SERVICE)
     (project / "apps/client.py").write_text(CLIENT)

@@ -14,11 +14,12 @@ import subprocess
 import sys
 import textwrap
 import time
+from pathlib import Path
 
 import pytest
 
 from real_parts import require_slurm
-from workflow_helpers import snakemake
+from workflow_helpers import assert_run_failed, snakemake
 
 PYTHON = json.dumps(sys.executable)
 #: The service: notes "pid port" in the volume at each start (a line each), says so on stderr, answers every
@@ -130,18 +131,24 @@ CHECK_TRIES = ("import os, sys; out = os.environ['ALLOCSTACK_VOLUME_OUT'];"
                " print(f'check: tries {tries}, done {done}'); sys.exit(done != ['done-worker-01', 'done-worker-02'])")
 
 
-def test_a_worker_replica_killed_from_outside_is_restarted_in_its_step_and_the_run_verifies(project):
-    (project / "config/replicas.yaml").write_text(textwrap.dedent(f"""
-        run: replicas
+def run_restarting_replicas(project: Path, run: str, workers: int, program: str) -> subprocess.CompletedProcess:
+    """Run ``run``: no tasks, ``workers`` long-running workers that run the Python ``program`` and are restarted
+    once on failure, then the check that counts their tries."""
+    (project / f"config/{run}.yaml").write_text(textwrap.dedent(f"""
+        run: {run}
         tasks: null
         expected: null
-        workers: 2
-        worker: {{mode: long-running, command: [{PYTHON}, -c, {json.dumps(DIES_ONCE)}],
+        workers: {workers}
+        worker: {{mode: long-running, command: [{PYTHON}, -c, {json.dumps(program)}],
                   restart: {{condition: on-failure, max_attempts: 1}}}}
         volumes: [out]
         verify: {{command: [{PYTHON}, -c, {json.dumps(CHECK_TRIES)}]}}
     """))
-    done = snakemake(project, "--cores", "4", "--configfile", "config/replicas.yaml")
+    return snakemake(project, "--cores", "4", "--configfile", f"config/{run}.yaml")
+
+
+def test_a_worker_replica_killed_from_outside_is_restarted_in_its_step_and_the_run_verifies(project):
+    done = run_restarting_replicas(project, "replicas", 2, DIES_ONCE)
     output = done.stdout + done.stderr
     assert done.returncode == 0, output[-4000:]
     assert json.loads((project / "results/replicas/result.json").read_text())["status"] == "success"
@@ -157,23 +164,10 @@ def test_a_worker_replica_killed_from_outside_is_restarted_in_its_step_and_the_r
 
 def test_a_worker_replica_past_max_attempts_fails_the_run_naming_it_and_its_last_line(project):
     dies = DIES_ONCE.replace("first and os.kill", "os.kill")  # killed at every start
-    (project / "config/replicadies.yaml").write_text(textwrap.dedent(f"""
-        run: replicadies
-        tasks: null
-        expected: null
-        workers: 1
-        worker: {{mode: long-running, command: [{PYTHON}, -c, {json.dumps(dies)}],
-                  restart: {{condition: on-failure, max_attempts: 1}}}}
-        volumes: [out]
-        verify: {{command: [{PYTHON}, -c, {json.dumps(CHECK_TRIES)}]}}
-    """))
-    done = snakemake(project, "--cores", "4", "--configfile", "config/replicadies.yaml")
-    output = done.stdout + done.stderr
-    assert done.returncode != 0
+    done = run_restarting_replicas(project, "replicadies", 1, dies)
     line = (f"allocstack: error [worker-exit]: worker-01 ({sys.executable} -c) killed by SIGKILL: worker-01: start; "
             "restarted 1 time (restart: on-failure, at most 1 restart, 0 s apart): not restarted again")
-    assert line in output, output[-4000:]
-    assert not (project / "results/replicadies/result.json").exists()
+    assert_run_failed(project, "replicadies", done, line)
 
 
 #: A daemon worker (never ends by itself; exits 0 on SIGTERM), a producer as main, a check of the producer's note.

@@ -60,6 +60,13 @@ def wait_for_up(run: subprocess.Popen, seen: list[str]) -> str:
     raise AssertionError("the run ended before it was up: " + "".join(seen)[-3000:])
 
 
+def ctrl_c(run: subprocess.Popen, seen: list[str]) -> str:
+    """Ctrl-C to the run's process group (as a terminal sends it); the run's whole output once it ended."""
+    os.killpg(run.pid, signal.SIGINT)
+    rest, _ = run.communicate(timeout=120)
+    return "".join(seen) + rest
+
+
 def test_dry_run_shows_serve_mode_and_its_serving_job(project):
     config = serve_config(project, "drysrv")
     done = snakemake(project, "--dry-run", "--configfile", config)
@@ -83,12 +90,10 @@ def test_a_serving_stack_is_up_reachable_and_ctrl_c_ends_it_as_a_success(project
         status = subprocess.run([sys.executable, "workflow/scripts/status.py", "--run", "srv"], cwd=project,
                                 capture_output=True, text=True, timeout=60, check=False)
         assert "allocstack: run srv is UP since" in status.stdout and f"web: {url}" in status.stdout, status
-        os.killpg(run.pid, signal.SIGINT)  # Ctrl-C: the terminal's process group
-        rest, _ = run.communicate(timeout=120)
+        output = ctrl_c(run, seen)
     finally:
         if run.poll() is None:
             os.killpg(run.pid, signal.SIGKILL)
-    output = "".join(seen) + rest
     assert run.returncode == 0, output[-3000:]
     marker = json.loads((project / "results/srv/result.json").read_text())
     assert marker["status"] == "success" and marker["mode"] == "serve" and marker["endedBy"] == "interrupt"
@@ -118,12 +123,10 @@ def test_a_worker_service_that_nothing_depends_on_runs_without_a_gate_and_the_st
             assert run.poll() is None, "".join(seen)
             time.sleep(0.05)
         up = json.loads((project / "results/srvdaemon/up.json").read_text())
-        os.killpg(run.pid, signal.SIGINT)
-        rest, _ = run.communicate(timeout=120)
+        output = ctrl_c(run, seen)
     finally:
         if run.poll() is None:
             os.killpg(run.pid, signal.SIGKILL)
-    output = "".join(seen) + rest
     assert run.returncode == 0, output[-3000:]
     assert list(up["services"]) == ["web"]  # no address for what listens on nothing
     assert (project / "logs/await_service/srvdaemon/web.log").exists()

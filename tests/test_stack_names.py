@@ -28,7 +28,7 @@ from test_slurm import TEST_RESOURCES, the_stack_job
 from allocstack.common.namespaces import user_namespaces
 from allocstack.launch.hostsfile import write_hosts
 from allocstack.launch.program import names_preexec, run_program
-from conftest import ensure_other_user, make_tasks, pids_of_run, run_script, write_json
+from conftest import ensure_other_user, make_tasks, pids_of_run, run_script, write_json, write_tasks_and_expected
 from real_parts import require_apptainer, require_charliecloud, require_multinode, require_slurm
 from workflow_helpers import ROOT, copy_project, snakemake
 
@@ -170,13 +170,8 @@ sys.stdout.write(value + " " + socket.gethostbyname("shouter"))
 
 def test_per_task_programs_find_a_service_by_a_name_in_their_settings(project):
     """Per-task programs without an image (worker.py runs each one): the service's alias in a settings file."""
-    tasks = make_tasks(6, message="w")
-    results = []
-    for task in tasks["tasks"]:
-        output = task["payload"]["message"].upper() + " 127.0.0.1"
-        results.append({"taskId": task["id"], "output": output, "sha256": hashlib.sha256(output.encode()).hexdigest()})
-    write_json(project / "inputs/names.json", tasks)
-    write_json(project / "expected/names.json", {"schemaVersion": 1, "results": results})
+    write_tasks_and_expected(project, "names", make_tasks(6, message="w"),
+                             lambda payload: payload["message"].upper() + " 127.0.0.1")
     (project / "apps").mkdir()
     (project / "apps/service.py").write_text(SERVICE)
     (project / "apps/client.py").write_text(PER_TASK)

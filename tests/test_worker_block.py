@@ -18,7 +18,7 @@ import requests
 from allocstack.common.events import read_events
 from allocstack.worker.block import Fate, Members, fate
 from allocstack.worker.client import MAX_BACKOFF, backoff
-from conftest import PYTHON, SCRIPTS, make_tasks, pids_mentioning, write_json
+from conftest import PYTHON, SCRIPTS, make_tasks, pids_mentioning, wait_for, write_json
 
 
 def gate(tmp_path: Path) -> Path:
@@ -38,14 +38,6 @@ def start_step(coordinator, tmp_path: Path, workers: int, *worker_args: str, ste
 
 def records(tmp_path: Path, step: str = "workers-01") -> dict[str, dict]:
     return {path.stem: json.loads(path.read_text()) for path in (tmp_path / "records" / step).glob("*.json")}
-
-
-def wait_for(predicate, timeout: float = 60, what: str = "it"):
-    deadline = time.monotonic() + timeout
-    while not (value := predicate()):
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.05)
-    return value
 
 
 def worker_pid(step: subprocess.Popen, worker: str) -> int | None:

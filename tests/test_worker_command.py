@@ -37,6 +37,22 @@ def documents(texts: list[str]) -> tuple[dict, dict]:
     return tasks, {"schemaVersion": 1, "results": results}
 
 
+#: The worker key that runs the shout app with this Python.
+SHOUT_WORKER = f"worker: {{command: [{json.dumps(sys.executable)}, apps/shout.py]}}\n"
+
+
+def write_app_project(project, texts: list[str], config_tail: str) -> None:
+    """Run ``app`` in ``project``: ``texts`` as its tasks and expected results, the shout app in apps/ (mode
+    0644), and config/app.yaml of two workers followed by ``config_tail``."""
+    tasks, expected = documents(texts)
+    write_json(project / "inputs/app.json", tasks)
+    write_json(project / "expected/app.json", expected)
+    (project / "apps").mkdir()
+    (project / "apps/shout.py").write_text(APP)
+    (project / "config/app.yaml").write_text(
+        "run: app\ntasks: inputs/app.json\nexpected: expected/app.json\nworkers: 2\n" + config_tail)
+
+
 def run_app(start_coordinator, tmp_path, texts: list[str], *worker_args: str, env: dict | None = None):
     tasks, expected = documents(texts)
     coordinator = start_coordinator(tasks, "--max-attempts", "2", "--lease-seconds", "60")
@@ -100,14 +116,7 @@ def test_bad_command_json_is_a_usage_error(tmp_path):
 
 
 def test_worker_command_through_the_workflow(project):
-    tasks, expected = documents(["one", "two", "three", "four", "five"])
-    write_json(project / "inputs/app.json", tasks)
-    write_json(project / "expected/app.json", expected)
-    (project / "apps").mkdir()
-    (project / "apps/shout.py").write_text(APP)
-    (project / "config/app.yaml").write_text(
-        "run: app\ntasks: inputs/app.json\nexpected: expected/app.json\nworkers: 2\n"
-        f"worker: {{command: [{json.dumps(sys.executable)}, apps/shout.py]}}\n")
+    write_app_project(project, ["one", "two", "three", "four", "five"], SHOUT_WORKER)
     from workflow_helpers import snakemake
 
     done = snakemake(project, "--cores", "4", "--configfile", "config/app.yaml")
@@ -192,13 +201,8 @@ def test_large_outputs_are_posted_in_bounded_requests(start_coordinator, tmp_pat
 def test_a_program_that_cannot_start_fails_the_run_once_naming_the_key(project, argv, words):
     """No such file, or not executable: the first attempt ends the run at once with ONE line naming worker.command
     (not 3 attempts x every task), the run's exit is a failure, and no task is counted as failed."""
-    tasks, expected = documents([f"text {n}" for n in range(150)])
-    write_json(project / "inputs/app.json", tasks)
-    write_json(project / "expected/app.json", expected)
-    (project / "apps").mkdir()
-    (project / "apps/shout.py").write_text(APP)  # mode 0644: not executable
-    (project / "config/app.yaml").write_text(
-        f"run: app\ntasks: inputs/app.json\nexpected: expected/app.json\nworkers: 2\nworker: {{command: {json.dumps(argv)}}}\n")
+    write_app_project(project, [f"text {n}" for n in range(150)],  # apps/shout.py: mode 0644, not executable
+                      f"worker: {{command: {json.dumps(argv)}}}\n")
     from workflow_helpers import snakemake
 
     done = snakemake(project, "--cores", "4", "--configfile", "config/app.yaml")
@@ -216,14 +220,7 @@ def test_a_program_that_cannot_start_fails_the_run_once_naming_the_key(project, 
 def test_the_counts_of_failed_tasks_agree(project):
     """150 tasks that each fail (max_attempts 1): the verdict's line, the summary's counts and the coordinator's
     reason say 150 (the end record lists the first 100 failures only)."""
-    tasks, expected = documents(["bad"] * 150)
-    write_json(project / "inputs/app.json", tasks)
-    write_json(project / "expected/app.json", expected)
-    (project / "apps").mkdir()
-    (project / "apps/shout.py").write_text(APP)
-    (project / "config/app.yaml").write_text(
-        "run: app\ntasks: inputs/app.json\nexpected: expected/app.json\nworkers: 2\ncoordinator: {max_attempts: 1}\n"
-        f"worker: {{command: [{json.dumps(sys.executable)}, apps/shout.py]}}\n")
+    write_app_project(project, ["bad"] * 150, "coordinator: {max_attempts: 1}\n" + SHOUT_WORKER)
     from workflow_helpers import snakemake
 
     done = snakemake(project, "--cores", "4", "--configfile", "config/app.yaml")

@@ -2,15 +2,53 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
 import sys
+import textwrap
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 SNAKEMAKE = str(Path(sys.executable).parent / "snakemake")
 PROJECT_PARTS = ["Snakefile", "workflow", "config", "inputs", "expected", "profiles", "container"]
+
+#: The Snakefile of a workflow of yours (beside a copy of allocstack in ../allocstack) that uses allocstack as
+#: a module, its config under the key ``allocstack``: what you add goes after it.
+MODULE_USER = '''\
+configfile: "config.yaml"
+
+
+module allocstack:
+    snakefile:
+        "../allocstack/Snakefile"
+    config:
+        config["allocstack"]
+
+
+use rule * from allocstack as allocstack_*
+'''
+
+
+def long_running_head(run: str, workers: int, program: str) -> str:
+    """The first lines of the config of run ``run``: no tasks, ``workers`` long-running workers that each run the
+    Python ``program`` (``python -c``); the test adds its services, volumes and check below them."""
+    return textwrap.dedent(f"""\
+        run: {run}
+        tasks: null
+        expected: null
+        workers: {workers}
+        worker: {{mode: long-running, command: [{json.dumps(sys.executable)}, -c, {json.dumps(program)}]}}
+    """)
+
+
+def assert_run_failed(project: Path, run: str, done: subprocess.CompletedProcess, line: str) -> None:
+    """Snakemake's run ``run`` failed, said ``line``, and wrote no result."""
+    output = done.stdout + done.stderr
+    assert done.returncode != 0
+    assert line in output, output[-4000:]
+    assert not (project / f"results/{run}/result.json").exists()
 
 
 def copy_project(destination: Path) -> Path:

@@ -9,10 +9,12 @@ import signal
 import sys
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any, NoReturn, TypeVar
 
 from . import names
 from .errors import EXIT_USAGE, AllocstackError, report
+
+_Json = TypeVar("_Json", list[Any], dict[str, Any])
 
 
 class ArgumentParser(argparse.ArgumentParser):
@@ -45,23 +47,29 @@ def positive_int(text: str) -> int:
 
 def argv_list(text: str) -> list[str]:
     """argparse type: a JSON argv list (a user's program, never a shell string)."""
-    try:
-        value = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise argparse.ArgumentTypeError(f"not JSON: {exc.msg}") from exc
-    if not isinstance(value, list) or not value or not all(isinstance(arg, str) for arg in value) or not value[0]:
-        raise argparse.ArgumentTypeError("must be a non-empty JSON list of strings, the first (the program) not empty")
+    rule = "must be a non-empty JSON list of strings, the first (the program) not empty"
+    value = _json_of(text, list, rule)
+    if not value or not all(isinstance(arg, str) for arg in value) or not value[0]:
+        raise argparse.ArgumentTypeError(rule)
     return value
 
 
 def json_object(text: str) -> dict[str, Any]:
     """argparse type: a JSON object (e.g. a program's environment values)."""
+    return _json_of(text, dict, "must be a JSON object")
+
+
+def _json_of(text: str, kind: type[_Json], rule: str) -> _Json:
+    """``text`` parsed as JSON, which must be a ``kind``.
+
+    :raises argparse.ArgumentTypeError: not JSON (what the parser says), or not a ``kind`` (``rule``).
+    """
     try:
         value = json.loads(text)
     except json.JSONDecodeError as exc:
         raise argparse.ArgumentTypeError(f"not JSON: {exc.msg}") from exc
-    if not isinstance(value, dict):
-        raise argparse.ArgumentTypeError("must be a JSON object")
+    if not isinstance(value, kind):
+        raise argparse.ArgumentTypeError(rule)
     return value
 
 
@@ -95,13 +103,7 @@ def add_placement_arguments(parser: argparse.ArgumentParser) -> None:
 
 def json_list(text: str) -> list[Any]:
     """argparse type: a JSON list."""
-    try:
-        value = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise argparse.ArgumentTypeError(f"not JSON: {exc.msg}") from exc
-    if not isinstance(value, list):
-        raise argparse.ArgumentTypeError("must be a JSON list")
-    return value
+    return _json_of(text, list, "must be a JSON list")
 
 
 def add_gate_arguments(parser: argparse.ArgumentParser) -> None:

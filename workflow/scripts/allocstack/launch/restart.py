@@ -18,6 +18,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from ..common.cli import non_negative_float, positive_int
+
 CONDITIONS = ("none", "on-failure", "any")
 
 
@@ -68,28 +70,14 @@ class RestartPolicy:
         return f"restart: {self.condition}, {limit}{within}, {self.delay:g} s apart"
 
 
-def _non_negative(text: str) -> float:
-    value = float(text)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"{text} is negative")
-    return value
-
-
-def _at_least_one(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{text} is less than 1")
-    return value
-
-
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The options of a restart policy (config ``restart``: condition, delay, max_attempts, window)."""
     parser.add_argument("--restart", choices=CONDITIONS, default="none",
                         help="start the program again when it ended by itself: on-failure (not exit 0) or any")
-    parser.add_argument("--restart-delay", type=_non_negative, default=0.0, help="seconds before each restart")
-    parser.add_argument("--restart-max-attempts", type=_at_least_one, default=None,
+    parser.add_argument("--restart-delay", type=non_negative_float, default=0.0, help="seconds before each restart")
+    parser.add_argument("--restart-max-attempts", type=positive_int, default=None,
                         help="most restarts (within --restart-window); default: no limit")
-    parser.add_argument("--restart-window", type=_non_negative, default=0.0,
+    parser.add_argument("--restart-window", type=non_negative_float, default=0.0,
                         help="seconds a restart counts toward --restart-max-attempts (0 = always)")
 
 

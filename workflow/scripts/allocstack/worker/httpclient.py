@@ -57,7 +57,7 @@ class TimedOut(TransportError):
     """The server did not accept, answer or read within the timeout."""
 
 
-class _Stale(Exception):
+class Stale(Exception):
     """A reused connection failed before any answer byte: the request may be sent once more, fresh."""
 
 
@@ -73,6 +73,76 @@ class Answer:
             if key == name:
                 return value.decode("latin-1")
         return default
+
+
+class AnswerReader:
+    """The answer to one request, taken from h11 as its bytes arrive. Sans-IO: the worker's blocking
+    socket (:class:`HttpConnection`) and the relay's asyncio stream read it the same way::
+
+        incoming = AnswerReader(conn, url, reused, closed=ConnectFailed)
+        while not incoming.complete():
+            incoming.feed(sock.recv(READ_CHUNK))
+
+    :param reused: the connection carried a request before: its closing before any answer byte is :class:`Stale`.
+    :param closed: the error raised when the server closes the connection before a whole answer.
+    """
+
+    __slots__ = ("chunks", "closed", "conn", "received", "response", "reused", "url")
+
+    def __init__(self, conn: h11.Connection, url: str, reused: bool, closed: type[Exception]) -> None:
+        self.conn, self.url, self.reused, self.closed = conn, url, reused, closed
+        #: Whether any byte (or the end) of the answer arrived.
+        self.received = False
+        self.response: h11.Response | None = None
+        self.chunks: list[bytes] = []
+
+    def complete(self) -> bool:
+        """Take the events h11 holds: True at the answer's end, False when it needs more bytes (:meth:`feed`).
+
+        :raises closed: the server closed the connection before the answer's end.
+        """
+        while True:
+            event = self.conn.next_event()
+            if event is h11.NEED_DATA:
+                return False
+            kind = type(event)
+            if kind is h11.Response:
+                self.response = event
+            elif kind is h11.Data:
+                self.chunks.append(event.data)
+            elif kind is h11.EndOfMessage:
+                return True
+            elif kind is h11.ConnectionClosed or event is h11.PAUSED:
+                raise self.closed(f"{self.url} closed the connection before answering")
+            # h11.InformationalResponse (100 Continue): the answer follows
+
+    def feed(self, chunk: bytes) -> None:
+        """Hand h11 the bytes read (``b""``: the server closed the connection).
+
+        :raises Stale: a reused connection closed before any answer byte.
+        """
+        if not chunk and self.reused and not self.received:
+            raise Stale
+        self.received = True
+        self.conn.receive_data(chunk)
+
+    def keep_alive(self) -> bool:
+        """Ready the connection for the next request; False when it must close (``Connection: close``, HTTP/1.0)."""
+        if self.response is None or not (self.conn.our_state is h11.DONE and self.conn.their_state is h11.DONE):
+            return False
+        self.conn.start_next_cycle()
+        return True
+
+    def answer(self) -> Answer:
+        """The whole answer (once :meth:`complete`).
+
+        :raises closed: h11 gave no status line (never: it reads an answer's head before its end).
+        """
+        if self.response is None:
+            raise self.closed(f"{self.url} answered without a status line")
+        chunks = self.chunks
+        return Answer(self.response.status_code, list(self.response.headers),
+                      chunks[0] if len(chunks) == 1 else b"".join(chunks))
 
 
 class HttpConnection:
@@ -112,7 +182,7 @@ class HttpConnection:
         open_now = self._reusable()
         try:
             return self._exchange(*(open_now or self._connect()), method, target, body, fields, open_now is not None)
-        except _Stale:
+        except Stale:
             self.close()
             return self._exchange(*self._connect(), method, target, body, fields, False)
 
@@ -163,53 +233,29 @@ class HttpConnection:
 
     def _exchange(self, sock: socket.socket, conn: h11.Connection, method: bytes, target: bytes, body: bytes,
                   fields: list[tuple[bytes, bytes]], reused: bool) -> Answer:
-        """Write the request, read the answer (see :meth:`request`); raises ``_Stale`` only when ``reused``."""
+        """Write the request, read the answer (see :meth:`request`); raises ``Stale`` only when ``reused``."""
         data = conn.send(h11.Request(method=method, target=target, headers=fields))
         if body:
             data += conn.send(h11.Data(data=body))
         data += conn.send(h11.EndOfMessage())
-        received = False
+        incoming = AnswerReader(conn, self.url, reused, closed=ConnectFailed)
         try:
             sock.sendall(data)
-            response: h11.Response | None = None
-            chunks: list[bytes] = []
-            while True:
-                event = conn.next_event()
-                if event is h11.NEED_DATA:
-                    chunk = sock.recv(READ_CHUNK)
-                    if not chunk and reused and not received:
-                        raise _Stale
-                    received = True
-                    conn.receive_data(chunk)
-                    continue
-                kind = type(event)
-                if kind is h11.Response:
-                    response = event
-                elif kind is h11.Data:
-                    chunks.append(event.data)
-                elif kind is h11.EndOfMessage:
-                    break
-                elif kind is h11.ConnectionClosed or event is h11.PAUSED:
-                    raise ConnectFailed(f"{self.url} closed the connection before answering")
-                # h11.InformationalResponse (100 Continue): the answer follows
-        except _Stale:
+            while not incoming.complete():
+                incoming.feed(sock.recv(READ_CHUNK))
+        except Stale:
             raise
         except TimeoutError as exc:
             self.close()
             raise TimedOut(f"{self.url} did not answer within {self.timeout:g} s") from exc
         except (OSError, h11.ProtocolError) as exc:
             self.close()
-            if reused and not received and isinstance(exc, OSError):
-                raise _Stale from exc
+            if reused and not incoming.received and isinstance(exc, OSError):
+                raise Stale from exc
             raise ConnectFailed(f"{self.url}: connection lost ({exc})") from exc
         except ConnectFailed:
             self.close()
             raise
-        if response is None:  # never: h11 reads an answer's head before its end
+        if not incoming.keep_alive():  # Connection: close (or an HTTP/1.0 answer): the next request opens a new one
             self.close()
-            raise ConnectFailed(f"{self.url} answered without a status line")
-        if conn.our_state is h11.DONE and conn.their_state is h11.DONE:
-            conn.start_next_cycle()
-        else:  # Connection: close (or an HTTP/1.0 answer): the next request opens a new connection
-            self.close()
-        return Answer(response.status_code, list(response.headers), chunks[0] if len(chunks) == 1 else b"".join(chunks))
+        return incoming.answer()

@@ -43,7 +43,7 @@ from ..common.jsonio import dumps_compact, loads_bytes, msgspec
 from ..common.tls import client_context
 from ..coordinator.api import BATCHED
 from ..coordinator.httpserver import HttpServer, Limits, Request, Response
-from .httpclient import READ_CHUNK, Answer
+from .httpclient import READ_CHUNK, Answer, AnswerReader, Stale
 
 #: Requests one /batch carries at most.
 MAX_BATCH = 32
@@ -132,10 +132,6 @@ def split_answers(answer: Answer, count: int) -> list[Response]:
     return [Response(status, body) for status, body in parts]
 
 
-class _Stale(Exception):
-    """A reused connection failed before any answer byte: the request may be sent once more, on a fresh one."""
-
-
 class Upstream:
     """One keep-alive connection to the coordinator, opened when first needed: h11 over asyncio streams, pinned
     TLS where the endpoint has a fingerprint (as :class:`~allocstack.worker.httpclient.HttpConnection`, whose
@@ -188,11 +184,11 @@ class Upstream:
                 if self.writer is None:
                     await asyncio.wait_for(self._open(), self.timeout)
                 return await asyncio.wait_for(self._exchange(method, target, body, reused), self.timeout)
-            except _Stale:
+            except Stale:
                 self.close()
                 await asyncio.wait_for(self._open(), self.timeout)
                 return await asyncio.wait_for(self._exchange(method, target, body, False), self.timeout)
-        except (OSError, ssl.SSLError, h11.ProtocolError, _Stale) as exc:  # TimeoutError is an OSError
+        except (OSError, ssl.SSLError, h11.ProtocolError, Stale) as exc:  # TimeoutError is an OSError
             self.close()
             raise ConnectionResetError(f"{self.url}: {type(exc).__name__}: {exc}") from exc
 
@@ -207,39 +203,17 @@ class Upstream:
         if body:
             data += conn.send(h11.Data(data=body))
         writer.write(data + conn.send(h11.EndOfMessage()))
-        received = False
-        response: h11.Response | None = None
-        chunks: list[bytes] = []
+        incoming = AnswerReader(conn, self.url, reused, closed=ConnectionResetError)
         try:
-            while True:
-                event = conn.next_event()
-                if event is h11.NEED_DATA:
-                    chunk = await reader.read(READ_CHUNK)
-                    if not chunk and reused and not received:
-                        raise _Stale
-                    received = True
-                    conn.receive_data(chunk)
-                    continue
-                kind = type(event)
-                if kind is h11.Response:
-                    response = event
-                elif kind is h11.Data:
-                    chunks.append(event.data)
-                elif kind is h11.EndOfMessage:
-                    break
-                elif kind is h11.ConnectionClosed or event is h11.PAUSED:
-                    raise ConnectionResetError(f"{self.url} closed the connection before answering")
+            while not incoming.complete():
+                incoming.feed(await reader.read(READ_CHUNK))
         except ConnectionError:
-            if reused and not received:
-                raise _Stale from None
+            if reused and not incoming.received:
+                raise Stale from None
             raise
-        if response is None:
-            raise ConnectionResetError(f"{self.url} answered without a status line")
-        if conn.our_state is h11.DONE and conn.their_state is h11.DONE:
-            conn.start_next_cycle()
-        else:  # Connection: close
+        if not incoming.keep_alive():  # Connection: close
             self.close()
-        return Answer(response.status_code, list(response.headers), chunks[0] if len(chunks) == 1 else b"".join(chunks))
+        return incoming.answer()
 
 
 class Relay:
