@@ -3,8 +3,8 @@
 An option renamed in a script (or in the plan) fails here, not at run time on the path that uses it. Every
 entry point the rules start is covered: launch.py, validate_inputs.py, coordinator.py, readiness.py (the
 coordinator's gate, each other node's, each service's and each global service's instance), app_service.py (a
-service, a global service's instance on another node), worker.py, replica.py, main.py, check.py, serve.py (a
-serving stack), collect.py, verify.py, and status.py at the end of a run.
+service, a global service's instance on another node, a further replica of a service), worker.py, replica.py,
+main.py, check.py, serve.py (a serving stack), collect.py, verify.py, and status.py at the end of a run.
 """
 
 from __future__ import annotations
