@@ -159,6 +159,10 @@ BAD = {
     "replicas of an init job": (OWN + "services: {m: {command: [x], readiness: {mode: started}, replicas: 2}}\n"
                                       "init_jobs: [m]",
                                 "services.m.replicas is 2, but m: it is an init job"),
+    "a service named as another's replica": (OWN + "services: {c: {command: [x], readiness: {mode: started}, "
+                                                    "replicas: 2}, c-replica-2: {command: [y], readiness: {mode: started}}}",
+                                              ("services.c.replicas is 2, but services.c-replica-2 is the name of its "
+                                               "replica 2: rename that service")),
     "replicas of a global service": (OWN + "services: {g: {command: [x], readiness: {mode: started}, mode: global, "
                                            "replicas: 2}}",
                                      "services.g.replicas is 2, but g: its mode is global"),

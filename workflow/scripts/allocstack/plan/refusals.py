@@ -24,6 +24,7 @@ from ..common.errors import AllocstackError
 from ..launch.containers import PROGRAMS
 from . import depends
 from .facts import Facts
+from .placement import replica_name
 from .programs import check_command_set, env_references, parts_of_yours, program_image, program_images
 from .shape import Shape
 
@@ -219,6 +220,10 @@ def refuse_bad_replicas(config: Mapping[str, Any], spelled: Mapping[str, str]) -
         if spec["replicas"] > 1 and (why := replicas_refusal(name, config)):
             raise PlanError("config", f"{spelled.get(name, f'services.{name}')}.replicas is {spec['replicas']}, but "
                                       f"{name}: {why}")
+        taken = [replica_name(name, k) for k in range(2, spec["replicas"] + 1) if replica_name(name, k) in config["services"]]
+        if taken:
+            raise PlanError("config", f"services.{name}.replicas is {spec['replicas']}, but services.{taken[0]} is the "
+                                      f"name of its replica {taken[0].rsplit('-', 1)[1]}: rename that service")
 
 
 def refuse_bad_window(key: str, restart: Mapping[str, Any]) -> None:
