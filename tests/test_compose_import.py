@@ -87,8 +87,9 @@ REFUSED = {
                                                           "target": "/var/run/docker.sock"}],
                           "services.db.volumes[0]: /run/podman/podman.sock is a container daemon's socket", True),
     "a privileged port": (("services", "db", "expose"), ["80"], "services.db: port 80 is privileged", True),
-    "a second replicated service": (("services", "db", "deploy"), {"replicas": 2},
-                                    "services.db.deploy.replicas: a second replicated service", False),
+    "replicas of a service that listens": (("services", "db", "deploy"), {"replicas": 2},
+                                           ("services.db.deploy.replicas: db: it has port 5000: replicas only for a "
+                                            "service with no port and no gate of its own"), False),
     "an unset variable": (("services", "db", "command"), "db --port ${PORT}",
                           ("services.db.command: variable PORT is not set (in .env, an --env-file or the environment) "
                            "and has no default"), False),
@@ -652,6 +653,53 @@ def test_compose_ups_own_flags_exit_code_from_scale_and_profile(tmp_path, capsys
     assert code == 0 and "dash" in config["services"] and config["workers"] == 2
     code, _, _ = import_document(tmp_path, document, "--exit-code-from", "nope", env={}, monkeypatch=monkeypatch)
     assert code == 65 and "--exit-code-from nope: nope is not a service here" in capsys.readouterr().err
+
+
+def test_a_second_replicated_service_that_listens_for_nobody_keeps_its_replicas_and_one_that_listens_is_refused(
+        tmp_path, capsys, monkeypatch):
+    """Replicas of a service other than the workers (issue 25): a second kind of consumer (no port, no healthcheck,
+    nothing waits for it) imports with services.<name>.replicas, from deploy.replicas, scale: or --scale; the same
+    for a service with a port, a healthcheck or one others wait for is ONE refusal naming it and why."""
+    document = {"services": {
+        "redis": {"image": "redis:7", "command": ["redis-server"], "expose": ["6379"]},
+        "worker": {"image": "app:1", "command": ["python3", "w.py"], "depends_on": ["redis"],
+                   "deploy": {"replicas": 2}},
+        "mailer": {"image": "app:1", "command": ["celery", "-A", "mail", "worker"], "depends_on": ["redis"],
+                   "deploy": {"replicas": 3}},
+        "check": {"image": "app:1", "command": ["check"],
+                  "depends_on": {"worker": {"condition": "service_completed_successfully"}}},
+    }}
+    code, config, _ = import_document(tmp_path, document, env={}, monkeypatch=monkeypatch)
+    out = capsys.readouterr()
+    assert code == 0, out.err
+    assert config["workers"] == 2 and config["services"]["mailer"]["replicas"] == 3  # the workers stay the workers
+    assert config["services"]["mailer"]["readiness"] == {"mode": "started"} and "replicas" not in config["services"][
+        "redis"]
+    assert "note: mailer: 3 replicas (services.mailer.deploy.replicas): each its own job step" in out.out
+    from unit.plans import world
+
+    from allocstack import plan as plans
+
+    assert plans.load(config, world()).replicated == ["mailer-replica-2", "mailer-replica-3"]  # the plan takes it
+    del document["services"]["mailer"]["deploy"]
+    document["services"]["mailer"]["scale"] = 2
+    code, config, _ = import_document(tmp_path, document, "--scale", "mailer=4", env={}, monkeypatch=monkeypatch)
+    assert code == 0 and config["services"]["mailer"]["replicas"] == 4, capsys.readouterr().err
+    code, config, _ = import_document(tmp_path, document, env={}, monkeypatch=monkeypatch)
+    assert code == 0 and config["services"]["mailer"]["replicas"] == 2  # scale:
+    capsys.readouterr()
+    (tmp_path / "stack.yaml").unlink()
+    code, _, output = import_document(tmp_path, document, "--scale", "redis=2", env={}, monkeypatch=monkeypatch)
+    refused = [line for line in capsys.readouterr().err.splitlines() if line.startswith("allocstack: error [compose]")]
+    assert code == 65 and not output.exists()
+    assert len(refused) == 1 and refused[0].endswith(
+        "compose.yaml: --scale redis=2: redis: it has port 6379: replicas only for a service with no port and no gate "
+        "of its own (readiness.mode: started, nothing depends on it), since they share the node's one loopback and "
+        "would share its port (a network per replica is issue 32's)")
+    document["services"]["mailer"]["healthcheck"] = {"test": ["CMD", "celery", "inspect", "ping"]}
+    code, _, _ = import_document(tmp_path, document, env={}, monkeypatch=monkeypatch)
+    assert code == 65 and ("services.mailer.deploy.replicas: mailer: it has a readiness gate (command)" in
+                           capsys.readouterr().err)
 
 
 def test_the_producer_beside_replicated_workers_is_recognised_as_main_where_unambiguous(tmp_path, capsys, monkeypatch):

@@ -3,8 +3,8 @@
 An option renamed in a script (or in the plan) fails here, not at run time on the path that uses it. Every
 entry point the rules start is covered: launch.py, validate_inputs.py, coordinator.py, readiness.py (the
 coordinator's gate, each other node's, each service's and each global service's instance), app_service.py (a
-service, a global service's instance on another node), worker.py, replica.py, main.py, check.py, serve.py (a
-serving stack), collect.py, verify.py, and status.py at the end of a run.
+service, a global service's instance on another node, a further replica of a service), worker.py, replica.py,
+main.py, check.py, serve.py (a serving stack), collect.py, verify.py, and status.py at the end of a run.
 """
 
 from __future__ import annotations
@@ -64,6 +64,14 @@ CONDITIONS = ("tasks: null\nexpected: null\nverify: {command: [python3, c.py]}\n
               " migrate: service_completed_successfully}}\n"
               "  producer: {command: [p], depends_on: {db: service_started, web: service_started}}\n")
 
+#: A service of three replicas (Compose deploy.replicas): a consumer that listens on nothing, with a restart policy.
+REPLICAS = ("tasks: null\nexpected: null\nverify: {command: [python3, c.py]}\nvolumes: [data]\n"
+            "worker: {mode: long-running, command: [w]}\n"
+            "services:\n"
+            "  db: {command: [db], port: 5000, readiness: {mode: tcp}}\n"
+            "  consumer: {command: [c], replicas: 3, depends_on: [db], readiness: {mode: started},"
+            " restart: {condition: on-failure}, stop_grace_period: 4}\n")
+
 #: name -> (config, facts): between them every option the plan can give.
 STACKS = {
     "restart policies": (RESTARTS, {}),
@@ -110,6 +118,7 @@ STACKS = {
         ("nodes: 3\nworkers: 6\nworker: {command: [python3, client.py]}\n"
         "services: {cache: {command: [cache], mode: global, readiness: {mode: tcp}}, api: {command: [api]}}\n"),
         {"environ": IN_STEP}),
+    "a service of three replicas, in job steps": (REPLICAS, {"environ": IN_STEP}),
 }
 
 
@@ -129,6 +138,8 @@ def jobs(planned: plan.Plan) -> Iterator[tuple[str, dict[str, str]]]:
             for node in range(2, planned.nodes + 1):
                 yield "instance", {**run, "service": service, "node": str(node)}
                 yield "instance_gate", {**run, "service": service, "node": str(node)}
+        for replica in planned.replicas(service)[1:]:
+            yield "replica", {**run, "service": service, "replica": str(replica)}
     for init in planned.init_jobs:
         yield "init", {**run, "service": init}
     if planned.main:
@@ -445,3 +456,32 @@ def test_the_workers_wait_for_the_start_of_each_service_no_gate_covers(workdir):
     assert parse("replica.py", daemons.args("worker", run=daemons.run, worker="worker-01")).started == ["sidecar"]
     gated = plan_of(stack.replace("readiness: {mode: started}", "readiness: {mode: tcp}"))
     assert parse("worker_block.py", gated.args("workers", run=gated.run, step=gated.step_names[0])).started == []
+
+
+def test_each_replica_of_a_service_is_its_own_supervised_step_told_which_one_it_is(workdir):
+    """services.<name>.replicas: 3: the service is replica 1, replicas 2 and 3 are service jobs of their own, each its
+    own files (--instance), restart policy and stop request; the workers wait until all have started; collection
+    gathers every replica's end record."""
+    planned = plan_of(REPLICAS, environ=IN_STEP)
+    first = parse("app_service.py", planned.args("service", run="baseline", service="consumer"))
+    assert (first.instance, first.replica, first.replicas) == (None, 1, 3)
+    for k in (2, 3):
+        args = planned.args("replica", run="baseline", service="consumer", replica=str(k))
+        parsed = parse("app_service.py", args)
+        assert (parsed.name, parsed.instance, parsed.replica, parsed.replicas) == ("consumer", f"consumer-replica-{k}",
+                                                                                   k, 3)
+        assert str(parsed.service_file) == planned.layout.replica_file("consumer", k)
+        assert parsed.restart == first.restart and parsed.stop_grace == 4.0
+        assert parsed.gate_record == first.gate_record  # it waits for db's gate as the service does
+        launched = parse("launch.py", [*planned.launch("replica", run="baseline", service="consumer", replica=str(k))[2:], "x"])
+        assert launched.component == f"consumer-replica-{k}" and launched.stop_request == 4 + 10
+    assert planned.layout.replica_file("consumer", 3) in planned.worker_inputs("baseline")
+    assert planned.layout.replica_file("consumer", 2) in planned.check_inputs("baseline")
+    worker = parse("replica.py", planned.args("worker", run="baseline", worker="worker-01"))
+    assert worker.started == ["consumer", "consumer-replica-2", "consumer-replica-3"]
+    collect = parse("collect.py", planned.args("collect", run="baseline"))
+    assert collect.service == ["db", "consumer", "consumer-replica-2", "consumer-replica-3"]
+    assert {"consumer-replica-2", "consumer-replica-3"} <= set(collect.component)
+    one = parse("app_service.py", planned.args("service", run="baseline", service="db"))
+    assert (one.replica, one.replicas) == (1, 1)  # a service of one: no option, told 1 of 1
+    assert planned.shape.cpus == 1 + 3 + 2  # db, three replicas, two workers

@@ -134,6 +134,38 @@ BAD = {
                                                           "restart: {condition: any}}",
                                                     ("worker.restart.condition is any, but without main the stack ends "
                                                     "when every worker ended")),
+    "replicas zero": ("services: {c: {command: [x], readiness: {mode: started}, replicas: 0}}",
+                      "services.c.replicas: 0 is less than the minimum of 1"),
+    "replicas of a service with a port": (OWN + "services: {db: {command: [x], port: 6379, readiness: {mode: started}, "
+                                                "replicas: 2}}",
+                                          ("services.db.replicas is 2, but db: it has port 6379: replicas only for a "
+                                           "service with no port and no gate of its own")),
+    "replicas of a service with a gate": (OWN + "services: {db: {command: [x], replicas: 3}}",
+                                          ("services.db.replicas is 3, but db: it has a readiness gate (http): "
+                                           "replicas only for a service with no port and no gate of its own "
+                                           "(readiness.mode: started, nothing depends on it), since they share the "
+                                           "node's one loopback and would share its port (a network per replica is "
+                                           "issue 32's)")),
+    "replicas of a service others wait for healthy": (
+        OWN + "services: {c: {command: [x], readiness: {mode: started}, replicas: 2}, "
+              "api: {command: [y], depends_on: {c: service_healthy}}}",
+        "services.c.replicas is 2, but c: api waits for it (service_healthy): replicas only for"),
+    "replicas of a service others wait for started": (
+        OWN + "services: {c: {command: [x], readiness: {mode: started}, replicas: 2}, "
+              "api: {command: [y], depends_on: {c: service_started}}}",
+        "services.c.replicas is 2, but c: api waits for it (service_started)"),
+    "replicas of main": (OWN + "services: {p: {command: [x], readiness: {mode: started}, replicas: 2}}\nmain: p",
+                         "services.p.replicas is 2, but p: it is main: it runs once and its end ends the stack"),
+    "replicas of an init job": (OWN + "services: {m: {command: [x], readiness: {mode: started}, replicas: 2}}\n"
+                                      "init_jobs: [m]",
+                                "services.m.replicas is 2, but m: it is an init job"),
+    "a service named as another's replica": (OWN + "services: {c: {command: [x], readiness: {mode: started}, "
+                                                    "replicas: 2}, c-replica-2: {command: [y], readiness: {mode: started}}}",
+                                              ("services.c.replicas is 2, but services.c-replica-2 is the name of its "
+                                               "replica 2: rename that service")),
+    "replicas of a global service": (OWN + "services: {g: {command: [x], readiness: {mode: started}, mode: global, "
+                                           "replicas: 2}}",
+                                     "services.g.replicas is 2, but g: its mode is global"),
 }
 
 
@@ -179,7 +211,7 @@ def test_the_older_service_block_is_the_service_app_with_the_services_defaults()
     assert "service" not in planned.config  # migrated once: nothing after reads it
     assert planned.services == {"app": {
         "command": ["python3", "app.py"], "image": None, "entrypoint": None, "working_dir": None, "mounts": [],
-        "port": None, "depends_on": [], "mode": "replicated", "cpus": 1, "gpus": 0, "environment": {},
+        "port": None, "depends_on": [], "mode": "replicated", "replicas": 1, "cpus": 1, "gpus": 0, "environment": {},
         "stop_grace_period": 10, "hostnames": [],
         "restart": {"condition": "none", "delay": 0, "max_attempts": None, "window": 0},
         "readiness": {"mode": "tcp", "path": "/health", "expect": {}, "command": None, "timeout": None,
@@ -218,3 +250,14 @@ def test_a_mount_source_that_does_not_exist_and_a_set_env_reference():
     assert refused.diag == "input" and "services.db.mounts: /d: its source no/such/dir does not exist" in refused.message
     planned = plan_of("services: {db: {command: [x, '${env:DB_PASSWORD}']}}", environ={"DB_PASSWORD": "s3cret"})
     assert planned.services["db"]["command"] == ["x", "${env:DB_PASSWORD}"]  # read when it starts, not here
+
+
+def test_replicas_of_a_service_that_listens_for_nobody_are_planned():
+    """A consumer with no port and no gate of its own (ready once started, nothing depends on it) may be copied."""
+    planned = plan_of(OWN + "services: {c: {command: [x], readiness: {mode: started}, replicas: 3}}")
+    assert planned.replicas("c") == [1, 2, 3] and planned.replicated == ["c-replica-2", "c-replica-3"]
+    assert planned.ungated == ["c"] and planned.gated == []
+    assert planned.service_files("baseline") == [planned.layout.service_file("c"), planned.layout.replica_file("c", 2),
+                                                 planned.layout.replica_file("c", 3)]
+    assert planned.shape.cpus == 3 + 2 and planned.shape.components == 2 + 2 + 4
+    assert plan_of(OWN + "services: {db: {command: [x], port: 6379}}").replicated == []  # one: the default

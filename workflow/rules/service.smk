@@ -106,3 +106,37 @@ if PLAN.global_services:
             args=args("instance_gate"),
         shell:
             "exec {params.launch} {input.script} {params.args} > {log} 2>&1"
+
+
+# A service of more than one replica (services.<name>.replicas, Compose deploy.replicas / --scale):
+# the first is the service above; each further one (NAME-replica-K) is a service job and a job step
+# of its own, supervised as the service is (its log, restart policy and end record). The workers and
+# the check consume every replica's service file, so the stack stops them all as it stops a service.
+# Only a service with no port and no gate of its own may have replicas (plan/refusals.py).
+if PLAN.replicated:
+
+    rule serve_replica:
+        input:
+            validated=FILES.inputs_summary,
+            dependencies=service_dependencies,
+            script=script("app_service.py"),
+        output:
+            service=service(FILES.replica_file("{service}", "{replica}")),
+        log:
+            "logs/serve_service/{run}/{service}-replica-{replica}.log",
+        wildcard_constraints:
+            replica=r"[0-9]+",
+        retries: PLAN.retries
+        group:
+            "stack"
+        conda:
+            STACK_ENV
+        threads: 0
+        resources:
+            cpus_per_task=service_cpus,
+            gpu=service_gpus,
+        params:
+            launch=launch("replica"),
+            args=args("replica"),
+        shell:
+            ": > {output.service}; exec {params.launch} {input.script} {params.args} > {log} 2>&1"

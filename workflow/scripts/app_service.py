@@ -32,6 +32,17 @@ is a ``service-restart`` event (attempt, exit code, how it ended) and a line in 
 its restarts are used up ends as ``exited``, its line saying how many restarts it had. Stopped by
 allocstack (the stack's end), it is never restarted.
 
+With ``--replicas N`` (config ``services.<name>.replicas``, Compose ``deploy.replicas``/``--scale``) the service
+runs N copies, each this same supervisor in a job step of its own (``--replica K``; replicas 2.. with
+``--instance NAME-replica-K``: their own files, log, restart policy and end record, as a global service's
+instance has). One step per replica rather than one step supervising N (as worker_block.py does for a pool of
+per-task workers): a replica is then supervised exactly as one service is, by this one code path (restart
+policy, stop request, end record, exposure watch), and Snakemake stops each as it stops a service; replicas are
+few (a consumer or two of another kind), a pool of thousands is what the workers are for. Each replica's
+program gets ``ALLOCSTACK_REPLICA`` (K) and ``ALLOCSTACK_REPLICAS`` (N), as a Compose replica tells itself apart
+by its hostname. Replicas share the node's loopback: the plan allows them only for a service with no port and no
+gate of its own (allocstack/plan/refusals.py).
+
 With ``--network-endpoint-file`` (config ``nodes`` above 1) the service still listens on
 127.0.0.1, and this supervisor also relays it to this node's network address over TLS
 with a certificate of its own (``allocstack.launch.tunnel``), published there for the workers
@@ -59,6 +70,7 @@ from allocstack.common.cli import (
     add_program_arguments,
     add_started_arguments,
     non_negative_float,
+    positive_int,
     run,
     runtime_facts,
 )
@@ -113,6 +125,11 @@ def take_port(port: int) -> int:
         return probe.getsockname()[1]
 
 
+def replica_variables(replica: int, replicas: int) -> dict[str, str]:
+    """What each replica of a service is told: which one it is (1..N) and how many there are."""
+    return {"ALLOCSTACK_REPLICA": str(replica), "ALLOCSTACK_REPLICAS": str(replicas)}
+
+
 def end_status(outcome: Outcome) -> str:
     if outcome.stop_signal is None:
         return "exited"
@@ -127,6 +144,8 @@ def parse_args(argv: list[str] | None):
     parser.add_argument("--instance", default=None,
                         help="a global service's instance on a node other than the first (NAME-node-N): its files "
                              "(endpoint, end record, events) under this name; its variables stay NAME's")
+    parser.add_argument("--replica", type=positive_int, default=1, help="which replica this is (1..--replicas)")
+    parser.add_argument("--replicas", type=positive_int, default=1, help="how many replicas of the service run")
     add_program_arguments(parser, "your service", required=False)
     add_placement_arguments(parser)
     parser.add_argument("--port", type=int, default=0, help="the port it listens on (0 = a free one)")
@@ -146,6 +165,8 @@ def parse_args(argv: list[str] | None):
         parser.error("--port must be in 0..65535")
     if args.port_from_image and not args.image:
         parser.error("--port-from-image needs --image")
+    if args.replica > args.replicas:
+        parser.error("--replica must be in 1..--replicas")
     return args
 
 
@@ -199,7 +220,8 @@ def main(argv: list[str] | None = None) -> int:
         port, token = take_port(wanted), secrets.token_urlsafe(32)
         relayed = relay_for_other_nodes(args, name, port)
         endpoint = f"http://{LOOPBACK}:{port}"
-        stack = {**services_environment(args.scratch, args.uses), **service_variables(name, endpoint, token)}
+        stack = {**services_environment(args.scratch, args.uses), **service_variables(name, endpoint, token),
+                 **replica_variables(args.replica, args.replicas)}
         env = program_environment(os.environ, stack, args.environment_json, f"services.{name}")
         how = prepare(placement, args.command_json, env, set(args.environment_json),
                       args.scratch / names.PROGRAMS / files, f"services.{name}")

@@ -4,7 +4,8 @@ through the function the caller passes).
 
 Roles: the service the check waits for with ``service_completed_successfully`` (or, without a check, the one
 replicated service) is the workers (``worker.mode: long-running``, ``deploy.replicas`` -> ``workers``); the
-service that waits for it is the check (``verify.command``); every other service is one of ``services``, gated
+service that waits for it is the check (``verify.command``); every other service is one of ``services`` (another
+replicated one with ``replicas``, where it has no port and no gate of its own: :func:`service_replicas`), gated
 by its healthcheck (a command gate, ``interval`` x ``retries`` + ``start_period`` as its deadline), else by a TCP
 connection to its port (from ``ports``, ``expose``, ``name:PORT`` where others use it, or its image's EXPOSE),
 else, when nothing waits for it, by its start. Values are interpolated as Compose does
@@ -33,7 +34,7 @@ from ..common.names import SERVICE_NAME_PATTERN, variable_prefix, volume_variabl
 from ..plan.config import completed, defaults, service_defaults
 from ..plan.depends import COMPLETED, CONDITIONS, HEALTHY, STARTED
 from ..plan.order import DependencyCycle, start_order
-from ..plan.refusals import reserved
+from ..plan.refusals import replicas_refusal, reserved
 from ..plan.shape import allocation
 from .hostnames import HostRewriter, named_hosts
 from .interpolation import Interpolator, Use, Variables, as_references, markers, read_env_file
@@ -615,11 +616,10 @@ def assign_roles(services: dict[str, dict[str, Any]], counts: dict[str, int], re
                            "program that uses the services as worker.command (in a config file of yours given after "
                            "this one), or mark the service that does the work with deploy.replicas (a stack that "
                            "only serves until it is stopped has no check: without one it imports as mode: serve)")
-    for name in replicated:
-        if name != workers:
-            report.refuse(f"services.{name}.deploy.replicas", f"a second replicated service ({workers or replicated[0]} "
-                                                               "are the workers): allocstack replicates only the "
-                                                               "workers")
+    for name in replicated:  # another replicated service is one of services, with replicas (service_replicas)
+        if name == check:
+            report.refuse(f"services.{name}.deploy.replicas", f"{name} is the check (it waits for the workers, "
+                                                               f"{workers}, to complete): it runs once")
     rest = [name for name in services if name not in (workers, check)]
     for name in rest:
         for dependency, condition in conditions(services[name]).items():
@@ -1015,6 +1015,7 @@ def import_stack(compose: dict[str, Any], compose_dir: Path, project_dir: Path, 
     if roles.init:
         config["init_jobs"] = roles.init
     start_only(config["services"], active, roles.init, report)
+    service_replicas(config, counts, {name for name, _ in up.scale}, report)
     rename_reserved(config, report)
     secrets_by_name(config, report)
     services = config["services"]
@@ -1024,6 +1025,28 @@ def import_stack(compose: dict[str, Any], compose_dir: Path, project_dir: Path, 
         report.refuse("services", str(cycle))
         order = list(services)
     return Imported(config, report, order, interpolator.uses)
+
+
+def service_replicas(config: dict[str, Any], counts: dict[str, int], scaled: set[str], report: Report) -> None:
+    """A replicated service other than the workers (``deploy.replicas``, ``scale:``, ``--scale NAME=N``): its
+    ``replicas`` where the plan allows copies of it (no port, no gate of its own, nothing waits for it), else the
+    plan's own refusal (allocstack/plan/refusals.py), at the key that asked for them."""
+    services, base = config["services"], service_defaults()
+    view = {"main": config.get("main"), "init_jobs": config.get("init_jobs", []),
+            "services": {name: {**base, **spec, "readiness": {**base["readiness"], **(spec.get("readiness") or {})}}
+                         for name, spec in services.items()}}
+    for name, spec in services.items():
+        if counts.get(name, 1) < 2:
+            continue
+        key = f"--scale {name}={counts[name]}" if name in scaled else f"services.{name}.deploy.replicas"
+        why = replicas_refusal(name, view)
+        if why:
+            report.refuse(key, f"{name}: {why}")
+            continue
+        spec["replicas"] = counts[name]
+        report.notes.append(f"{name}: {counts[name]} replicas ({key}): each its own job step on the first node, "
+                            "supervised as a service is, told $ALLOCSTACK_REPLICA (1..N) and $ALLOCSTACK_REPLICAS "
+                            "(config services.<name>.replicas)")
 
 
 @dataclass

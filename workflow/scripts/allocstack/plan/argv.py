@@ -69,7 +69,7 @@ STOP_REQUEST_MARGIN = 10
 
 
 def launched(plan: Plan, component: str, run: str, worker: str = "", service: str = "", node: str = "",
-             step: str = "") -> Launched:
+             step: str = "", replica: str = "") -> Launched:
     """How ``component`` (a key of :data:`ARGS`) with these wildcards is launched."""
     config, files = plan.config, plan.files(run)
     match component:
@@ -84,6 +84,10 @@ def launched(plan: Plan, component: str, run: str, worker: str = "", service: st
         case "service":
             spec = config["services"][service]
             return Launched(service, spec["cpus"], stop_request=spec["stop_grace_period"] + STOP_REQUEST_MARGIN)
+        case "replica":  # a further replica of a service (2..): stopped as the service is
+            spec = config["services"][service]
+            return Launched(placement.replica_name(service, replica), spec["cpus"],
+                            stop_request=spec["stop_grace_period"] + STOP_REQUEST_MARGIN)
         case "init":
             return Launched(service, config["services"][service]["cpus"])
         case "service_gate":
@@ -262,17 +266,23 @@ def waits(plan: Plan, run: str, spec: dict[str, Any]) -> list[tuple[str, Any]]:
             *each("--started", plan.started(spec["depends_on"]))]
 
 
-def service(plan: Plan, run: str, service: str, node: str = "") -> list[str]:
+def service(plan: Plan, run: str, service: str, node: str = "", replica: str = "") -> list[str]:
     """app_service.py: services.<service>, started once its dependencies' gates passed (``node``: a global service's
-    instance on that node, 1-based above 1: its own files, and no relay: each node's programs use their own)."""
+    instance on that node, 1-based above 1: its own files, and no relay: each node's programs use their own;
+    ``replica``: its further replica, 2.., its own files too, and no relay: it listens for nobody)."""
     spec, files = plan.services[service], plan.files(run)
     from_image = spec["port"] == "image"  # the port its image EXPOSEs, read when it starts
     port = [] if from_image else [("--port", spec["port"] or 0)]
     if node:
         own = [("--service-file", files.instance_file(service, node)), ("--instance", placement.instance_name(service, node))]
+    elif replica:
+        own = [("--service-file", files.replica_file(service, replica)),
+               ("--instance", placement.replica_name(service, replica))]
     else:
         own = [("--service-file", files.service_file(service))]
-    relay = [] if service in plan.global_services else network(plan, files.shared_service_endpoint(service))
+    if spec["replicas"] > 1:  # $ALLOCSTACK_REPLICA, $ALLOCSTACK_REPLICAS
+        own += [("--replica", replica or 1), ("--replicas", spec["replicas"])]
+    relay = [] if service in plan.global_services or replica else network(plan, files.shared_service_endpoint(service))
     return [*options(*own, ("--name", service),
                      *programs.options(plan, spec), ("--environment-json", spec["environment"]),
                      *port, ("--gate-timeout", timeouts.start_bound(plan.config, service)),
@@ -292,6 +302,11 @@ def instance(plan: Plan, run: str, service: str, node: str) -> list[str]:
 def instance_gate(plan: Plan, run: str, service: str, node: str) -> list[str]:
     """readiness.py: the gate of global service ``service``'s instance on node ``node``, run on that node."""
     return service_gate(plan, run, service, node)
+
+
+def replica(plan: Plan, run: str, service: str, replica: str) -> list[str]:
+    """app_service.py: replica ``replica`` (2..) of services.<service>, supervised as the service is."""
+    return service_args(plan, run, service, replica=replica)
 
 
 def service_gate(plan: Plan, run: str, service: str, node: str = "") -> list[str]:
@@ -417,8 +432,9 @@ def gate_records(plan: Plan, run: str, node: int) -> list[str]:
 
 def started_waits(plan: Plan, node: int) -> list[str]:
     """The services the workers on the first node (``node`` 0) wait for only until they have started: those with no
-    gate, whose variables they get too (their endpoint files are in that node's scratch)."""
-    return plan.ungated if node == 0 else []
+    gate, whose variables they get too, and every further replica (their endpoint files are in that node's
+    scratch)."""
+    return [*plan.ungated, *plan.replicated] if node == 0 else []
 
 
 def worker_network(plan: Plan, run: str, worker: str) -> list[str]:
@@ -468,13 +484,13 @@ def serve(plan: Plan, run: str) -> list[str]:
 def collect(plan: Plan, run: str) -> list[str]:
     """collect.py: the event logs merged, the timeline drawn, how every component ran and ended."""
     config, files = plan.config, plan.files(run)
-    components = [*plan.init_jobs, *plan.services, *([plan.main] if plan.main else []), *(plan.workers if plan.long_running else []),
+    components = [*plan.init_jobs, *plan.services, *plan.replicated, *([plan.main] if plan.main else []), *(plan.workers if plan.long_running else []),
                   *(["check"] if plan.runs_check else []), *(["serve"] if plan.serving else [])]
     return options(("--scratch-root", config["scratch"] or ""), ("--run", run),
                    ("--inputs-summary", files.inputs_summary), ("--shared-dir", files.state),
                    ("--events-out", files.events), ("--provenance-out", files.provenance),
                    ("--services-out", files.services_record), ("--timeline-out", files.timeline),
-                   *each("--service", plan.services), *each("--component", components),
+                   *each("--service", [*plan.services, *plan.replicated]), *each("--component", components),
                    ("--stop-timeout", timeouts.stop_timeout(config)),
                    flags=("--keep-scratch",) if plan.volumes_after_collect else ())
 
@@ -511,6 +527,7 @@ ARGS: dict[str, tuple[str, Callable[..., list[str]]]] = {
     "service": ("app_service.py", service),
     "service_gate": ("readiness.py", service_gate),
     "instance": ("app_service.py", instance),
+    "replica": ("app_service.py", replica),
     "instance_gate": ("readiness.py", instance_gate),
     "serve": ("serve.py", serve),
     "worker": ("worker.py", worker),  # replica.py for long-running workers: see :func:`script_of`

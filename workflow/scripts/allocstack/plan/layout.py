@@ -17,6 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..common import names
+from .placement import replica_name
 
 #: Every run's records, below the directory Snakemake runs in.
 RESULTS = "results"
@@ -155,6 +156,10 @@ class Layout:
     def instance_file(self, service: str, node: int | str) -> str:
         """The service file of global service ``service``'s instance on node ``node`` (1-based, above 1)."""
         return f"{self.results}/{SERVICES}/{service}-node-{node}{SERVICE_SUFFIX}"
+
+    def replica_file(self, service: str, replica: int | str) -> str:
+        """The service file of replica ``replica`` of service ``service`` (2..: the first is the service itself)."""
+        return f"{self.results}/{SERVICES}/{replica_name(service, replica)}{SERVICE_SUFFIX}"
 
     def instance_gate(self, service: str, node: int | str) -> str:
         """The gate record of global service ``service``'s instance on node ``node`` (1-based, above 1)."""

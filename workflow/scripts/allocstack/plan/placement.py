@@ -22,6 +22,12 @@ from dataclasses import dataclass
 SEED_WORKERS = 16
 
 
+def replica_name(service: str, replica: int | str) -> str:
+    """The name of replica ``replica`` of service ``service`` (config services.<name>.replicas; 2.., the first is
+    the service itself): its job step, files and log (``consumer-replica-2``)."""
+    return f"{service}-replica-{replica}"
+
+
 def instance_name(service: str, node: int | str) -> str:
     """The name of global service ``service``'s instance on node ``node`` (1-based, above 1: the first node's
     instance is the service itself): its job step, files and log (``cache-node-2``)."""

@@ -24,6 +24,7 @@ from ..common.errors import AllocstackError
 from ..launch.containers import PROGRAMS
 from . import depends
 from .facts import Facts
+from .placement import replica_name
 from .programs import check_command_set, env_references, parts_of_yours, program_image, program_images
 from .shape import Shape
 
@@ -185,6 +186,44 @@ def refuse_bad_restarts(config: Mapping[str, Any], spelled: Mapping[str, str]) -
         raise PlanError("config", "worker.restart.condition is any, but without main the stack ends when every worker "
                                   "ended: a worker started again after exit 0 would never let it end; use on-failure, "
                                   "or set main")
+
+
+def replicas_refusal(name: str, config: Mapping[str, Any]) -> str | None:
+    """Why services.<name> may not have more than one replica, or None. Each replica is its own program on the first
+    node's ONE loopback, so only a service that listens for nobody may be copied: ready once started, no port, nothing
+    depends on it (a second kind of Celery or RQ consumer). A network per replica is issue 32's."""
+    spec = config["services"][name]
+    users = {user: depends.conditions(other["depends_on"])[name] for user, other in config["services"].items()
+             if name in depends.conditions(other["depends_on"])}
+    if name == config["main"]:
+        return "it is main: it runs once and its end ends the stack"
+    if name in config["init_jobs"]:
+        return "it is an init job: it runs once, before what depends on it"
+    if spec["mode"] == "global":
+        return "its mode is global: it has one instance on each node already"
+    if spec["port"] is not None:
+        why = f"it has port {spec['port']}"
+    elif spec["readiness"]["mode"] != "started":
+        why = f"it has a readiness gate ({spec['readiness']['mode']})"
+    elif users:
+        why = "{} waits for it ({})".format(*next(iter(sorted(users.items()))))
+    else:
+        return None
+    return (f"{why}: replicas only for a service with no port and no gate of its own (readiness.mode: started, "
+            "nothing depends on it), since they share the node's one loopback and would share its port (a network "
+            "per replica is issue 32's)")
+
+
+def refuse_bad_replicas(config: Mapping[str, Any], spelled: Mapping[str, str]) -> None:
+    """``replicas`` above 1 only where the copies cannot collide (:func:`replicas_refusal`)."""
+    for name, spec in config["services"].items():
+        if spec["replicas"] > 1 and (why := replicas_refusal(name, config)):
+            raise PlanError("config", f"{spelled.get(name, f'services.{name}')}.replicas is {spec['replicas']}, but "
+                                      f"{name}: {why}")
+        taken = [replica_name(name, k) for k in range(2, spec["replicas"] + 1) if replica_name(name, k) in config["services"]]
+        if taken:
+            raise PlanError("config", f"services.{name}.replicas is {spec['replicas']}, but services.{taken[0]} is the "
+                                      f"name of its replica {taken[0].rsplit('-', 1)[1]}: rename that service")
 
 
 def refuse_bad_window(key: str, restart: Mapping[str, Any]) -> None:

@@ -50,11 +50,11 @@ def allocation(config: Mapping[str, Any]) -> Shape:
     per_worker = config["worker"]["cpus"]
     coordinator = config["coordinator"]["cpus"]
     services = config["services"]
-    own = sum(spec["cpus"] for spec in services.values())
+    own = sum(spec["cpus"] * spec["replicas"] for spec in services.values())  # each replica its own step
     return Shape(
         nodes=nodes,
         cpus=(coordinator if config["tasks"] else 0) + most_workers * per_worker + own,
         coordinator_cpus=coordinator + (0 if nodes == 1 else most_workers * per_worker),
         worker_cpus=per_worker if nodes == 1 else 0,
-        components=workers + 2 + 2 * len(services),
+        components=workers + 2 + sum(1 + spec["replicas"] for spec in services.values()),
     )

@@ -348,8 +348,20 @@ class Plan:
                 "gate": files.coordinator_gate}
 
     def service_files(self, run: str) -> list[str]:
-        """Every service of yours' service file."""
-        return [self.files(run).service_file(name) for name in self.services]
+        """Every service of yours' service file, and each of its further replicas' (what consumes them keeps them
+        all alive, and the stack stops them all as it stops a service)."""
+        files = self.files(run)
+        return [file for name in self.services
+                for file in [files.service_file(name), *(files.replica_file(name, k) for k in self.replicas(name)[1:])]]
+
+    def replicas(self, service: str) -> list[int]:
+        """The replicas of ``service`` (config services.<name>.replicas): 1..N, the first being the service itself."""
+        return list(range(1, self.config["services"][service]["replicas"] + 1))
+
+    @property
+    def replicated(self) -> list[str]:
+        """Every further replica of your services, by name (``NAME-replica-2``...): each its own job step."""
+        return [placement.replica_name(name, k) for name in self.services for k in self.replicas(name)[1:]]
 
     @property
     def in_group(self) -> bool:
@@ -482,6 +494,7 @@ def load(config: Mapping[str, Any], facts: Facts) -> Plan:
     refusals.refuse_missing_runtime(complete, use_image, facts, on)
     refusals.refuse_unusable_tmpdir(complete, facts)
     refusals.refuse_bad_restarts(complete, spelled)
+    refusals.refuse_bad_replicas(complete, spelled)
     main_spec = None
     if complete["main"]:
         refusals.refuse_bad_main(complete, spelled)
