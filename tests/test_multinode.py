@@ -510,12 +510,12 @@ def test_more_nodes_than_the_partition_has_is_refused_before_submission(multinod
 
 
 # -- 5. many workers: one job step per node ------------------------------------------------------
-#: Seven workers a node: the test nodes announce 8 CPUs, and the first also holds the coordinator's.
-PER_NODE = 7
+#: Eight workers a node (the namespaced test nodes announce 16 CPUs; the first also holds the coordinator's).
+PER_NODE = 8
 
 
 def grouped_args(layout: dict, image: str, *config: str) -> list[str]:
-    """cluster_args with 21 workers on the 3 nodes: above 16, so one job step of 7 workers per node (the default)."""
+    """cluster_args with 24 workers on the 3 nodes: above 16, so one job step of 8 workers per node (the default)."""
     args = cluster_args(layout, image, *config)
     args[args.index("workers=6")] = f"workers={3 * PER_NODE}"
     return args
@@ -537,7 +537,7 @@ def worker_process(layout: dict, node: str, worker: str) -> int | None:
     return None
 
 
-def test_seven_workers_a_node_run_as_three_worker_steps_each_keeping_its_identity(multinode_project):
+def test_eight_workers_a_node_run_as_three_worker_steps_each_keeping_its_identity(multinode_project):
     project, image, layout = multinode_project
     done = run_baseline(project, *grouped_args(layout, image))
     output = done.stdout + done.stderr
@@ -546,7 +546,7 @@ def test_seven_workers_a_node_run_as_three_worker_steps_each_keeping_its_identit
     assert {name: steps[name]["node"] for name in ("workers-01", "workers-02", "workers-03")} == \
         {"workers-01": nodes[0], "workers-02": nodes[1], "workers-03": nodes[2]}, steps
     assert all(steps[name]["state"] == "COMPLETED" for name in ("workers-01", "workers-02", "workers-03")), steps
-    assert not [name for name in steps if name.startswith("worker-")]  # no step per worker: 3, not 21
+    assert not [name for name in steps if name.startswith("worker-")]  # no step per worker: 3, not 24
     for number in range(1, len(nodes) + 1):  # each worker its own record, in its step's directory
         ids = [f"worker-{i:02d}" for i in range(PER_NODE * (number - 1) + 1, PER_NODE * number + 1)]
         records = project / f"results/baseline/workers/workers-{number:02d}"
@@ -557,12 +557,12 @@ def test_seven_workers_a_node_run_as_three_worker_steps_each_keeping_its_identit
     ok, reason = gate_precedes_workers(events)
     assert ok and all(f"{node}: {PER_NODE}" in reason for node in nodes), reason
     starts = {e["worker"]: e["host"] for e in events if e["event"] == "worker-start"}
-    assert len(starts) == 21 and starts["worker-08"] == nodes[1] and starts["worker-21"] == nodes[2]
+    assert len(starts) == 3 * PER_NODE and starts["worker-09"] == nodes[1] and starts["worker-24"] == nodes[2]
     # Off the first node each worker reached the coordinator through its step's relay, over TLS.
     log = (project / "logs/run_workers/baseline/workers-02.log").read_text()
-    assert f"workers-02: {PER_NODE} workers started (worker-08 .. worker-14), relayed to https://" in log, log[-2000:]
-    assert "workers-02: ended: 7 done" in log
-    assert "workers     21 in 3 job steps: 21 ended" in done.stdout
+    assert f"workers-02: {PER_NODE} workers started (worker-09 .. worker-16), relayed to https://" in log, log[-2000:]
+    assert f"workers-02: ended: {PER_NODE} done" in log
+    assert "workers     24 in 3 job steps: 24 ended" in done.stdout
 
 
 def test_a_worker_process_killed_inside_a_step_is_started_again_and_nothing_is_lost(multinode_project):
@@ -598,7 +598,7 @@ def test_a_worker_process_killed_inside_a_step_is_started_again_and_nothing_is_l
 
 
 def test_a_node_of_a_step_lost_mid_run_records_its_workers_killed_and_loses_nothing(multinode_project):
-    """The third node crashes (every process on it, slurmd too) while its step's 7 workers hold leases."""
+    """The third node crashes (every process on it, slurmd too) while its step's 8 workers hold leases."""
     project, image, layout = multinode_project
     config = slow_tasks(project, "lost-step", count=126, seconds=0.5)
     run = start_run(project, ["--configfile", str(config), *grouped_args(layout, image)])
@@ -606,7 +606,7 @@ def test_a_node_of_a_step_lost_mid_run_records_its_workers_killed_and_loses_noth
     journal = project / "state/lost-step/journal.jsonl"
     job_of(run, project)
     wait_for(lambda: journal.exists() and journal.read_text().count('"kind":"result"') >= 14 and
-             worker_process(layout, lost, "worker-21"), what="the third node's workers at work")
+             worker_process(layout, lost, "worker-24"), what="the third node's workers at work")
     try:
         subprocess.run(["bash", str(SLURM_SH), "crash", lost], check=True, timeout=30)
         output, _ = run.communicate(timeout=600)
@@ -617,8 +617,9 @@ def test_a_node_of_a_step_lost_mid_run_records_its_workers_killed_and_loses_noth
     marker = json.loads((project / "results/lost-step/result.json").read_text())
     assert marker["status"] == "success" and marker["taskCount"] == 126
     records = {p.stem: json.loads(p.read_text()) for p in (project / "results/lost-step/workers").glob("*/*.json")}
-    assert sorted(w for w, r in records.items() if r["status"] == "killed") == [f"worker-{i}" for i in range(15, 22)]
-    assert all(records[f"worker-{i:02d}"]["status"] == "done" for i in range(1, 15))
+    assert sorted(w for w, r in records.items() if r["status"] == "killed") == \
+        [f"worker-{i}" for i in range(2 * PER_NODE + 1, 3 * PER_NODE + 1)]
+    assert all(records[f"worker-{i:02d}"]["status"] == "done" for i in range(1, 2 * PER_NODE + 1))
     end = json.loads((project / "results/lost-step/coordinator.json").read_text())
     assert end["expiredLeases"] >= 1 and sum(w["completed"] for w in end["workers"].values()) == 126
     results = json.loads((project / "results/lost-step/results.json").read_text())["results"]

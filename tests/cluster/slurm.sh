@@ -522,7 +522,7 @@ multi_node_lines() {
     local name
     echo "SlurmdTimeout=30"
     for name in $(node_names "$1"); do
-        echo "NodeName=$name NodeHostname=$name NodeAddr=$(node_addr "$name") CPUs=8 RealMemory=8000 State=UNKNOWN"
+        echo "NodeName=$name NodeHostname=$name NodeAddr=$(node_addr "$name") CPUs=16 RealMemory=8000 State=UNKNOWN"
     done
     echo "PartitionName=$MULTI_PARTITION Nodes=${NODE_PREFIX}[1-$1] MaxTime=INFINITE State=UP"
 }
