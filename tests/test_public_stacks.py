@@ -3,8 +3,8 @@ shown"): each a broker (Redis), daemon workers (Celery) and a producer, imported
 worker=N --exit-code-from tests` takes it, with an override file that holds only what a batch run on an HPC node
 demands. Every test runs once per stack (:data:`STACKS`), through the same functions.
 
-The stacks (tests/public_stacks/MANIFEST.yaml: what was copied, what is ours and why), each copied with the few
-files its programs need into tests/public_stacks/NAME/, its licence kept as LICENSE:
+The stacks (tests/third_party/MANIFEST.yaml: what was copied, what is ours and why), each copied with the few
+files its programs need into tests/third_party/NAME/, its licence kept as LICENSE:
 
 - testdrivenio/fastapi-celery, docker-compose.yml at commit 191ff138701777838c363772253f73a276c16d68 (MIT): redis:7,
   a FastAPI app (uvicorn), `celery worker` (a daemon: it never ends by itself) and a Flower dashboard;
@@ -60,9 +60,9 @@ from workflow_helpers import snakemake
 
 @dataclass(frozen=True)
 class PublicStack:
-    """A stack of tests/public_stacks/ and what a run of it must show."""
+    """A stack of tests/third_party/ and what a run of it must show."""
 
-    #: Its folder under tests/public_stacks/ and the run's name.
+    #: Its folder under tests/third_party/ and the run's name.
     name: str
     #: The upstream's requirements file, in its folder.
     requirements: str
@@ -88,7 +88,7 @@ class PublicStack:
 
     @property
     def folder(self) -> Path:
-        return ROOT / "tests" / "public_stacks" / self.name
+        return ROOT / "tests" / "third_party" / self.name
 
 
 FASTAPI_CELERY = PublicStack(
@@ -271,7 +271,7 @@ def test_every_file_the_manifest_copied_is_in_git(stack):
     .gitignore leaves out logs/, and flask-celery's worker log (project/logs/celery.log, which its celery worker opens
     for appending) once existed only in the developer's tree; every run from a clone then failed at the workers'
     start (FileNotFoundError). A folder counts when git tracks every file under it."""
-    manifest = yaml.safe_load((ROOT / "tests/public_stacks/MANIFEST.yaml").read_text(encoding="utf-8"))["stacks"]
+    manifest = yaml.safe_load((ROOT / "tests/third_party/MANIFEST.yaml").read_text(encoding="utf-8"))["stacks"]
     entry = next(entry for entry in manifest if entry["name"] == stack.name)
     listed = subprocess.run(["git", "ls-files", "-z", "--", "."], cwd=stack.folder, capture_output=True, check=False)
     if listed.returncode != 0:
