@@ -16,34 +16,22 @@ from test_multinode import (  # noqa: F401 - a fixture
     submitted_job,
     upper_case_tasks,
 )
+from test_own_service import WORD_SERVER
 
 from workflow_helpers import snakemake
 
 pytestmark = [pytest.mark.multinode, pytest.mark.slurm, pytest.mark.apptainer]
 
 #: A per-node cache: upper-cases a word for the token's holder, and notes each word it served under its node's name.
-CACHE = textwrap.dedent("""
-    import json, os, socket
-    from http.server import BaseHTTPRequestHandler, HTTPServer
+CACHE = WORD_SERVER + textwrap.dedent("""
+    import os, socket
     TOKEN, NODE = os.environ["ALLOCSTACK_CACHE_TOKEN"], socket.gethostname()
     NOTES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "served-" + NODE + ".txt")
-    class Handler(BaseHTTPRequestHandler):
-        def do_GET(self):
-            if self.path == "/health":
-                return self.reply(200, {"status": "ok", "node": NODE})
-            if self.headers.get("Authorization") != "Bearer " + TOKEN:
-                return self.reply(401, {"error": "token"})
-            word = self.path.rsplit("/", 1)[1]
-            with open(NOTES, "a") as notes:
-                notes.write(word + "\\n")
-            return self.reply(200, {"value": word.upper()})
-        def reply(self, code, body):
-            data = json.dumps(body).encode()
-            self.send_response(code); self.send_header("Content-Length", str(len(data))); self.end_headers()
-            self.wfile.write(data)
-        def log_message(self, *args):
-            pass
-    HTTPServer((os.environ["ALLOCSTACK_CACHE_HOST"], int(os.environ["ALLOCSTACK_CACHE_PORT"])), Handler).serve_forever()
+    def note(word):
+        with open(NOTES, "a") as notes:
+            notes.write(word + "\\n")
+    serve(os.environ["ALLOCSTACK_CACHE_HOST"], int(os.environ["ALLOCSTACK_CACHE_PORT"]), TOKEN,
+          {"status": "ok", "node": NODE}, note)
 """)
 
 #: The workers' program: asks its node's cache (the variables say 127.0.0.1, as on one node).

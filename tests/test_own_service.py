@@ -13,25 +13,37 @@ import time
 from conftest import SCRIPTS, make_tasks, run_script, write_tasks_and_expected
 from workflow_helpers import snakemake
 
-SERVICE = textwrap.dedent("""
-    import json, os, time
+#: The HTTP server of the test services, for a program to put before its own lines: ``serve(host, port, token,
+#: health, noted)`` answers ``GET /health`` with ``health`` to anyone, and ``GET /word/W`` with ``{"value": W
+#: upper-cased}`` to the holder of ``token`` only (401 without it), calling ``noted(W)`` first.
+WORD_SERVER = textwrap.dedent("""
+    import json
     from http.server import BaseHTTPRequestHandler, HTTPServer
+    def serve(host, port, token, health, noted=lambda word: None):
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self):
+                if self.path == "/health":
+                    return self.reply(200, health)
+                if self.headers.get("Authorization") != "Bearer " + token:
+                    return self.reply(401, {"error": "token"})
+                word = self.path.rsplit("/", 1)[1]
+                noted(word)
+                return self.reply(200, {"value": word.upper()})
+            def reply(self, code, body):
+                data = json.dumps(body).encode()
+                self.send_response(code); self.send_header("Content-Length", str(len(data))); self.end_headers()
+                self.wfile.write(data)
+            def log_message(self, *args):
+                pass
+        HTTPServer((host, port), Handler).serve_forever()
+""")
+
+#: Your own service "shouter": upper-cases a word for the token's holder, after a slow start.
+SERVICE = WORD_SERVER + textwrap.dedent("""
+    import os, time
     time.sleep(0.5)  # a slow start: the gate must wait for it
     TOKEN = os.environ["ALLOCSTACK_APP_TOKEN"]
-    class Handler(BaseHTTPRequestHandler):
-        def do_GET(self):
-            if self.path == "/health":
-                return self.reply(200, {"status": "ok", "service": "shouter"})
-            if self.headers.get("Authorization") != "Bearer " + TOKEN:
-                return self.reply(401, {"error": "token"})
-            return self.reply(200, {"value": self.path.rsplit("/", 1)[1].upper()})
-        def reply(self, code, body):
-            data = json.dumps(body).encode()
-            self.send_response(code); self.send_header("Content-Length", str(len(data))); self.end_headers()
-            self.wfile.write(data)
-        def log_message(self, *args):
-            pass
-    HTTPServer(("127.0.0.1", int(os.environ["ALLOCSTACK_APP_PORT"])), Handler).serve_forever()
+    serve("127.0.0.1", int(os.environ["ALLOCSTACK_APP_PORT"]), TOKEN, {"status": "ok", "service": "shouter"})
 """)
 
 CLIENT = textwrap.dedent("""
