@@ -542,6 +542,14 @@ def test_baseline_payloads_all_at_once_agree_with_one_by_one(change, monkeypatch
         assert "task 4 (task-000003)" in verdict
 
 
+@pytest.mark.parametrize("text", ["", "m12 plain words", 'quote "', "back \\ slash", "new\nline", "tab\t",
+                                  "nul \x00", "del \x7f", "ü", "漢字", "🎉", "\u2028", "\ufeff", "x" * 5000 + "é"])
+def test_a_text_is_written_as_is_exactly_when_json_escapes_none_of_it(text):
+    from allocstack.worker import handlers
+
+    assert handlers.written_as_is(text) == (json.dumps(text)[1:-1] == text)
+
+
 @pytest.mark.parametrize("order", ["task order", "other order"])
 def test_expected_results_come_in_task_order(order, tmp_path, monkeypatch):
     tasks = parse_tasks(make_tasks(7))

@@ -71,6 +71,16 @@ if msgspec is not None:
     _BASELINE_PAYLOADS = msgspec.json.Decoder(list[_BaselinePayload])
 
 
+def written_as_is(text: str) -> bool:
+    """JSON writes ``text`` (as json.dumps does: ASCII only) as it is, between its quotes: no character is escaped.
+
+    A text with a character outside ASCII is escaped for sure, and ``str.isascii`` says so without reading
+    it (a flag of the string): only an ASCII text is escaped to find out (a realistic million's messages,
+    half of them non-ASCII, were escaped all at once for nothing: 0.09 s).
+    """
+    return text.isascii() and len(encode_basestring_ascii(text)) - 2 == len(text)
+
+
 def _baseline_tasks_fast(tasks: TaskSet) -> int | None:
     """What :func:`check_baseline_tasks` returns when msgspec reads every payload and all are valid; None to
     check them one by one (which names the first problem)."""
@@ -86,8 +96,7 @@ def _baseline_tasks_fast(tasks: TaskSet) -> int | None:
     if not (min(lengths) >= 1 and max(lengths) <= MAX_MESSAGE_CHARS and min(repeats) >= 1
             and max(repeats) <= MAX_REPEAT and max(map(mul, lengths, repeats)) <= MAX_OUTPUT_CHARS):
         return None
-    text = "".join(messages)
-    if len(encode_basestring_ascii(text)) - 2 == len(text):  # no character JSON escapes: a character is a byte
+    if written_as_is("".join(messages)):  # a character is a byte of the output as written
         return sum(map(mul, lengths, repeats))
     # As json.dumps writes each message (every character it escapes, non-ASCII too), a C call each.
     written = map(sub, map(len, map(encode_basestring_ascii, messages)), repeat(2))
