@@ -154,8 +154,10 @@ def test_ctrl_c_in_a_real_terminal_is_interrupted_not_failed_and_the_same_comman
     assert "allocstack: interrupted already: waiting for the run's jobs to stop" in screen
     for noise in ("Error in rule", "Traceback", "RuleException", "WorkflowError", "FAILED", "Logfile"):
         assert noise not in text, (noise, text[-4000:])
-    # the summary ends the screen: only Snakemake's log hint and elapsed time follow it
-    assert len(screen) - next(i for i, line in enumerate(screen) if "INTERRUPTED" in line) <= 7
+    # the summary ends the screen: only Snakemake's log hint and elapsed time follow it (and the line of the second
+    # Ctrl-C, where it arrived while the summary was written: a loaded machine, CI of 95a4894)
+    tail = screen[next(i for i, line in enumerate(screen) if "INTERRUPTED" in line):]
+    assert len([line for line in tail if "interrupted already" not in line]) <= 7, tail
     running = [pid for pid in pids_mentioning(str(project))
                if b"launch.py" in Path(f"/proc/{pid}/cmdline").read_bytes() or
                b"snakemake" in Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0]]

@@ -28,7 +28,8 @@
 #      what a run prints on one; tcpdump, for the capture on the multi-node cluster's bridge;
 #      redis-server, the broker of the real public stacks run with their programs on the host
 #      (tests/test_public_stacks.py: allocstack starts it as the stack's service; the system's
-#      own redis service is not started here).
+#      own redis service is not started here); passt (pasta), the way out of a stack's private network
+#      (network.isolation: private), with /dev/net/tun usable by every user as Debian's udev leaves it.
 # Each step prints the seconds since the start when it is done.
 # Without root it says why and exits 0: the `slurm`, `multinode`, `apptainer` and `charliecloud`
 # tests then skip with that reason. With ALLOCSTACK_REQUIRE_CLUSTER=1 (CI) any failure is fatal.
@@ -96,8 +97,31 @@ start() {
   PATH="$apptainer_home/bin:$PATH" bash "$here/charliecloud.sh" install "$image"
   PATH="$apptainer_home/bin:$PATH" bash "$here/charliecloud.sh" stacks "$stack_images"
   echo "prepare: Charliecloud and its test image ready after $((SECONDS - started)) s"
-  packages_install prepare chromium tcpdump tmux redis-server
-  echo "prepare: $(chromium --version), $(tcpdump --version 2>&1 | head -1), $(tmux -V), $(redis-server --version | cut -d' ' -f1-3) ready after $((SECONDS - started)) s"
+  packages_install prepare chromium tcpdump tmux redis-server passt
+  tun_for_users
+  echo "prepare: $(chromium --version), $(tcpdump --version 2>&1 | head -1), $(tmux -V), $(redis-server --version | cut -d' ' -f1-3), pasta ready after $((SECONDS - started)) s"
+}
+
+# pasta (the stack's private network's way out, network.isolation: private) opens /dev/net/tun as the user who runs
+# the stack. Debian's udev makes it crw-rw-rw-; this sandbox's device is root's alone (0600): given Debian's mode,
+# the old one kept in $tun_mode_file for purge to restore.
+tun_mode_file=/var/lib/allocstack-prepare/tun-mode
+tun_for_users() {
+  [[ -c /dev/net/tun ]] || return 0
+  local mode
+  mode=$(stat -c %a /dev/net/tun)
+  if [[ $mode != 666 ]]; then
+    mkdir -p "${tun_mode_file%/*}"
+    echo "$mode" >"$tun_mode_file"
+    chmod 0666 /dev/net/tun
+  fi
+}
+
+tun_restore() {
+  if [[ -f $tun_mode_file ]]; then
+    chmod "$(cat "$tun_mode_file")" /dev/net/tun
+    rm -f -- "$tun_mode_file"
+  fi
 }
 
 purge() {
@@ -107,6 +131,7 @@ purge() {
   bash "$here/apptainer.sh" purge
   packages_purge prepare
   packages_purge lint
+  tun_restore
   if getent passwd "$OTHER_USER" >/dev/null; then
     userdel "$OTHER_USER"
   fi

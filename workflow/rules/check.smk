@@ -7,6 +7,7 @@
 
 rule run_check:
     input:
+        network=network_held,
         services=check_inputs,
         script=script("check.py"),
     output:

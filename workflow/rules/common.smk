@@ -22,10 +22,8 @@ STARTED_AT = time.time()
 
 
 def scripts_dir():
-    """The component scripts, next to this file (also when allocstack is a module of another workflow).
-
-    Relative to the working directory, like every other path of a rule.
-    """
+    """The component scripts, next to this file (also when allocstack is a module of another
+    workflow), relative to the working directory like every other path of a rule."""
     here = workflow.current_basedir
     if not isinstance(here, LocalSourceFile):
         # errors.py is not importable yet (it is found through this path): 78 is [config]'s code.
@@ -67,6 +65,7 @@ def world():
         slurm_query=slurm.query,
         tempdir=tempfile.gettempdir(),
         statvfs=os.statvfs,
+        sysctl=plan.read_setting,
     )
 
 
@@ -205,6 +204,7 @@ step_cpus = lambda wildcards: PLAN.step_cpus(wildcards.step)
 check_inputs = lambda wildcards: PLAN.check_inputs(wildcards.run)
 check_records = lambda wildcards: PLAN.check_records(wildcards.run)
 node_gates = lambda wildcards: PLAN.node_gates(wildcards.run)
+network_held = lambda wildcards: PLAN.stack_network(wildcards.run)
 
 
 def start_of_run():

@@ -16,6 +16,7 @@
 
 rule serve_coordinator:
     input:
+        network=network_held,
         tasks=tasks_input,
         validated=FILES.inputs_summary,
         compact=FILES.compact_tasks,

@@ -10,6 +10,7 @@
 
 rule run_init:
     input:
+        network=network_held,
         validated=FILES.inputs_summary,
         dependencies=service_dependencies,
         script=script("main.py"),

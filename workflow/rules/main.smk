@@ -8,6 +8,7 @@
 
 rule run_main:
     input:
+        network=network_held,
         services=main_inputs,
         script=script("main.py"),
     output:

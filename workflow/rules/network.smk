@@ -32,3 +32,32 @@ if PLAN.nodes > 1:
             args=args("node_gate"),
         shell:
             "exec {params.launch} {input.script} {params.args} > {log} 2>&1"
+
+
+# Stage 0 (config network.isolation: private): the stack's own network on its node, as
+# Compose's network of a stack. A service job that every component consumes: Snakemake keeps
+# it up while any of them runs, then stops it. It makes a user + network namespace, gives it
+# pasta as its way out, and publishes its holder in scratch; launch.py starts every other
+# component in it (nsenter), so what they bind is reachable by the stack alone.
+
+
+if PLAN.private_network:
+
+    rule stack_network:
+        input:
+            script=script("stack_network.py"),
+        output:
+            network=service(FILES.stack_network),
+        log:
+            "logs/stack_network/{run}.log",
+        retries: PLAN.retries
+        group:
+            "stack"
+        conda:
+            STACK_ENV
+        threads: 0
+        params:
+            launch=launch("network"),
+            args=args("network"),
+        shell:
+            ": > {output.network}; exec {params.launch} {input.script} {params.args} > {log} 2>&1"

@@ -5,6 +5,7 @@
 
 rule await_readiness:
     input:
+        network=network_held,
         service=FILES.coordinator_service,
         validated=FILES.inputs_summary,
         script=script("readiness.py"),

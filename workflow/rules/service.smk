@@ -13,6 +13,7 @@
 
 rule serve_service:
     input:
+        network=network_held,
         validated=FILES.inputs_summary,
         dependencies=service_dependencies,
         script=script("app_service.py"),
@@ -39,6 +40,7 @@ rule serve_service:
 
 rule await_service:
     input:
+        network=network_held,
         service=FILES.service_file("{service}"),
         script=script("readiness.py"),
     output:
@@ -117,6 +119,7 @@ if PLAN.replicated:
 
     rule serve_replica:
         input:
+            network=network_held,
             validated=FILES.inputs_summary,
             dependencies=service_dependencies,
             script=script("app_service.py"),

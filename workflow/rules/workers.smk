@@ -23,6 +23,7 @@ if PLAN.grouped:
 
     rule run_workers:
         input:
+            network=network_held,
             services=worker_inputs,
             script=script("worker_block.py"),
             worker=script("worker.py"),
@@ -51,6 +52,7 @@ else:
 
     rule run_worker:
         input:
+            network=network_held,
             services=worker_inputs,
             script=script(PLAN.script_of("worker")),
         output:

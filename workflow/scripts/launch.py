@@ -31,6 +31,10 @@ directory it is given), then runs and supervises::
   launcher emptied the scratch: allocstack/launch/hostsfile.py) and bound at ``/etc/hosts`` in the image; the
   supervisors of your programs bind it there too, in their images or in a mount namespace of their own.
 
+* ``--network-namespace`` (config ``network.isolation: private``): the component runs in the stack's private
+  network on its node, entered with ``nsenter`` inside the job step and before the container runtime, once the job
+  stack_network has published its holder in ``SCRATCH/network.json`` (allocstack/launch/stacknet.py).
+
 A step on another node writes its output on that node, into a file beside this
 launcher's log (``srun --output=LOG-STEM.%N.log``, on the filesystem the nodes share),
 appended to the log when the step ends: srun would otherwise forward it over the network,
@@ -89,7 +93,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from allocstack.common import attempts
+from allocstack.common import attempts, names
 from allocstack.common.cli import ArgumentParser, positive_int, run
 from allocstack.common.errors import LASTING, AllocstackError, diag_of, report
 from allocstack.common.jsonio import atomic_write_json
@@ -136,7 +140,7 @@ def this_node(environ: Mapping[str, str]) -> str:
 #: Not SLURM_STEP_ID: the launcher's is Snakemake's step, not the component's own.
 #: The command mark (allocstack/common/attempts.py) too: a gate tells its own attempt's notes from an earlier one's.
 PASSED_ENV = ("SLURM_JOB_ID", "SLURM_JOB_END_TIME", "SLURMD_NODENAME", "SLURM_SUBMIT_HOST", "USER",
-              "CUDA_VISIBLE_DEVICES", LIFELINE_ENV, STOP_ENV, attempts.COMMAND_ENV)
+              "CUDA_VISIBLE_DEVICES", LIFELINE_ENV, STOP_ENV, attempts.COMMAND_ENV, names.NETWORK_ENV)
 #: Where a service's stop request is created, in the run's scratch (:func:`stop_request_file`).
 STOP_DIR = "stop"
 
@@ -179,11 +183,14 @@ def node_scratch_prefix(step_dirs: list[Path], hosts_names: list[str] | None = N
 
 
 def build_argv(args, scratch: Path | None, environ: Mapping[str, str], mount_tree: Path | None = None,
-               step_dirs: list[Path] | None = None) -> list[str]:
-    """The whole command: ``[srun ... [node_scratch.py ... --]] [runtime ... IMAGE] python SCRIPT ARGS``.
+               step_dirs: list[Path] | None = None, join: list[str] | None = None) -> list[str]:
+    """The whole command: ``[srun ... [node_scratch.py ... --]] [nsenter ... --] [runtime ... IMAGE] python SCRIPT
+    ARGS``.
 
     Off the first node with scratch, the step first runs node_scratch.py there (making scratch
-    and ``step_dirs``), which srun also runs as the step's task epilog (removing them).
+    and ``step_dirs``), which srun also runs as the step's task epilog (removing them). ``join`` (the stack's
+    private network: allocstack/launch/stacknet.py) enters the node's namespace inside the step, before the
+    container runtime, so the runtime and the component run in it.
     """
     in_step = bool(args.job_steps and environ.get("SLURM_JOB_ID"))
     if args.node_index and not in_step:
@@ -207,6 +214,7 @@ def build_argv(args, scratch: Path | None, environ: Mapping[str, str], mount_tre
         hosts = hostsfile.hosts_path(scratch) if scratch is not None and args.hosts_name else None
         argv = container_prefix(args.runtime, args.image, args.runtime_arg, component_binds(args, scratch),
                                 env, os.getcwd(), mount_tree, hosts) + argv
+    argv = [*(join or []), *argv]
     step_args = [*args.step_arg, *step_output(args.node_index)]
     if off_node(args, environ) and scratch is not None:
         argv = node_scratch_prefix(step_dirs or [], args.hosts_name) + argv
@@ -475,6 +483,9 @@ def parse_args(argv: list[str] | None):
     parser.add_argument("--cpus", type=positive_int, default=1, help="CPUs of the job step")
     parser.add_argument("--volume", action="append", default=[],
                         help="a named volume: SCRATCH/volumes/NAME, given to the component as $ALLOCSTACK_VOLUME_NAME")
+    parser.add_argument("--network-namespace", action="store_true",
+                        help="run the component in the stack's private network on its node (config network.isolation: "
+                             "private): wait for SCRATCH/network.json, then enter it with nsenter")
     parser.add_argument("--hosts-name", action="append", default=[], metavar="SERVICE=NAME,...",
                         help="a service of the stack and its other names (Compose hostname, aliases): written into "
                              "the stack's hosts file, bound at /etc/hosts in the image (repeatable)")
@@ -544,7 +555,13 @@ def main(argv: list[str] | None = None) -> int:
             stop_request.unlink(missing_ok=True)  # an earlier command's, in a reused scratch
             env[STOP_ENV] = str(stop_request)
         mount_tree, step_dirs = prepare_binds(args, scratch, env)
-        command = build_argv(args, scratch, env, mount_tree, step_dirs)
+        join = None
+        if args.network_namespace and scratch is not None:
+            from allocstack.launch import stacknet
+
+            join = stacknet.join_prefix(stacknet.await_held(scratch, args.component))
+            env[names.NETWORK_ENV] = "private"
+        command = build_argv(args, scratch, env, mount_tree, step_dirs, join)
         check_programs(command, args.runtime, args.runtime_hint)
     except AllocstackError as error:
         remove_mount_tree(mount_tree, step_dirs)

@@ -40,7 +40,7 @@ DIAGNOSTICS: dict[str, tuple[int, str]] = {
     "main-exit": (EXIT_SOFTWARE, "the stack's main program (config main) exited non-zero: its exit code fails the run"),
     "init-exit": (EXIT_SOFTWARE, "an init job (config init_jobs) failed or outlived its timeout: its dependents never started"),
     "service-exit": (EXIT_SOFTWARE, "a service of yours ended by itself, or did not stop cleanly"),
-    "network": (EXIT_UNAVAILABLE, "with more than one node: the coordinator's network address is wrong or unreachable"),
+    "network": (EXIT_UNAVAILABLE, "the coordinator's address for the other nodes is wrong or unreachable, or the stack's private network (network.isolation: private) could not be made"),
     "auth": (EXIT_NOPERM, "the coordinator refused the token"),
     "task-failed": (EXIT_DATA, "a task's handler or command failed"),
     "verification": (EXIT_DATA, "the results are not correct"),

@@ -21,6 +21,8 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from . import names
+
 PROC = Path("/proc")
 #: The kernel's tables of a network namespace's sockets (``proto`` and ``proto6``).
 TABLES = ("tcp", "tcp6", "udp", "udp6")
@@ -206,6 +208,9 @@ def listening(root: int, proc: Path = PROC) -> Scan:
     """The sockets that ``root``'s process tree listens on (each once, with one process holding it)."""
     scan = Scan()
     reader = _namespace("self", proc)
+    # In the stack's private network (config network.isolation: private) the reader shares its programs' namespace,
+    # which is the stack's alone: nothing there is the node's.
+    private = os.environ.get(names.NETWORK_ENV) == "private"
     tables: dict[str, dict[int, Listener]] = {}
     for pid in descendants(root, read_parents(proc)):
         try:
@@ -221,7 +226,7 @@ def listening(root: int, proc: Path = PROC) -> Scan:
             scan.unreadable[pid] = exc.strerror or str(exc)
             continue
         seen = {found.listener.inode for found in scan.found}
-        scan.found += [Found(tables[namespace][inode], pid, namespace != reader)
+        scan.found += [Found(tables[namespace][inode], pid, namespace != reader or private)
                        for inode in sorted(inodes) if inode in tables[namespace] and inode not in seen]
     return scan
 

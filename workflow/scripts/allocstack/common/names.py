@@ -16,6 +16,11 @@ import re
 
 #: In scratch: the coordinator's URL and tokens (mode 0600), read by the gate, workers, status.
 ENDPOINT = "endpoint.json"
+#: In scratch: the stack's private network on this node, its holder's pid (config network.isolation: private).
+NETWORK = "network.json"
+#: Set to ``private`` in every component launch.py started in the stack's private network: what its programs listen
+#: on is the stack's alone (allocstack/common/listening.py).
+NETWORK_ENV = "ALLOCSTACK_NETWORK"
 #: In scratch: the coordinator's event log (one JSON object per line), merged into results/<run>/ by collect.
 EVENTS = "events.jsonl"
 #: In scratch: each service of yours publishes ``SERVICES/<name>.json`` and its supervisor records its end there.

@@ -1,6 +1,6 @@
 """Naming a program of yours that listens beyond loopback: reachable by the node's other users and other nodes.
 
-The stack runs on the node's own network (there is no private network per stack yet):
+With config ``network.isolation: none`` (the default) the stack runs on the node's own network:
 a service that binds ``0.0.0.0``, ``::`` or the node's address, as most images' servers
 do, can be reached by anyone on the node and on the cluster's network. Each such socket
 (:mod:`allocstack.common.listening`) is named once per program:
@@ -17,6 +17,7 @@ longer pauses as it runs on.
 
 from __future__ import annotations
 
+import os
 import sys
 import threading
 from collections.abc import Callable, Iterable, Mapping
@@ -58,7 +59,8 @@ def key(event: Mapping[str, Any]) -> tuple[Any, ...]:
 
 def private_line(kind: str, name: str, found: Found) -> str:
     """The line for a socket that is not exposed: on loopback, or in a network namespace of its own."""
-    where = "in a network namespace of its own" if found.own_namespace else "loopback only"
+    where = (("in the stack's private network" if os.environ.get(names.NETWORK_ENV) == "private" else
+              "in a network namespace of its own") if found.own_namespace else "loopback only")
     return f"{kind} {name} listens on {found.listener.shown} ({found.listener.proto}): {where}"
 
 

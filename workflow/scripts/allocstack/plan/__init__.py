@@ -18,8 +18,9 @@ imports Snakemake (``tests/unit/test_plan_imports.py``).
 * :mod:`.stack` - :class:`Plan` and :func:`load`
 """
 
+from ..common.namespaces import read_setting
 from .facts import Facts
 from .refusals import PlanError
 from .stack import Plan, load
 
-__all__ = ["Facts", "Plan", "PlanError", "load"]
+__all__ = ["Facts", "Plan", "PlanError", "load", "read_setting"]

@@ -16,6 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from ..launch import stacknet
 from ..launch.restart import RestartPolicy
 from . import connections, decisions, placement, programs, timeouts
 
@@ -115,6 +116,8 @@ def launched(plan: Plan, component: str, run: str, worker: str = "", service: st
                             binds=(files.step_logs,))
         case "verify":
             return Launched("verify", scratch=plan.volumes_after_collect, one_shot=True)
+        case "network":  # the stack's private network on the first node (config network.isolation: private)
+            return Launched(stacknet.HOLDER)
     raise KeyError(component)
 
 
@@ -132,7 +135,8 @@ def launch(plan: Plan, component: str, run: str, gpus: int = 0, **wildcards: str
     # A supervisor of a program of yours in an image runs beside it on the node, not in ``image``;
     # per-task workers run in worker.image when it is set.
     own = programs.own_image(plan, component)
-    in_image = ((plan.use_image or bool(own)) and plan.images_on
+    # The stack's private network is made on the host, where pasta is, around whatever runs in images.
+    in_image = ((plan.use_image or bool(own)) and plan.images_on and component != "network"
                 and not programs.beside(plan, component, wildcards.get("service", "")))
     if how.one_shot and not (how.scratch or in_image or in_step):
         return [plan.python]
@@ -146,6 +150,8 @@ def launch(plan: Plan, component: str, run: str, gpus: int = 0, **wildcards: str
                                                               *each("--keep-volume", config["keep_volumes"]))
     if how.scratch:
         argv += options(*each("--hosts-name", hosts_names(plan)))
+        if plan.private_network and component != "network":
+            argv.append("--network-namespace")
     if how.job_end_time:
         argv.append("--job-end-time")
     argv += options(*each("--tolerate-kill", how.tolerate_kill))
@@ -471,6 +477,12 @@ def check(plan: Plan, run: str) -> list[str]:
                                                                                          plan.images_on) else ())
 
 
+def stack_network(plan: Plan, run: str) -> list[str]:
+    """stack_network.py: the stack's private network on its node (config ``network.isolation: private``), pasta
+    where the plan found it."""
+    return options(("--pasta", plan.facts.which("pasta") or "pasta"))
+
+
 def serve(plan: Plan, run: str) -> list[str]:
     """serve.py: a serving stack (config ``mode: serve``): up once every gate passed, until it is ended."""
     files = plan.files(run)
@@ -530,6 +542,7 @@ ARGS: dict[str, tuple[str, Callable[..., list[str]]]] = {
     "replica": ("app_service.py", replica),
     "instance_gate": ("readiness.py", instance_gate),
     "serve": ("serve.py", serve),
+    "network": ("stack_network.py", stack_network),
     "worker": ("worker.py", worker),  # replica.py for long-running workers: see :func:`script_of`
     "main": ("main.py", main),
     "init": ("main.py", init),

@@ -55,7 +55,12 @@ def facts(config: Mapping[str, Any], layout: Layout, order: Sequence[str], image
            if config["init_jobs"] else {}),
         "volumes": ", ".join(config["volumes"]) or "none",
     }
-    if order or config["main"] or config["worker"]["mode"] == "long-running":
+    if config["network"]["isolation"] == "private":
+        listed["your programs' network"] = (
+            "the stack's own (network.isolation: private): every component runs in a user and network namespace "
+            "of the stack's, pasta its way out with no port forwarded in; what a program listens on, 0.0.0.0 "
+            "included, is reachable by the stack alone")
+    elif order or config["main"] or config["worker"]["mode"] == "long-running":
         listed["your programs' network"] = (
             "the node's own: what a service, long-running worker or main program of yours listens on beyond "
             "loopback (0.0.0.0, ::, the node's address) is reachable by the node's other users and by other nodes; "

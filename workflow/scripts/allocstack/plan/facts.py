@@ -25,6 +25,10 @@ def no_filesystem(path: str) -> os.statvfs_result:
     raise FileNotFoundError(2, "No such file or directory", path)
 
 
+def no_setting(name: str) -> str | None:
+    return None
+
+
 def slurm_unreachable(argv: list[str]) -> str | None:
     """A Slurm query of a world with no Slurm: nothing answers (see :func:`allocstack.common.slurm.query`)."""
     return None
@@ -50,6 +54,8 @@ class Facts:
     :param slurm_query: how Slurm is asked (:data:`allocstack.common.slurm.Query`, captured text in tests).
     :param tempdir: the temporary directory Snakemake's jobs get as $TMPDIR (``tempfile.gettempdir()``: Python
         silently skips a $TMPDIR it cannot use).
+    :param sysctl: a kernel setting by its sysctl name (:func:`allocstack.common.namespaces.read_setting`), None
+        where the kernel lacks it: may users make user namespaces (config network.isolation: private)?
     :param statvfs: ``os.statvfs`` of this world (is $TMPDIR read-only, full?).
     """
 
@@ -68,6 +74,7 @@ class Facts:
     slurm_query: slurm.Query = slurm_unreachable
     tempdir: str = ""
     statvfs: Callable[[str], os.statvfs_result] = no_filesystem
+    sysctl: Callable[[str], str | None] = no_setting
 
     @property
     def job_id(self) -> str:

@@ -44,6 +44,8 @@ MAIN_RECORD = "main.json"
 UP_RECORD = "up.json"
 SERVED_RECORD = "served.json"
 SERVE_VERIFIED = "serve-verified.json"
+#: The stack's private network on its node (config network.isolation: private): a service job's file.
+STACK_NETWORK = "stack-network.service"
 #: Your check's record (your own stack, tasks: null).
 CHECK_RECORD = "check.json"
 #: How each of your services ended (collect_results).
@@ -109,6 +111,8 @@ class Layout:
     up_record = File(UP_RECORD)
     served_record = File(SERVED_RECORD)
     serve_verified = File(SERVE_VERIFIED)
+    #: The stack's private network's service file (config network.isolation: private).
+    stack_network = File(STACK_NETWORK)
     #: The durable results journal a rerun resumes from.
     journal = File(names.JOURNAL, state=True)
     #: With more than one node: the coordinator's endpoint document for the other nodes.

@@ -19,7 +19,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from ..common import names, slurm
+from ..common import names, namespaces, slurm
 from ..common.errors import AllocstackError
 from ..launch.containers import PROGRAMS
 from . import depends
@@ -366,6 +366,31 @@ def refuse_missing_runtime(config: Mapping[str, Any], use_image: bool, facts: Fa
         switch = "--sdm apptainer is on" if runtime == "apptainer" else f"runtime is {runtime}"
         raise PlanError("prerequisite", f"image is set and {switch}, but {PROGRAMS[runtime]} is not on PATH; "
                                         f"{config[runtime]['hint']}")
+
+
+def refuse_private_network(config: Mapping[str, Any], facts: Facts) -> None:
+    """``network.isolation: private`` where this version and this node can make it: one node, no serve mode (what
+    it serves would be reachable by no one: owner-only sockets are not built yet), unprivileged user namespaces
+    (root needs none) and ``pasta`` on PATH (read here, on the node that plans the run)."""
+    if config["network"]["isolation"] != "private":
+        return
+    if config["nodes"] > 1:
+        raise PlanError("config", f"network.isolation is private with nodes {config['nodes']}: a private network "
+                                  "across nodes is not built yet; set nodes: 1, or network.isolation: none")
+    if config["mode"] == "serve":
+        raise PlanError("config", "network.isolation is private with mode serve: what the stack serves would be "
+                                  "reachable by no one (published ports as owner-only sockets are not built yet); "
+                                  "set network.isolation: none")
+    if facts.user != "root":
+        possible, why = namespaces.user_namespaces(facts.sysctl)
+        if not possible:
+            raise PlanError("config", f"network.isolation is private but {facts.hostname or 'this node'} does not let "
+                                      f"users make user namespaces ({why}): set network.isolation: none (the stack "
+                                      "then runs on the node's own network)")
+    if facts.which("pasta") is None:
+        raise PlanError("config", "network.isolation is private but pasta is not on PATH (Debian and Ubuntu: package "
+                                  "passt; it gives the stack's network its way out): install it, load its module, "
+                                  "or set network.isolation: none")
 
 
 def refuse_unusable_tmpdir(config: Mapping[str, Any], facts: Facts) -> None:

@@ -151,6 +151,11 @@ class Plan:
         return self.service_files(run) + self.init_inputs(run)
 
     @property
+    def private_network(self) -> bool:
+        """config network.isolation is private: every component runs in the stack's own network namespace."""
+        return self.config["network"]["isolation"] == "private"
+
+    @property
     def long_running(self) -> bool:
         return self.config["worker"]["mode"] == "long-running"
 
@@ -420,6 +425,11 @@ class Plan:
     def check_records(self, run: str) -> list[str]:
         return [self.files(run).check_record] if self.runs_check else []
 
+    def stack_network(self, run: str) -> list[str]:
+        """The stack's private network's service file (config network.isolation: private): every component consumes
+        it, so Snakemake keeps the network up while any of them runs (none with isolation none)."""
+        return [self.files(run).stack_network] if self.private_network else []
+
     def node_gates(self, run: str) -> list[str]:
         """Every other node's gate record (none with one node)."""
         return [self.files(run).node_gate(node) for node in range(2, self.nodes + 1)]
@@ -493,6 +503,7 @@ def load(config: Mapping[str, Any], facts: Facts) -> Plan:
     refusals.refuse_unverified(complete, on)
     refusals.refuse_missing_runtime(complete, use_image, facts, on)
     refusals.refuse_unusable_tmpdir(complete, facts)
+    refusals.refuse_private_network(complete, facts)
     refusals.refuse_bad_restarts(complete, spelled)
     refusals.refuse_bad_replicas(complete, spelled)
     main_spec = None

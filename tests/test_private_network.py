@@ -1,0 +1,330 @@
+"""The stack's own network (config ``network.isolation: private``, issue 32 point 1): a service of yours that binds
+``0.0.0.0`` is reached by the stack alone.
+
+Real runs of a small stack of yours (`snakemake --cores 4`, and the Slurm profile with Apptainer and with
+Charliecloud): a queue service listening on every address at a fixed port, two long-running workers that reach it
+by its name from a URL in a file (the stack's hosts file), and a check. While it runs, probes outside the stack try
+that port on every address of the node, as root, as a second real user of the node, and (under Slurm) from a second
+node of the test cluster: not one connects, while the workers get their answers. The same stack with
+``isolation: none`` is the control: there the probes connect. The queue service also fetches a token from a server
+the test runs on the node's own loopback, outside the stack (pasta's way out: the namespace's default gateway is
+the node's loopback), and the workers' outputs carry it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+from test_slurm import TEST_RESOURCES
+
+from conftest import OTHER_USER, local_user, pids_mentioning
+from real_parts import require_apptainer, require_charliecloud_squashfs, require_multinode, require_slurm, unavailable
+from workflow_helpers import copy_project, snakemake
+
+SLURM_SH = Path(__file__).resolve().parent / "cluster" / "slurm.sh"
+
+#: The queue's port: fixed, so that the probes know it before it listens (in the private network no other
+#: program of the node can take it from the stack, nor the stack from them).
+PORT = 17431
+
+SERVICE = """\
+import os, signal, sys, urllib.request
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+def default_gateway():
+    for line in open("/proc/net/route").read().splitlines()[1:]:
+        fields = line.split()
+        if fields[1] == "00000000":
+            return ".".join(str(int(fields[2][i:i + 2], 16)) for i in (6, 4, 2, 0))
+    raise SystemExit("no default route in the stack's network")
+
+# In the private network the node's own loopback is the default gateway's address (pasta); on the node's network
+# it is 127.0.0.1
+outside = default_gateway() if sys.argv[2] == "private" else "127.0.0.1"
+token = urllib.request.urlopen(f"http://{outside}:{sys.argv[1]}/token", timeout=20).read()
+
+class Queue(BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(token)))
+        self.end_headers()
+        self.wfile.write(token)
+
+    def log_message(self, *args):
+        pass
+
+signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # a clean stop, as a queue server's own
+ThreadingHTTPServer(("0.0.0.0", int(os.environ["ALLOCSTACK_QUEUE_PORT"])), Queue).serve_forever()
+"""
+
+WORKER = """\
+import os, sys, time, urllib.request
+url = open(sys.argv[1]).read().strip()
+body = urllib.request.urlopen(url, timeout=20).read().decode()
+with open(os.path.join(sys.argv[2], os.environ["ALLOCSTACK_WORKER_ID"]), "w") as out:
+    out.write(f"{time.time()} {body}")
+time.sleep(4)  # the service stays up meanwhile: the probes outside try it
+"""
+
+CHECK = """\
+import pathlib, sys
+outputs = sorted(pathlib.Path(sys.argv[1]).iterdir())
+assert len(outputs) == 2 and all(path.read_text().endswith(sys.argv[2]) for path in outputs), outputs
+"""
+
+CONFIG = """\
+run: {run}
+tasks: null
+expected: null
+workers: 2
+network:
+  isolation: {isolation}
+services:
+  queue:
+    command: [python3, {service}, "{outside}", {isolation}]
+    port: {port}
+    readiness: {{mode: tcp}}
+worker:
+  mode: long-running
+  command: [python3, {worker}, {url_file}, {outputs}]
+verify:
+  command: [python3, {check}, {outputs}, "{token}"]
+"""
+
+#: Tries ``PORT`` on each address given, every 50 ms, until the file ``stop`` exists (at most 300 s); prints one
+#: JSON line per try: the time, the address, whether it connected.
+PROBE = """\
+import json, os, socket, sys, time
+stop, port, addresses = sys.argv[1], int(sys.argv[2]), sys.argv[3:]
+deadline = time.time() + 300
+while not os.path.exists(stop) and time.time() < deadline:
+    for address in addresses:
+        with socket.socket() as probe:
+            probe.settimeout(0.2)
+            connected = probe.connect_ex((address, port)) == 0
+        print(json.dumps({"t": time.time(), "address": address, "connected": connected}), flush=True)
+    time.sleep(0.05)
+"""
+
+
+def node_addresses() -> list[str]:
+    """Every IPv4 address of this node (loopback first), as `ip` lists them."""
+    listing = subprocess.run(["ip", "-4", "-o", "addr", "show"], capture_output=True, text=True, check=True).stdout
+    return sorted({line.split()[3].split("/")[0] for line in listing.splitlines()}, key=lambda a: a != "127.0.0.1")
+
+
+class Outside:
+    """A server on the node's own loopback, outside the stack: it hands out ``token``."""
+
+    def __init__(self, token: str) -> None:
+        body = token.encode()
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self):
+                self.send_response(200)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args):
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.port = self.server.server_address[1]
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def write_stack(project: Path, run: str, isolation: str, outside: Outside, token: str) -> Path:
+    programs = project / "programs"
+    programs.mkdir(exist_ok=True)
+    for name, text in (("service.py", SERVICE), ("worker.py", WORKER), ("check.py", CHECK)):
+        (programs / name).write_text(text)
+    outputs = project / "outputs" / run
+    outputs.mkdir(parents=True)
+    url_file = project / "inputs" / "queue-url.txt"  # a service address in a file, by its name, as written
+    url_file.write_text(f"http://queue:{PORT}/\n")
+    config = project / "config" / f"{run}.yaml"
+    config.write_text(CONFIG.format(run=run, isolation=isolation, service=programs / "service.py",
+                                    outside=outside.port, port=PORT, worker=programs / "worker.py",
+                                    url_file=url_file, outputs=outputs, check=programs / "check.py", token=token))
+    return config
+
+
+def start_probe(stop: Path, addresses: list[str], as_user: str | None = None, node: str | None = None):
+    argv = [sys.executable if as_user is None and node is None else "/usr/bin/python3", "-c", PROBE, str(stop),
+            str(PORT), *addresses]
+    if as_user is not None:
+        argv = ["runuser", "-u", as_user, "--", *argv]
+    if node is not None:
+        argv = ["bash", str(SLURM_SH), "exec", node, *argv]
+    return subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd="/")
+
+
+def probes_of(process: subprocess.Popen) -> list[dict]:
+    output, errors = process.communicate(timeout=60)
+    tries = [json.loads(line) for line in output.splitlines() if line.startswith("{")]
+    assert tries, f"the probe tried nothing: {errors[-2000:]}"
+    return tries
+
+
+def while_up(tries: list[dict], outputs: Path) -> list[dict]:
+    """The tries made while the queue was up and the workers at work: after the first worker got its answer and
+    before the last one ended (each writes when it got it, then stays 4 s)."""
+    got = [float(path.read_text().split()[0]) for path in outputs.iterdir()]
+    assert got, "no worker got an answer"
+    return [one for one in tries if min(got) <= one["t"] <= max(got) + 3.5]
+
+
+def run_probed(project: Path, config: Path, run: str, args: tuple[str, ...], probers: dict, env=None, timeout=600,
+               runner=None):
+    """Run the stack while each prober of ``probers`` (name -> (addresses, user, node)) tries the queue's port;
+    return the run and each prober's tries while the queue was up."""
+    where = Path(tempfile.mkdtemp(prefix="allocstack-probes-", dir="/tmp"))
+    os.chmod(where, 0o755)  # noqa: S103  (a probe of another user, or on another node, looks for the stop file)
+    stop = where / "stop"
+    probes = {name: start_probe(stop, addresses, user, node) for name, (addresses, user, node) in probers.items()}
+    try:
+        done = (runner or snakemake)(project, *args, "--configfile", str(config), env=env, timeout=timeout)
+    finally:
+        stop.touch()
+        tries = {name: probes_of(process) for name, process in probes.items()}
+        shutil.rmtree(where, ignore_errors=True)
+    outputs = project / "outputs" / run
+    return done, {name: while_up(found, outputs) if list(outputs.iterdir()) else found
+                  for name, found in tries.items()}
+
+
+def assert_verified(done, project: Path, run: str) -> str:
+    output = done.stdout + done.stderr
+    assert done.returncode == 0, output[-5000:]
+    assert json.loads((project / f"results/{run}/result.json").read_text())["status"] == "success"
+    return output
+
+
+@pytest.fixture(autouse=True)
+def able_node():
+    """pasta installed and user namespaces allowed (tests/cluster/prepare.sh installs passt), else skipped with why
+    (a failure in CI: ALLOCSTACK_REQUIRE_CLUSTER=1)."""
+    from allocstack.common.namespaces import user_namespaces
+
+    if shutil.which("pasta") is None:
+        unavailable("no pasta (as root: tests/cluster/prepare.sh installs Debian's passt)")
+    possible, why = user_namespaces()
+    if not possible:
+        unavailable(f"this machine does not let users make user namespaces ({why})")
+
+
+@pytest.fixture
+def outside():
+    token = f"from-outside-{os.getpid()}-{time.monotonic_ns()}"
+    server = Outside(token)
+    yield server, token
+    server.close()
+
+
+@pytest.fixture
+def other_user_name() -> str:
+    return local_user(OTHER_USER).pw_name
+
+
+def test_a_service_on_every_address_is_reached_by_the_stack_alone_and_by_no_one_else(project, outside,
+                                                                                    other_user_name):
+    """Locally (no image, as root): the probes of root and of a second user on every address of the node never
+    connect while the workers reach the queue by its name; the stack reaches a server outside it. The control
+    (isolation none, the same stack): the probes connect."""
+    server, token = outside
+    addresses = node_addresses()
+    probers = {"root": (addresses, None, None), "another user": (addresses, other_user_name, None)}
+    config = write_stack(project, "private", "private", server, token)
+    done, tries = run_probed(project, config, "private", ("--cores", "4"), probers)
+    output = assert_verified(done, project, "private")
+    for name, found in tries.items():
+        assert len(found) >= 20, (name, len(found))  # the probes ran while the queue served the workers
+        assert not [one for one in found if one["connected"]], (name, [one for one in found if one["connected"]][:3])
+    network_log = (project / "logs/stack_network/private.log").read_text()
+    assert "the stack's private network is up" in network_log, network_log
+    assert "listens on 0.0.0.0" not in output or "in the stack's private network" in output
+    assert "warning: service queue listens on" not in output, output[-3000:]
+
+    control = write_stack(project, "shared", "none", server, token)
+    done, tries = run_probed(project, control, "shared", ("--cores", "4"), probers)
+    output = assert_verified(done, project, "shared")
+    for name, found in tries.items():
+        assert [one for one in found if one["connected"]], name  # on the node's own network: everyone gets in
+    assert "warning: service queue listens on 0.0.0.0" in output
+
+
+def test_a_user_without_privileges_gets_the_same_private_network(outside, other_user_name):
+    """As a plain user (the uid and gid mapped to themselves in a user namespace: what runs is still that user),
+    while root probes every address: nothing connects, the files written are the user's."""
+    server, token = outside
+    user = local_user(other_user_name)
+    base = Path(tempfile.mkdtemp(prefix="allocstack-private-", dir="/tmp"))
+    try:
+        os.chmod(base, 0o755)  # noqa: S103  (the other user must reach the project)
+        project = copy_project(base / "project")
+        home = base / "home"
+        home.mkdir()
+        config = write_stack(project, "mine", "private", server, token)
+        for path in (project, home):
+            subprocess.run(["chown", "-R", f"{user.pw_uid}:{user.pw_gid}", str(path)], check=True)
+        site = next(p for p in sys.path if p.startswith(sys.prefix) and p.endswith("site-packages"))
+        env = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "HOME": str(home),
+               "USER": user.pw_name, "TMPDIR": str(project / "tmp"), "LANG": "C.UTF-8", "PYTHONPATH": site}
+
+        def as_user(project: Path, *args: str, env=None, timeout=300):
+            return subprocess.run(["runuser", "-u", user.pw_name, "--", "env", "-i",
+                                   *(f"{k}={v}" for k, v in env.items()), "timeout", "-k", "10", str(timeout),
+                                   "/usr/bin/python3", "-m", "snakemake", *args],
+                                  cwd=project, capture_output=True, text=True, timeout=timeout + 30, check=False)
+
+        done, tries = run_probed(project, config, "mine", ("--cores", "4"), {"root": (node_addresses(), None, None)},
+                                 env=env, runner=as_user)
+        assert_verified(done, project, "mine")
+        assert len(tries["root"]) >= 20 and not [one for one in tries["root"] if one["connected"]]
+        assert (project / "results/mine/result.json").stat().st_uid == user.pw_uid
+        outputs = list((project / "outputs/mine").iterdir())
+        assert outputs and all(path.stat().st_uid == user.pw_uid for path in outputs)
+        assert not pids_mentioning(str(project))
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+
+@pytest.mark.slurm
+@pytest.mark.parametrize("runtime", ["apptainer", "charliecloud"])
+def test_under_the_slurm_profile_in_images_no_user_or_node_gets_in(project, outside, other_user_name, runtime):
+    """The same stack under the Slurm profile, every component a job step in the image (Apptainer, or ch-run)
+    entered into the stack's namespace: root, a second user and a second node of the cluster (its probes to this
+    node's address on the cluster's bridge) never connect."""
+    require_slurm()
+    layout = require_multinode(1)
+    image = require_apptainer() if runtime == "apptainer" else require_charliecloud_squashfs()
+    server, token = outside
+    config = write_stack(project, "jobs", "private", server, token)
+    with config.open("a") as handle:
+        handle.write(f"image: {image}\nruntime: {runtime}\n")
+    addresses = node_addresses()
+    node = min(layout["nodes"])
+    probers = {"root": (addresses, None, None), "another user": (addresses, other_user_name, None),
+               "another node": ([layout["controller"]["address"]], None, node)}
+    done, tries = run_probed(project, config, "jobs", ("--profile", "profiles/slurm", *TEST_RESOURCES), probers)
+    assert_verified(done, project, "jobs")
+    for name, found in tries.items():
+        assert len(found) >= 10, (name, len(found))
+        assert not [one for one in found if one["connected"]], name
+    coordinator_free = (project / "logs/serve_service/jobs/queue.log").read_text()
+    assert "srun --job-name=queue" in coordinator_free and "nsenter --target=" in coordinator_free

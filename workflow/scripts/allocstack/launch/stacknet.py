@@ -1,0 +1,142 @@
+"""The stack's own network on its node (config ``network.isolation: private``, issue 32): what Compose gives every
+stack, made without privileges.
+
+One holder per node (workflow/scripts/stack_network.py, a service job every component consumes) makes a user and
+network namespace (:func:`make_namespace`: the user's own uid and gid mapped to themselves, so every program keeps
+its identity; only loopback, brought up), attaches Debian's ``pasta`` to it from outside (:func:`pasta_argv`: the
+namespace's way out, as Compose's bridge is) and publishes :class:`Held` in ``SCRATCH/network.json``. Every other
+component of the stack on the node is started through ``nsenter`` into it (:func:`join_prefix`, by launch.py inside
+its job step, before the container runtime): whatever a program binds there, ``0.0.0.0`` included, is reachable by
+the stack alone, neither by another user of the node nor by another node.
+
+pasta forwards no port either way (``--tcp-ports none`` ...: its default, ``auto``, would publish every port a
+program binds, which is what the namespace is there to prevent); a program reaches servers outside the stack
+through it as the user's own connections (the default gateway's address is the node's own loopback, pasta's
+``--map-gw``). pasta rather than slirp4netns: it needs no helper to configure the namespace (``--config-net``
+copies the node's address and routes), and it attaches to a namespace by its holder's pid.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import fcntl
+import json
+import os
+import socket
+import struct
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..common import jsonio
+from ..common.errors import AllocstackError
+
+CLONE_NEWNET = 0x40000000
+CLONE_NEWUSER = 0x10000000
+SIOCGIFFLAGS = 0x8913
+SIOCSIFFLAGS = 0x8914
+IFF_UP = 0x1
+#: The holder's component (and job step) name.
+HOLDER = "stack-network"
+#: How long a component waits for its node's namespace to be held (the holder starts with the stack's first jobs).
+WAIT_SECONDS = 60.0
+
+
+@dataclass(frozen=True)
+class Held:
+    """A node's namespace: its holder's pid and start time (``/proc/PID/stat``'s, so a reused pid is told apart),
+    and whether components join its user namespace too (everyone but root: root joins the network alone)."""
+
+    pid: int
+    started_at: int
+    user: bool
+
+    def document(self) -> dict:
+        return {"schemaVersion": 1, "pid": self.pid, "startedAt": self.started_at, "user": self.user}
+
+
+def started_at(pid: int) -> int | None:
+    """``pid``'s start time in clock ticks since boot (``/proc/PID/stat`` field 22), None if it is gone."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text(encoding="ascii", errors="replace")
+    except OSError:
+        return None
+    return int(stat.rsplit(")", 1)[1].split()[19])
+
+
+def join_prefix(held: Held, nsenter: str = "nsenter") -> list[str]:
+    """The command that runs the rest of an argv in ``held``'s namespace (nsenter execs it: same pid)."""
+    argv = [nsenter, f"--target={held.pid}"]
+    if held.user:
+        argv += ["--user", "--preserve-credentials"]
+    return [*argv, "--net", "--"]
+
+
+def pasta_argv(pasta: str, pid: int, uid: int, pid_file: Path) -> list[str]:
+    """pasta attached to ``pid``'s namespace from outside: the way out, no port forwarded in either direction."""
+    # root: pasta would drop to nobody, who cannot enter the holder's namespaces; anyone else stays who they are
+    runas = ["--runas", "0"] if uid == 0 else []
+    return [pasta, "--foreground", "--quiet", "--config-net", *runas, "--tcp-ports", "none", "--udp-ports", "none", "--tcp-ns", "none", "--udp-ns", "none",
+            "--pid", str(pid_file), str(pid)]
+
+
+def _libc_unshare(flags: int) -> None:
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.unshare(flags) != 0:
+        error = ctypes.get_errno()
+        raise OSError(error, f"unshare: {os.strerror(error)}")
+
+
+def _write(path: str, text: str) -> None:
+    with open(path, "w", encoding="ascii") as handle:
+        handle.write(text)
+
+
+def make_namespace(uid: int, gid: int) -> None:
+    """In this (single-threaded) process: a user namespace mapping ``uid``/``gid`` to themselves and a network
+    namespace in it, its loopback up. The process keeps its capabilities there until it execs (it must not)."""
+    _libc_unshare(CLONE_NEWUSER | CLONE_NEWNET)
+    _write("/proc/self/setgroups", "deny")
+    _write("/proc/self/uid_map", f"{uid} {uid} 1")
+    _write("/proc/self/gid_map", f"{gid} {gid} 1")
+    with socket.socket() as probe:
+        request = struct.pack("16sh", b"lo", 0)
+        flags = struct.unpack("16sh", fcntl.ioctl(probe, SIOCGIFFLAGS, request))[1]
+        fcntl.ioctl(probe, SIOCSIFFLAGS, struct.pack("16sh", b"lo", flags | IFF_UP))
+
+
+def record_path(scratch: Path) -> Path:
+    from ..common.names import NETWORK
+
+    return scratch / NETWORK
+
+
+def publish(scratch: Path, held: Held) -> None:
+    jsonio.atomic_write_json(record_path(scratch), held.document())
+
+
+def read_held(scratch: Path) -> Held | None:
+    """The node's namespace as its record says, if its holder still runs (an earlier attempt's is not)."""
+    try:
+        document = json.loads(record_path(scratch).read_bytes())
+        held = Held(int(document["pid"]), int(document["startedAt"]), bool(document["user"]))
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return held if started_at(held.pid) == held.started_at else None
+
+
+def await_held(scratch: Path, component: str, seconds: float = WAIT_SECONDS, poll: float = 0.05) -> Held:
+    """The node's namespace, once its holder published it; one [network] line after ``seconds``."""
+    from ..common.names import component_ended
+
+    deadline = time.monotonic() + seconds
+    while (held := read_held(scratch)) is None:
+        if (scratch / component_ended(HOLDER)).exists():  # its launcher's note: it ended, it will not publish
+            raise AllocstackError("network", f"{component}: the stack's private network on this node could not be "
+                                             "made (the log of the job stack_network says why)")
+        if time.monotonic() > deadline:
+            raise AllocstackError("network", f"{component}: the stack's private network on this node was not made "
+                                             f"within {seconds:.0f} s (config network.isolation: private; the log of "
+                                             "the job stack_network says why)")
+        time.sleep(poll)
+    return held
