@@ -17,7 +17,6 @@ import signal
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -30,7 +29,14 @@ from test_slurm import TEST_RESOURCES, assert_a_completed_step_per_component, th
 
 from conftest import SCRIPTS, local_user, make_tasks, pids_mentioning, run_script, write_json
 from real_parts import require_charliecloud, require_charliecloud_squashfs, require_slurm
-from workflow_helpers import SNAKEMAKE, copy_project, snakemake
+from workflow_helpers import (
+    SNAKEMAKE,
+    SYSTEM_PYTHON,
+    project_for_another_user,
+    snakemake,
+    snakemake_as,
+    user_environment,
+)
 
 pytestmark = pytest.mark.charliecloud
 # Where the venv's snakemake and the system's tools are, without the Apptainer toolbox.
@@ -280,13 +286,6 @@ def test_gpus_per_worker_reach_the_steps_but_no_nv_flag(project, image):
     assert "--runtime-arg=--nv" not in done.stdout  # Charliecloud: the driver comes from ch-fromhost --nvidia
 
 
-SYSTEM_PYTHON = "/usr/bin/python3"
-
-
-def venv_site_packages() -> str:
-    return next(p for p in sys.path if p.startswith(sys.prefix) and p.endswith("site-packages"))
-
-
 @pytest.fixture
 def other_user():
     probe = subprocess.run([SYSTEM_PYTHON, "-c", "import sys; print(sys.version_info[:2])"], capture_output=True,
@@ -298,23 +297,14 @@ def other_user():
 
 def test_an_unprivileged_user_runs_the_baseline(image, other_user):
     """ch-run needs no privilege: a plain user (no sudo, no setuid helper) runs the whole stack in the image."""
-    base = Path(tempfile.mkdtemp(prefix="allocstack-ch-user-", dir="/tmp"))
+    base, project, home = project_for_another_user("allocstack-ch-user-")
     try:
-        os.chmod(base, 0o755)  # noqa: S103  (on purpose: the other user must reach the project)
-        project = copy_project(base / "project")
-        home = base / "home"
-        home.mkdir()
         for path in (project, home):
             subprocess.run(["chown", "-R", f"{other_user.pw_uid}:{other_user.pw_gid}", str(path)], check=True)
         # The system's python3 with the venv's packages: the venv's own interpreter may live where only
         # its owner can reach it (a pyenv under /root).
-        env = {"PATH": NO_APPTAINER_PATH, "HOME": str(home), "USER": OTHER_USER, "TMPDIR": str(project / "tmp"),
-               "LANG": "C.UTF-8", "PYTHONPATH": venv_site_packages()}
-        done = subprocess.run(
-            ["runuser", "-u", OTHER_USER, "--", "env", "-i", *(f"{k}={v}" for k, v in env.items()),
-             "timeout", "-k", "10", "300", SYSTEM_PYTHON, "-m", "snakemake",
-             *charliecloud_run("--cores", "4", image=image)],
-            cwd=project, capture_output=True, text=True, timeout=330, check=False)
+        done = snakemake_as(OTHER_USER, project, *charliecloud_run("--cores", "4", image=image),
+                            env=user_environment(OTHER_USER, home, project / "tmp", NO_APPTAINER_PATH))
         assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
         assert_ran_in_the_image(project, "baseline", image)
         assert (project / "results/baseline/result.json").stat().st_uid == other_user.pw_uid

@@ -13,6 +13,7 @@ the node's loopback), and the workers' outputs carry it.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import shutil
@@ -21,7 +22,7 @@ import sys
 import tempfile
 import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -29,7 +30,7 @@ from test_slurm import TEST_RESOURCES
 
 from conftest import OTHER_USER, local_user, pids_mentioning
 from real_parts import require_apptainer, require_charliecloud_squashfs, require_multinode, require_slurm, unavailable
-from workflow_helpers import copy_project, snakemake
+from workflow_helpers import project_for_another_user, snakemake, snakemake_as, user_environment
 
 SLURM_SH = Path(__file__).resolve().parent / "cluster" / "slurm.sh"
 
@@ -124,28 +125,20 @@ def node_addresses() -> list[str]:
 
 
 class Outside:
-    """A server on the node's own loopback, outside the stack: it hands out ``token``."""
+    """A server on the node's own loopback, outside the stack: it hands out ``token`` at ``/token``."""
 
     def __init__(self, token: str) -> None:
-        body = token.encode()
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_GET(self):
-                self.send_response(200)
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def log_message(self, *args):
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.directory = Path(tempfile.mkdtemp(prefix="allocstack-outside-"))
+        (self.directory / "token").write_text(token)
+        handler = functools.partial(SimpleHTTPRequestHandler, directory=str(self.directory))
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
         self.port = self.server.server_address[1]
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
 
     def close(self) -> None:
         self.server.shutdown()
         self.server.server_close()
+        shutil.rmtree(self.directory, ignore_errors=True)
 
 
 def write_stack(project: Path, run: str, isolation: str, outside: Outside, token: str) -> Path:
@@ -273,24 +266,15 @@ def test_a_user_without_privileges_gets_the_same_private_network(outside, other_
     while root probes every address: nothing connects, the files written are the user's."""
     server, token = outside
     user = local_user(other_user_name)
-    base = Path(tempfile.mkdtemp(prefix="allocstack-private-", dir="/tmp"))
+    base, project, home = project_for_another_user("allocstack-private-")
     try:
-        os.chmod(base, 0o755)  # noqa: S103  (the other user must reach the project)
-        project = copy_project(base / "project")
-        home = base / "home"
-        home.mkdir()
         config = write_stack(project, "mine", "private", server, token)
         for path in (project, home):
             subprocess.run(["chown", "-R", f"{user.pw_uid}:{user.pw_gid}", str(path)], check=True)
-        site = next(p for p in sys.path if p.startswith(sys.prefix) and p.endswith("site-packages"))
-        env = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "HOME": str(home),
-               "USER": user.pw_name, "TMPDIR": str(project / "tmp"), "LANG": "C.UTF-8", "PYTHONPATH": site}
+        env = user_environment(user.pw_name, home, project / "tmp", "/usr/local/bin:/usr/bin:/bin")
 
         def as_user(project: Path, *args: str, env=None, timeout=300):
-            return subprocess.run(["runuser", "-u", user.pw_name, "--", "env", "-i",
-                                   *(f"{k}={v}" for k, v in env.items()), "timeout", "-k", "10", str(timeout),
-                                   "/usr/bin/python3", "-m", "snakemake", *args],
-                                  cwd=project, capture_output=True, text=True, timeout=timeout + 30, check=False)
+            return snakemake_as(user.pw_name, project, *args, env=env, timeout=timeout)
 
         done, tries = run_probed(project, config, "mine", ("--cores", "4"), {"root": (node_addresses(), None, None)},
                                  env=env, runner=as_user)

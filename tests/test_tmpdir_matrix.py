@@ -31,7 +31,14 @@ from test_multinode import cluster_args, multinode_project  # noqa: F401  (a fix
 
 from conftest import local_user, pids_mentioning, pids_of_run
 from real_parts import require_apptainer, require_charliecloud, require_job_tmpdir_prolog
-from workflow_helpers import copy_project, snakemake
+from workflow_helpers import (
+    SYSTEM_PYTHON,
+    copy_project,
+    project_for_another_user,
+    snakemake,
+    snakemake_as,
+    user_environment,
+)
 
 pytestmark = [pytest.mark.slurm, pytest.mark.apptainer, pytest.mark.charliecloud]
 
@@ -205,7 +212,6 @@ def test_charliecloud_says_in_one_line_which_mount_point_the_image_lacks(project
 # -- an unprivileged user ------------------------------------------------------------------------------------
 
 OTHER_USER = "allocstack-ch"  # the Charliecloud tests' second user (conftest.local_user makes it once)
-SYSTEM_PYTHON = "/usr/bin/python3"
 
 
 @pytest.mark.parametrize("runtime", RUNTIMES)
@@ -219,22 +225,14 @@ def test_an_unprivileged_user_with_tmpdir_elsewhere(tmp_path, roots, runtime):
         pytest.skip(f"{SYSTEM_PYTHON} is not Python {sys.version_info[0]}.{sys.version_info[1]} like the venv")
     if runtime == "apptainer":  # (not a missing part: the sandbox, CI's too, does not allow it)
         pytest.skip("Apptainer runs only as root in this sandbox (it fails on /dev/fuse as a normal user)")
-    base = Path(tempfile.mkdtemp(prefix="allocstack-user-", dir="/tmp"))
+    base, project, home = project_for_another_user("allocstack-user-")
     try:
-        os.chmod(base, 0o755)  # noqa: S103  (the other user must reach the project)
-        project = copy_project(base / "project")
-        home = base / "home"
-        home.mkdir()
         root = roots(elsewhere(runtime, secrets.token_hex(4)))
         for path in (project, home, root):
             subprocess.run(["chown", "-R", f"{user.pw_uid}:{user.pw_gid}", str(path)], check=True)
-        site = next(p for p in sys.path if p.startswith(sys.prefix) and p.endswith("site-packages"))
-        env = {"PATH": NO_APPTAINER_PATH, "HOME": str(home), "USER": OTHER_USER, "TMPDIR": str(root),
-               "LANG": "C.UTF-8", "PYTHONPATH": site}
         args, _ = runtime_args(runtime)
-        done = subprocess.run(["runuser", "-u", OTHER_USER, "--", "env", "-i", *(f"{k}={v}" for k, v in env.items()),
-                               "timeout", "-k", "10", "300", SYSTEM_PYTHON, "-m", "snakemake", "--cores", "4", *args],
-                              cwd=project, capture_output=True, text=True, timeout=330, check=False)
+        done = snakemake_as(OTHER_USER, project, "--cores", "4", *args,
+                            env=user_environment(OTHER_USER, home, root, NO_APPTAINER_PATH))
         output = done.stdout + done.stderr
         assert done.returncode == 0, output[-4000:]
         provenance = json.loads((project / "results/baseline/provenance.json").read_text())

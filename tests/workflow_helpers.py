@@ -78,3 +78,41 @@ def snakemake(workdir: Path, *args: str, timeout: float = 300, env: dict | None 
         ["timeout", "-k", "10", str(timeout), SNAKEMAKE, *args],
         cwd=workdir, capture_output=True, text=True, env=environment, check=False
     )
+
+
+#: The system's interpreter: what another user runs Snakemake with (the venv's own may live where only its owner
+#: can reach it, a pyenv under /root), with the venv's packages on PYTHONPATH (:func:`user_environment`).
+SYSTEM_PYTHON = "/usr/bin/python3"
+
+
+def venv_site_packages() -> str:
+    return next(p for p in sys.path if p.startswith(sys.prefix) and p.endswith("site-packages"))
+
+
+def user_environment(user: str, home: Path, tmpdir: Path, path: str) -> dict[str, str]:
+    """The whole environment of Snakemake run by another user: their HOME, USER, TMPDIR and PATH, the venv's
+    packages."""
+    return {"PATH": path, "HOME": str(home), "USER": user, "TMPDIR": str(tmpdir), "LANG": "C.UTF-8",
+            "PYTHONPATH": venv_site_packages()}
+
+
+def snakemake_as(user: str, project: Path, *args: str, env: dict[str, str], timeout: float = 300
+                 ) -> subprocess.CompletedProcess:
+    """Snakemake in ``project`` as ``user`` (root only: ``runuser``), with exactly the environment ``env``
+    (:func:`user_environment`), bounded by ``timeout``."""
+    return subprocess.run(["runuser", "-u", user, "--", "env", "-i", *(f"{k}={v}" for k, v in env.items()),
+                           "timeout", "-k", "10", str(timeout), SYSTEM_PYTHON, "-m", "snakemake", *args],
+                          cwd=project, capture_output=True, text=True, timeout=timeout + 30, check=False)
+
+
+def project_for_another_user(prefix: str) -> tuple[Path, Path, Path]:
+    """A directory in /tmp that another user may traverse, holding a copy of the project and a home (both still
+    root's: chown them to the user): ``(base, project, home)``; remove ``base`` after the test."""
+    import tempfile
+
+    base = Path(tempfile.mkdtemp(prefix=prefix, dir="/tmp"))
+    os.chmod(base, 0o755)  # noqa: S103  (the other user must reach the project)
+    project = copy_project(base / "project")
+    home = base / "home"
+    home.mkdir()
+    return base, project, home
