@@ -16,7 +16,10 @@ from __future__ import annotations
 import functools
 import json
 import os
+import re
 import shutil
+import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -26,11 +29,12 @@ from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
+from test_serve_mode import PYTHON, WEB, ctrl_c, serve_config, start, wait_for_up
 from test_slurm import TEST_RESOURCES
 
 from conftest import OTHER_USER, local_user, pids_mentioning
 from real_parts import require_apptainer, require_charliecloud_squashfs, require_multinode, require_slurm, unavailable
-from workflow_helpers import project_for_another_user, snakemake, snakemake_as, user_environment
+from workflow_helpers import SNAKEMAKE, project_for_another_user, snakemake, snakemake_as, user_environment
 
 SLURM_SH = Path(__file__).resolve().parent / "cluster" / "slurm.sh"
 
@@ -312,3 +316,98 @@ def test_under_the_slurm_profile_in_images_no_user_or_node_gets_in(project, outs
         assert not [one for one in found if one["connected"]], name
     coordinator_free = (project / "logs/serve_service/jobs/queue.log").read_text()
     assert "srun --job-name=queue" in coordinator_free and "nsenter --target=" in coordinator_free
+
+
+#: A web service on every address of its namespace (as most images' servers listen), with a health page.
+EVERY_ADDRESS_WEB = WEB.replace("http.server.HTTPServer(('127.0.0.1', port), H)", "http.server.HTTPServer(('0.0.0.0', port), H)")
+
+
+def get_through_socket(path: str, page: str = "/hello") -> tuple[int, bytes]:
+    """An HTTP/1.0 GET of ``page`` through the Unix socket ``path``: its status code and body."""
+    with socket.socket(socket.AF_UNIX) as client:
+        client.settimeout(10)
+        client.connect(path)
+        client.sendall(f"GET {page} HTTP/1.0\r\nHost: localhost\r\n\r\n".encode())
+        answer = b""
+        while chunk := client.recv(65536):
+            answer += chunk
+    head, _, body = answer.partition(b"\r\n\r\n")
+    return int(head.split()[1]), body
+
+
+def test_a_serving_stack_is_reached_through_its_owner_only_socket_and_by_no_one_else(project, other_user_name):
+    """Serve mode in the stack's private network: the UP line names each service's socket in the run's 0700
+    scratch and the SSH line that forwards a port to it; through it the owner gets the page; a second user cannot
+    open it; no probe of the service's port on any address connects; status.py (run outside, as the owner) enters
+    the stack's network to ask; Ctrl-C ends it as a success."""
+    assert "0.0.0.0" in EVERY_ADDRESS_WEB  # noqa: S104 - on purpose: what the namespace keeps to the stack
+    config = serve_config(project, "srvpriv", f"""
+web:
+  command: [{PYTHON}, -c, {json.dumps(EVERY_ADDRESS_WEB)}]
+  readiness: {{mode: http, path: /health, expect: {{status: ok}}}}
+""", "network: {isolation: private}")
+    run = start(project, config)
+    seen: list[str] = []
+    try:
+        wait_for_up(run, seen)
+        line = next(line for line in run.stdout if "allocstack:   web: " in line)
+        seen.append(line)
+        sock = re.search(r"web: (\S+\.sock) \(only you can use it", line).group(1)
+        # SCRATCH/ports/web.sock, or (this test's scratch path is too long for a socket) a 0700 directory in /tmp
+        assert Path(sock).name == "web.sock" and Path(sock).stat().st_mode & 0o777 == 0o600, line
+        assert Path(sock).parent.stat().st_mode & 0o777 == 0o700 and Path(sock).parent.stat().st_uid == os.getuid()
+        assert "-L " in line and f":{sock} " in line, line  # ssh -N -L PORT:SOCKET NODE
+        assert get_through_socket(sock) == (200, b'{"status": "ok", "served": "hello"}')
+        port = int(json.loads((project / "results/srvpriv/up.json").read_text())["services"]["web"]["url"]
+                   .rsplit(":", 1)[1])
+        for address in node_addresses():
+            with socket.socket() as probe:
+                probe.settimeout(1)
+                assert probe.connect_ex((address, port)) != 0, address
+        stranger = subprocess.run(
+            ["runuser", "-u", other_user_name, "--", "/usr/bin/python3", "-c",
+             ("import socket, sys\ns = socket.socket(socket.AF_UNIX)\n"
+              "try:\n    s.connect(sys.argv[1]); print('connected')\nexcept OSError as e: print(type(e).__name__)"),
+             sock], capture_output=True, text=True, timeout=30, check=False)
+        assert stranger.stdout.strip() == "PermissionError", stranger
+        status = subprocess.run([sys.executable, "workflow/scripts/status.py", "--run", "srvpriv"], cwd=project,
+                                capture_output=True, text=True, timeout=60, check=False,
+                                env={**os.environ, "TMPDIR": str(project / "tmp")})
+        assert "allocstack: run srvpriv is UP since" in status.stdout, status
+        output = ctrl_c(run, seen)
+    finally:
+        if run.poll() is None:
+            os.killpg(run.pid, signal.SIGKILL)
+    assert run.returncode == 0, output[-3000:]
+    marker = json.loads((project / "results/srvpriv/result.json").read_text())
+    assert marker["status"] == "success" and marker["endedBy"] == "interrupt"
+
+
+def test_the_status_page_and_status_of_a_private_stack_are_its_owners(project):
+    """The built-in coordinator in the stack's private network: its status page line is the SSH line to its
+    socket, `status.py` asks it from inside the stack's network while it runs, `status.py --url` prints the same
+    way in."""
+    (project / "config/page.yaml").write_text("run: page\nnetwork: {isolation: private}\nsimulate: {task_seconds: 1}\n")
+    run = subprocess.Popen([SNAKEMAKE, "--cores", "4", "--configfile", "config/page.yaml"], cwd=project, text=True,
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
+                           env={**os.environ, "TMPDIR": str(project / "tmp")})
+    try:
+        log = project / "logs/serve_coordinator/page.log"
+        deadline = time.monotonic() + 60
+        while "status page:" not in (log.read_text() if log.exists() else ""):
+            assert time.monotonic() < deadline and run.poll() is None, "no status page line"
+            time.sleep(0.05)
+        page = next(line for line in log.read_text().splitlines() if "status page:" in line)
+        assert re.search(r"ssh (-J \S+ )?-N -L \d+:/\S+/coordinator\.sock ", page), page
+        env = {**os.environ, "TMPDIR": str(project / "tmp")}
+        status = subprocess.run([sys.executable, "workflow/scripts/status.py", "--run", "page"], cwd=project,
+                                capture_output=True, text=True, timeout=60, check=False, env=env)
+        url = subprocess.run([sys.executable, "workflow/scripts/status.py", "--run", "page", "--url"], cwd=project,
+                             capture_output=True, text=True, timeout=60, check=False, env=env)
+        output, _ = run.communicate(timeout=300)
+    finally:
+        if run.poll() is None:
+            os.killpg(run.pid, signal.SIGKILL)
+    assert run.returncode == 0, output[-3000:]
+    assert status.returncode == 0 and ": running" in status.stdout and "leased" in status.stdout, status
+    assert "/coordinator.sock " in url.stdout, url

@@ -4,8 +4,11 @@ The real namespace, its probes and its way out: tests/test_private_network.py.""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
+from allocstack.launch.portsockets import SUN_PATH, socket_path
 from allocstack.launch.stacknet import Held, join_prefix, pasta_argv
 
 from .plans import plan_of, refusal
@@ -18,8 +21,6 @@ ABLE = {"sysctl": {"user.max_user_namespaces": "96553"}.get, "which": {"pasta": 
 @pytest.mark.parametrize("config, facts, words", [
     ("nodes: 3\nworkers: 3", ABLE, ("network.isolation is private with nodes 3: a private network across nodes is not "
                                    "built yet; set nodes: 1, or network.isolation: none")),
-    ("mode: serve\ntasks: null\nexpected: null\nservices: {web: {command: [web]}}", ABLE,
-     "network.isolation is private with mode serve: what the stack serves would be reachable by no one"),
     ("", {**ABLE, "sysctl": {"user.max_user_namespaces": "0"}.get, "hostname": "node07"},
      ("network.isolation is private but node07 does not let users make user namespaces (user.max_user_namespaces "
      "is 0): set network.isolation: none")),
@@ -45,7 +46,7 @@ def test_every_component_but_the_network_itself_is_entered_into_it():
         assert "--network-namespace" in plan.launch(component, run="baseline", **wildcards), component
     holder = plan.launch("network", run="baseline")
     assert "--network-namespace" not in holder and "--image" not in " ".join(holder)
-    assert plan.args("network", run="baseline") == ["--pasta=/usr/bin/pasta"]
+    assert plan.args("network", run="baseline") == ["--pasta=/usr/bin/pasta", "--publish=coordinator"]
     assert plan.stack_network("baseline") == ["results/baseline/stack-network.service"]
 
 
@@ -63,3 +64,12 @@ def test_a_component_joins_the_user_namespace_unless_it_is_root_and_pasta_forwar
     for option in ("--tcp-ports", "--udp-ports", "--tcp-ns", "--udp-ns"):
         assert argv[argv.index(option) + 1] == "none", option  # pasta's default, auto, would publish every port
     assert "--runas" not in argv and pasta_argv("pasta", 41, 0, "p")[4:6] == ["--runas", "0"]
+
+
+def test_a_published_socket_lives_in_scratch_unless_its_path_is_too_long_for_a_socket():
+    short = Path("/scratch/allocstack-1000/run.abc")
+    assert socket_path(short, "web") == short / "ports" / "web.sock"
+    long = Path("/lustre/projects/a-very-long-project-name/users/someone/allocstack-1000/" + "r" * 40)
+    moved = socket_path(long, "web")
+    assert moved.parent.parent == Path("/tmp") and moved.name == "web.sock" and len(str(moved)) <= SUN_PATH
+    assert socket_path(long, "web") == moved != socket_path(long.with_name("other"), "web")  # one a run

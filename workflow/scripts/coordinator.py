@@ -59,6 +59,7 @@ from allocstack.common.cli import echo, run, runtime_facts, silence_stdout
 from allocstack.common.endpoint import (
     TUNNEL_PORT,
     needs_tunnel,
+    published_socket,
     tunnel_command,
     write_endpoint,
     write_service_file,
@@ -66,6 +67,7 @@ from allocstack.common.endpoint import (
 from allocstack.common.errors import EXIT_IO, EXIT_TEMPFAIL, AllocstackError, report
 from allocstack.common.events import append_event
 from allocstack.common.jsonio import atomic_write_chunks, read_json
+from allocstack.common.names import COORDINATOR_PORT
 from allocstack.common.network import NetworkListener, plan_listener
 from allocstack.common.scratch import make_private, private_level
 from allocstack.common.taskset import load_tasks_and_digest, validated_summary
@@ -270,8 +272,8 @@ class Coordinator:
             how = (f"TLS, certificate SHA-256 {self.network.fingerprint}" if self.network.tls else
                    "PLAIN TEXT (config network.tls: false)")
             log(f"coordinator: listening for the other nodes on {network_url} ({how})")
-        if needs_tunnel(os.environ):
-            log(f"coordinator: status page: {tunnel_command(port, os.environ)} ; then open the URL that "
+        if needs_tunnel(os.environ) or published_socket(COORDINATOR_PORT, os.environ):
+            log(f"coordinator: status page: {tunnel_command(port, os.environ, name=COORDINATOR_PORT)} ; then open the URL that "
                 f"`python workflow/scripts/status.py --url` prints (with {TUNNEL_PORT} as the port)")
         else:
             log(f"coordinator: status page: {url}/ui (`python workflow/scripts/status.py --url` prints it with its "

@@ -29,7 +29,13 @@ from pathlib import Path
 from allocstack import SCHEMA_VERSION
 from allocstack.common import names, slurm
 from allocstack.common.cli import ArgumentParser, add_gate_arguments, run
-from allocstack.common.endpoint import needs_tunnel, read_endpoint, service_endpoint_path, tunnel_command
+from allocstack.common.endpoint import (
+    needs_tunnel,
+    published_socket,
+    read_endpoint,
+    service_endpoint_path,
+    tunnel_command,
+)
 from allocstack.common.errors import EXIT_OK, AllocstackError, report
 from allocstack.common.events import append_event
 from allocstack.common.jsonio import atomic_write_json, read_json
@@ -81,8 +87,11 @@ def reach_lines(scratch: Path, services: list[str], environ: dict[str, str]) -> 
         url = read_endpoint(service_endpoint_path(scratch, name)).url
         port = url.rsplit(":", 1)[1]
         entry = {"url": url}
-        if needs_tunnel(environ):
-            entry["tunnel"] = tunnel_command(port, environ, local=port)
+        socket = published_socket(name, environ)  # the stack's private network: the owner-only way in
+        if socket:
+            entry["socket"] = socket
+        if needs_tunnel(environ) or socket:
+            entry["tunnel"] = tunnel_command(port, environ, local=port, name=name)
         found[name] = entry
     return found
 
@@ -140,8 +149,9 @@ def main(argv: list[str] | None = None) -> int:
     say(f"allocstack: run {args.run} is UP after {up_at - started:.1f} s (every gate passed); it serves until "
         f"{'the time limit, ' if in_slurm else ''}{stop}{' or main ends' if args.main_record else ''}")
     for name, entry in reach.items():
-        say(f"allocstack:   {name}: {entry['url']} on the node" + (f"; from your laptop: {entry['tunnel']}"
-                                                                    if "tunnel" in entry else ""))
+        where = (f"{entry['socket']} (only you can use it; {entry['url']} in the stack's own network)"
+                 if "socket" in entry else f"{entry['url']} on the node")
+        say(f"allocstack:   {name}: {where}" + (f"; from your laptop: {entry['tunnel']}" if "tunnel" in entry else ""))
     main_name = None
     while not caught:
         if any(path.exists() for path in args.main_record):

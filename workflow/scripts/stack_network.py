@@ -11,7 +11,9 @@ keeps it up while any of them runs and stops it (SIGTERM) once the last one is d
    way out to servers beyond the stack (a license server, a package index), with no port forwarded in;
 3. publishes the holder in ``SCRATCH/network.json`` (0600): launch.py starts every other component of the
    stack on this node through ``nsenter`` into it;
-4. waits for SIGTERM (the stack is done), SIGINT or SIGHUP, or for the holder or pasta to end by themselves
+4. with ``--publish NAME``, starts port_sockets.py in the namespace: each published port an owner-only Unix socket
+   ``SCRATCH/ports/NAME.sock`` (allocstack/launch/portsockets.py);
+5. waits for SIGTERM (the stack is done), SIGINT or SIGHUP, or for the holder or pasta to end by themselves
    (the stack's network is gone: one [network] line, exit 69), then stops both and removes the record.
 """
 
@@ -84,9 +86,28 @@ def start_pasta(pasta: str, holder: int, scratch: Path) -> subprocess.Popen[byte
     return proc
 
 
+def start_port_sockets(held: stacknet.Held, scratch: Path, published: list[str]) -> subprocess.Popen[str] | None:
+    """port_sockets.py in the namespace: each published port as an owner-only socket in scratch; returned once
+    its sockets exist."""
+    if not published:
+        return None
+    argv = [*stacknet.join_prefix(held), sys.executable, str(Path(__file__).with_name("port_sockets.py")),
+            f"--scratch={scratch}", *(f"--publish={name}" for name in published)]
+    proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, text=True)
+    said = proc.stdout.readline().strip() if proc.stdout else ""
+    if said != "ready":
+        proc.kill()
+        raise AllocstackError("network", f"the stack's published ports could not be made sockets in {scratch} "
+                                         f"(port_sockets.py exited {proc.wait()})")
+    return proc
+
+
 def parse_args(argv: list[str] | None):
     parser = ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--pasta", default="pasta", help="pasta's path (Debian package passt)")
+    parser.add_argument("--publish", action="append", default=[], metavar="NAME",
+                        help="a port published to its owner as SCRATCH/ports/NAME.sock (coordinator: the status page; "
+                             "else a service of yours; repeatable)")
     return parser.parse_args(argv)
 
 
@@ -99,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
         signal.signal(signum, lambda signum, _frame: ending.append(signum))
     started = time.monotonic()
     holder, said = fork_holder()
-    pasta = None
+    pasta = sockets = None
     try:
         answer = holder_said(said)
         if answer != "ok":
@@ -108,10 +129,13 @@ def main(argv: list[str] | None = None) -> int:
                                              "set network.isolation: none")
         pasta = start_pasta(args.pasta, holder, scratch)
         held = stacknet.Held(holder, stacknet.started_at(holder) or 0, user=os.getuid() != 0)
+        sockets = start_port_sockets(held, scratch, args.publish)
         stacknet.publish(scratch, held)
         print(f"stack_network: the stack's private network is up after {time.monotonic() - started:.3f} s "
               f"(holder {holder}, pasta {pasta.pid})", flush=True)
         while not ending:
+            if sockets is not None and sockets.poll() is not None:
+                raise AllocstackError("network", f"the stack's published ports' sockets ended (exit {sockets.returncode})")
             if pasta.poll() is not None or os.waitpid(holder, os.WNOHANG) != (0, 0):
                 raise AllocstackError("network", "the stack's private network ended before the stack did "
                                                  f"({'pasta' if pasta.poll() is not None else 'its holder'} exited)")
@@ -122,6 +146,12 @@ def main(argv: list[str] | None = None) -> int:
         return report(error)
     finally:
         stacknet.record_path(scratch).unlink(missing_ok=True)
+        if sockets is not None and sockets.poll() is None:
+            sockets.terminate()
+            try:
+                sockets.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                sockets.kill()
         for proc_pid in ([pasta.pid] if pasta is not None and pasta.poll() is None else []) + [holder]:
             try:
                 os.kill(proc_pid, signal.SIGKILL)

@@ -109,6 +109,24 @@ def user_scratch(scratch_root: str) -> Path | None:
         return None
 
 
+def stack_network_of(endpoint: Path):
+    """The stack's private network (config network.isolation: private) of the run whose endpoint is ``endpoint``,
+    if it has one and it is up (allocstack/launch/stacknet.py), else None."""
+    from allocstack.launch import stacknet
+
+    return stacknet.read_held(endpoint.parent)
+
+
+def enter_stack_network(held) -> None:
+    """Run this same command again inside the stack's network (``nsenter`` execs it: the run's owner may enter it,
+    no one else can)."""
+    from allocstack.launch import stacknet
+
+    os.environ[names.NETWORK_ENV] = "private"
+    argv = [*stacknet.join_prefix(held), sys.executable, *sys.argv]
+    os.execvp(argv[0], argv)  # noqa: S606 - nsenter, then this same command: no shell
+
+
 def live_endpoint(scratch: Path, run: str) -> Path | None:
     """The endpoint file of ``run`` of this checkout in ``scratch`` (``<root>/allocstack-<uid>``): the one of this
     Slurm job (``srun --jobid JOB``), else the run's only one that is there."""
@@ -212,6 +230,7 @@ def main(argv: list[str] | None = None) -> int:
             if run is None:
                 raise AllocstackError("prerequisite", f"no endpoint file at {path}: is the stack running on this node?")
             return show_finished(args, run)
+        private = stack_network_of(path)
         if args.url:
             from allocstack.common.endpoint import (
                 TUNNEL_PORT,
@@ -227,10 +246,14 @@ def main(argv: list[str] | None = None) -> int:
             if endpoint.fingerprint:  # the endpoint for the other nodes (more than one node)
                 print(f"TLS with the run's own certificate, SHA-256 {endpoint.fingerprint}; from your laptop, "
                       "run this command on the first node for an SSH tunnel to its loopback page")
-            elif needs_tunnel(os.environ):  # in an allocation: the page is on a compute node's loopback
-                print(f"from your laptop: {tunnel_command(port, os.environ)}"
+            elif needs_tunnel(os.environ) or private:  # a compute node's loopback, or the stack's own network's
+                environ = {**os.environ, **({names.NETWORK_ENV: "private", "ALLOCSTACK_SCRATCH": str(path.parent)}
+                                            if private else {})}
+                print(f"from your laptop: {tunnel_command(port, environ, name='coordinator')}"
                       f"  then open http://127.0.0.1:{TUNNEL_PORT}/ui?token={view}")
             return EXIT_OK
+        if private and os.environ.get(names.NETWORK_ENV) != "private":
+            enter_stack_network(private)  # the coordinator's loopback is the stack's: ask from in there
         url, status = live_status(path)
     except AllocstackError as error:
         return report(error)

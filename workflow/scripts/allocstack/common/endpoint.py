@@ -158,8 +158,21 @@ def needs_tunnel(environ: Mapping[str, str]) -> bool:
     return bool(environ.get("SLURM_JOB_ID"))
 
 
-def tunnel_command(port: int | str, environ: Mapping[str, str], local: int | str = TUNNEL_PORT) -> str:
-    """The ``ssh -L`` command that reaches ``127.0.0.1:port`` on this node from a laptop (its port ``local``).
+def published_socket(name: str, environ: Mapping[str, str]) -> str | None:
+    """In the stack's private network (config network.isolation: private): the owner-only socket that publishes
+    ``name``'s port (allocstack/launch/portsockets.py), else None (its loopback port is reached as it is)."""
+    scratch = environ.get("ALLOCSTACK_SCRATCH")
+    if environ.get(names.NETWORK_ENV) != "private" or not scratch:
+        return None
+    from ..launch.portsockets import socket_path
+
+    return str(socket_path(Path(scratch), name))
+
+
+def tunnel_command(port: int | str, environ: Mapping[str, str], local: int | str = TUNNEL_PORT,
+                   name: str | None = None) -> str:
+    """The ``ssh -L`` command that reaches ``127.0.0.1:port`` on this node from a laptop (its port ``local``); in
+    the stack's private network, ``name``'s owner-only socket instead (OpenSSH forwards a port to a socket).
 
     Through the submit (login) host as a jump host when Slurm names it.
     """
@@ -167,7 +180,8 @@ def tunnel_command(port: int | str, environ: Mapping[str, str], local: int | str
     login = environ.get("SLURM_SUBMIT_HOST")
     user = environ.get("USER") or login_name()
     hop = f"-J {user}@{login} " if login else ""
-    return f"ssh {hop}-N -L {local}:127.0.0.1:{port} {user}@{node}"
+    remote = (published_socket(name, environ) if name else None) or f"127.0.0.1:{port}"
+    return f"ssh {hop}-N -L {local}:{remote} {user}@{node}"
 
 
 def read_view_token(path: str | os.PathLike) -> str:

@@ -21,6 +21,10 @@ NETWORK = "network.json"
 #: Set to ``private`` in every component launch.py started in the stack's private network: what its programs listen
 #: on is the stack's alone (allocstack/common/listening.py).
 NETWORK_ENV = "ALLOCSTACK_NETWORK"
+#: In scratch, in the stack's private network: each published port as an owner-only socket PORTS/NAME.sock
+#: (allocstack/launch/portsockets.py); the built-in coordinator's status page is PORTS/coordinator.sock.
+PORTS = "ports"
+COORDINATOR_PORT = "coordinator"
 #: In scratch: the coordinator's event log (one JSON object per line), merged into results/<run>/ by collect.
 EVENTS = "events.jsonl"
 #: In scratch: each service of yours publishes ``SERVICES/<name>.json`` and its supervisor records its end there.

@@ -16,6 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from ..common import names
 from ..launch import stacknet
 from ..launch.restart import RestartPolicy
 from . import connections, decisions, placement, programs, timeouts
@@ -479,8 +480,11 @@ def check(plan: Plan, run: str) -> list[str]:
 
 def stack_network(plan: Plan, run: str) -> list[str]:
     """stack_network.py: the stack's private network on its node (config ``network.isolation: private``), pasta
-    where the plan found it."""
-    return options(("--pasta", plan.facts.which("pasta") or "pasta"))
+    where the plan found it, and the ports it publishes to their owner as sockets: the built-in coordinator's status
+    page and each of your services (not an init job: it ends before the others start)."""
+    published = ([names.COORDINATOR_PORT] if plan.builtin_coordinator else []) + [
+        name for name in plan.services if name not in plan.init_jobs]
+    return options(("--pasta", plan.facts.which("pasta") or "pasta"), *each("--publish", published))
 
 
 def serve(plan: Plan, run: str) -> list[str]:

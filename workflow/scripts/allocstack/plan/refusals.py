@@ -369,18 +369,13 @@ def refuse_missing_runtime(config: Mapping[str, Any], use_image: bool, facts: Fa
 
 
 def refuse_private_network(config: Mapping[str, Any], facts: Facts) -> None:
-    """``network.isolation: private`` where this version and this node can make it: one node, no serve mode (what
-    it serves would be reachable by no one: owner-only sockets are not built yet), unprivileged user namespaces
-    (root needs none) and ``pasta`` on PATH (read here, on the node that plans the run)."""
+    """``network.isolation: private`` where this version and this node can make it: one node, unprivileged user
+    namespaces (root needs none) and ``pasta`` on PATH (read here, on the node that plans the run)."""
     if config["network"]["isolation"] != "private":
         return
     if config["nodes"] > 1:
         raise PlanError("config", f"network.isolation is private with nodes {config['nodes']}: a private network "
                                   "across nodes is not built yet; set nodes: 1, or network.isolation: none")
-    if config["mode"] == "serve":
-        raise PlanError("config", "network.isolation is private with mode serve: what the stack serves would be "
-                                  "reachable by no one (published ports as owner-only sockets are not built yet); "
-                                  "set network.isolation: none")
     if facts.user != "root":
         possible, why = namespaces.user_namespaces(facts.sysctl)
         if not possible:

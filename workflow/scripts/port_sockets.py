@@ -1,0 +1,48 @@
+#!/usr/bin/env python3
+"""The published ports of a stack in its private network as owner-only Unix sockets (allocstack/launch/portsockets.py).
+
+Started by stack_network.py inside the namespace it holds: ``port_sockets.py --scratch SCRATCH --publish NAME...``
+makes ``SCRATCH/ports/NAME.sock`` for each NAME (``coordinator``: the built-in coordinator's status page; else a
+service of yours), prints ``ready`` once they all exist, and carries each connection to NAME's loopback port until
+SIGTERM.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import sys
+from pathlib import Path
+
+from allocstack.common.cli import ArgumentParser, run
+from allocstack.common.errors import EXIT_OK
+from allocstack.launch import portsockets
+
+
+def parse_args(argv: list[str] | None):
+    parser = ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--scratch", type=Path, required=True, help="the run's job-scoped scratch on this node")
+    parser.add_argument("--publish", action="append", default=[], metavar="NAME", help="a published port (repeatable)")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+
+    async def until_stopped() -> None:
+        task = asyncio.ensure_future(portsockets.serve(args.scratch, args.publish,
+                                                       lambda: print("ready", flush=True)))
+        loop = asyncio.get_running_loop()
+        for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            loop.add_signal_handler(signum, task.cancel)
+        try:
+            await task
+        except asyncio.CancelledError:
+            pass
+
+    asyncio.run(until_stopped())
+    return EXIT_OK
+
+
+if __name__ == "__main__":
+    sys.exit(run(main))
