@@ -106,19 +106,21 @@ verify:
   command: [python3, {check}, {outputs}, "{token}"]
 """
 
-#: Tries ``PORT`` on each address given, every 50 ms, until the file ``stop`` exists (at most 300 s); prints one
-#: JSON line per try: the time, the address, whether it connected.
+#: Tries ``PORT`` on each address given, every 50 ms, until the file ``stop`` exists (at most 600 s); then prints
+#: one JSON line per try: the time, the address, whether it connected (kept until then: a pipe nobody reads while
+#: the run goes would fill and stop the probing).
 PROBE = """\
 import json, os, socket, sys, time
 stop, port, addresses = sys.argv[1], int(sys.argv[2]), sys.argv[3:]
-deadline = time.time() + 300
+deadline, tries = time.time() + 600, []
 while not os.path.exists(stop) and time.time() < deadline:
     for address in addresses:
         with socket.socket() as probe:
             probe.settimeout(0.2)
             connected = probe.connect_ex((address, port)) == 0
-        print(json.dumps({"t": time.time(), "address": address, "connected": connected}), flush=True)
+        tries.append({"t": time.time(), "address": address, "connected": connected})
     time.sleep(0.05)
+print("\\n".join(json.dumps(one) for one in tries), flush=True)
 """
 
 

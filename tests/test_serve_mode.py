@@ -127,7 +127,8 @@ def test_a_worker_service_that_nothing_depends_on_runs_without_a_gate_and_the_st
     finally:
         if run.poll() is None:
             os.killpg(run.pid, signal.SIGKILL)
-    assert run.returncode == 0, output[-3000:]
+    # (CI of b53c0f1 under load, once: INTERRUPTED, no marker, serve.py's success line missing: its log says why)
+    assert run.returncode == 0, output[-3000:] + (project / "logs/serve_stack/srvdaemon.log").read_text()[-2000:]
     assert list(up["services"]) == ["web"]  # no address for what listens on nothing
     assert (project / "logs/await_service/srvdaemon/web.log").exists()
     assert not (project / "logs/await_service/srvdaemon/worker-service.log").exists()  # no gate ran for it
