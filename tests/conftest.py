@@ -57,23 +57,12 @@ def together_with_the_multinode_tests(nodeid: str) -> bool:
 
 
 def pytest_collection_modifyitems(config, items):
-    """A test marked multinode whose id does not say so would run beside the others: refused. The longest tests
-    first (:func:`real_parts_started`)."""
+    """A test marked multinode whose id does not say so would run beside the others: refused."""
     strays = [item.nodeid for item in items
               if item.get_closest_marker("multinode") and not together_with_the_multinode_tests(item.nodeid)]
     if strays:
         raise pytest.UsageError(f"marked multinode but 'multinode' is not in its file or name: {strays[0]}")
-    items.sort(key=lambda item: (not together_with_the_multinode_tests(item.nodeid), -real_parts_started(item)))
-
-
-REAL_PARTS = ("slurm", "apptainer", "charliecloud")
-
-
-def real_parts_started(item: pytest.Item) -> int:
-    """How many real parts a test starts (Slurm jobs, images): the more, the longer it takes (a public stack in
-    its images under the Slurm profile takes minutes, a unit test milliseconds). The suite hands out the longest
-    first (the multi-node scope, then these), so that no long test starts last and runs alone at the end."""
-    return sum(1 for name in REAL_PARTS if item.get_closest_marker(name))
+    items.sort(key=lambda item: not together_with_the_multinode_tests(item.nodeid))  # the longest scope first
 
 
 @pytest.hookimpl(optionalhook=True)
