@@ -24,10 +24,10 @@ from collections.abc import Callable
 from pathlib import Path
 
 from ..common import names
+from .tunnel import relay
 
 PORTS_DIR = names.PORTS
 COORDINATOR = names.COORDINATOR_PORT
-CHUNK = 65536
 
 
 #: A socket's path must fit ``sun_path`` (108 bytes with its NUL): the kernel refuses a longer one, to bind and to
@@ -80,33 +80,14 @@ def target(scratch: Path, name: str) -> tuple[str, int] | None:
     return host.strip("[]"), int(port)
 
 
-async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-    try:
-        while data := await reader.read(CHUNK):
-            writer.write(data)
-            await writer.drain()
-        if writer.can_write_eof():
-            writer.write_eof()
-    except (ConnectionError, OSError):
-        pass
-
-
-async def _carry(where: Callable[[], tuple[str, int] | None], client_reader: asyncio.StreamReader,
-                 client_writer: asyncio.StreamWriter) -> None:
+async def _carry(where: Callable[[], tuple[str, int] | None], reader: asyncio.StreamReader,
+                 writer: asyncio.StreamWriter) -> None:
+    """One connection to a socket, carried to where its service listens now (closed if it has not published)."""
     found = where()
-    try:
-        if found is None:
-            return
-        try:
-            reader, writer = await asyncio.open_connection(*found)
-        except OSError:
-            return
-        try:
-            await asyncio.gather(_pipe(client_reader, writer), _pipe(reader, client_writer))
-        finally:
-            writer.close()
-    finally:
-        client_writer.close()
+    if found is None:
+        writer.close()
+        return
+    await relay(reader, writer, asyncio.ensure_future(asyncio.open_connection(*found)))
 
 
 async def serve(scratch: Path, published: list[str], ready: Callable[[], None] = lambda: None) -> None:

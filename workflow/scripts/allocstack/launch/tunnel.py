@@ -42,9 +42,10 @@ async def _pump(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> N
         writer.close()
 
 
-async def _relay(reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+async def relay(reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
                  connect: asyncio.Future | asyncio.Task) -> None:
-    """Relay one accepted connection to the connection ``connect`` opens; close both at the end."""
+    """Relay one accepted connection to the connection ``connect`` opens; close both at the end (also the
+    published ports' sockets of a private network: allocstack/launch/portsockets.py)."""
     try:
         upstream_reader, upstream_writer = await connect
     except (ConnectionError, OSError, ssl.SSLError):
@@ -87,7 +88,7 @@ def relay_to_loopback(address: str, context: ssl.SSLContext | None, target_port:
     every connection to ``127.0.0.1:target_port``. Returns the port it listens on."""
 
     async def accept(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        await _relay(reader, writer, asyncio.ensure_future(asyncio.open_connection("127.0.0.1", target_port)))
+        await relay(reader, writer, asyncio.ensure_future(asyncio.open_connection("127.0.0.1", target_port)))
 
     async def listen() -> asyncio.Server:
         return await asyncio.start_server(accept, address, 0, ssl=context,
@@ -117,7 +118,7 @@ class LocalForward:
 
         async def accept(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
             connect = pinned_connection(host, remote_port, fingerprint, context)
-            await _relay(reader, writer, asyncio.ensure_future(connect))
+            await relay(reader, writer, asyncio.ensure_future(connect))
 
         async def listen() -> asyncio.Server:
             return await asyncio.start_server(accept, "127.0.0.1", 0)
