@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import json
 import shutil
-import socket
 import sys
 import textwrap
 
 import yaml
+from test_compose_stacks import free_port  # outside the ephemeral range (CI of fa8d86d: a port taken meanwhile)
 
 from conftest import ROOT, run_script
 from workflow_helpers import long_running_head, snakemake
@@ -130,12 +130,6 @@ def test_an_init_job_that_outlives_its_readiness_timeout_is_stopped_and_named(pr
     assert (f"[init-exit]: init job seed ({sys.executable} -c) killed by SIGTERM (still running after its "
             "readiness.timeout, 1 s: stopped by allocstack)") in output, output[-3000:]
     assert not list((project / "results/initlate").glob("workers/*.json"))  # no worker ran
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def import_migrate_stack(project, fail: str) -> str:

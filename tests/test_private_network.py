@@ -29,6 +29,7 @@ from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
+from test_compose_stacks import free_port
 from test_serve_mode import PYTHON, WEB, ctrl_c, serve_config, start, wait_for_up
 from test_slurm import TEST_RESOURCES
 
@@ -39,7 +40,8 @@ from workflow_helpers import SNAKEMAKE, project_for_another_user, snakemake, sna
 SLURM_SH = Path(__file__).resolve().parent / "cluster" / "slurm.sh"
 
 #: The queue's port: fixed, so that the probes know it before it listens (in the private network no other
-#: program of the node can take it from the stack, nor the stack from them).
+#: program of the node can take it from the stack, nor the stack from them). The control on the node's own network
+#: takes a free one instead (CI of fa8d86d: its queue on this port was what another test's probes reached).
 PORT = 17431
 
 SERVICE = """\
@@ -147,7 +149,7 @@ class Outside:
         shutil.rmtree(self.directory, ignore_errors=True)
 
 
-def write_stack(project: Path, run: str, isolation: str, outside: Outside, token: str) -> Path:
+def write_stack(project: Path, run: str, isolation: str, outside: Outside, token: str, port: int = PORT) -> Path:
     programs = project / "programs"
     programs.mkdir(exist_ok=True)
     for name, text in (("service.py", SERVICE), ("worker.py", WORKER), ("check.py", CHECK)):
@@ -155,17 +157,18 @@ def write_stack(project: Path, run: str, isolation: str, outside: Outside, token
     outputs = project / "outputs" / run
     outputs.mkdir(parents=True)
     url_file = project / "inputs" / "queue-url.txt"  # a service address in a file, by its name, as written
-    url_file.write_text(f"http://queue:{PORT}/\n")
+    url_file.write_text(f"http://queue:{port}/\n")
     config = project / "config" / f"{run}.yaml"
     config.write_text(CONFIG.format(run=run, isolation=isolation, service=programs / "service.py",
-                                    outside=outside.port, port=PORT, worker=programs / "worker.py",
+                                    outside=outside.port, port=port, worker=programs / "worker.py",
                                     url_file=url_file, outputs=outputs, check=programs / "check.py", token=token))
     return config
 
 
-def start_probe(stop: Path, addresses: list[str], as_user: str | None = None, node: str | None = None):
+def start_probe(stop: Path, addresses: list[str], as_user: str | None = None, node: str | None = None,
+                port: int = PORT):
     argv = [sys.executable if as_user is None and node is None else "/usr/bin/python3", "-c", PROBE, str(stop),
-            str(PORT), *addresses]
+            str(port), *addresses]
     if as_user is not None:
         argv = ["runuser", "-u", as_user, "--", *argv]
     if node is not None:
@@ -189,13 +192,13 @@ def while_up(tries: list[dict], outputs: Path) -> list[dict]:
 
 
 def run_probed(project: Path, config: Path, run: str, args: tuple[str, ...], probers: dict, env=None, timeout=600,
-               runner=None):
+               runner=None, port: int = PORT):
     """Run the stack while each prober of ``probers`` (name -> (addresses, user, node)) tries the queue's port;
     return the run and each prober's tries while the queue was up."""
     where = Path(tempfile.mkdtemp(prefix="allocstack-probes-", dir="/tmp"))
     os.chmod(where, 0o755)  # noqa: S103  (a probe of another user, or on another node, looks for the stop file)
     stop = where / "stop"
-    probes = {name: start_probe(stop, addresses, user, node) for name, (addresses, user, node) in probers.items()}
+    probes = {name: start_probe(stop, addresses, user, node, port) for name, (addresses, user, node) in probers.items()}
     try:
         done = (runner or snakemake)(project, *args, "--configfile", str(config), env=env, timeout=timeout)
     finally:
@@ -259,8 +262,11 @@ def test_a_service_on_every_address_is_reached_by_the_stack_alone_and_by_no_one_
     assert "listens on 0.0.0.0" not in output or "in the stack's private network" in output
     assert "warning: service queue listens on" not in output, output[-3000:]
 
-    control = write_stack(project, "shared", "none", server, token)
-    done, tries = run_probed(project, control, "shared", ("--cores", "4"), probers)
+    # On the node's own network the queue's port is the node's: one no other test uses (not PORT, which the
+    # private stacks of the tests beside this one use, each in its own network)
+    port = free_port()
+    control = write_stack(project, "shared", "none", server, token, port)
+    done, tries = run_probed(project, control, "shared", ("--cores", "4"), probers, port=port)
     output = assert_verified(done, project, "shared")
     for name, found in tries.items():
         assert [one for one in found if one["connected"]], name  # on the node's own network: everyone gets in

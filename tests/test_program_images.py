@@ -13,12 +13,12 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from test_compose_stacks import free_port
 
 from conftest import PYTHON, SCRIPTS
 from real_parts import unavailable
@@ -126,12 +126,6 @@ def test_an_image_without_python_runs_its_own_command_and_a_secret_comes_from_th
     assert unset.returncode == 78
     said = "allocstack: error [config]: worker: environment P: ${env:NOT_SET_ANYWHERE} is not set in the environment"
     assert said in unset.stderr
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def test_a_service_in_its_image_behind_a_command_gate_in_the_same_image(tmp_path, runtime):
