@@ -38,7 +38,10 @@ BODY = st.one_of(
 
 
 def test_fuzzed_api_never_5xx_and_state_stays_consistent(start_coordinator, tmp_path):
-    coordinator = start_coordinator(make_tasks(3), "--lease-seconds", "1")
+    # Fuzzed /fail requests count against a task the fuzz itself holds when its lease (1 s) has not expired yet,
+    # which depends on the machine's speed: with 3 attempts a loaded run once ended with a failed task (CI of 753db33,
+    # the coordinator's exit 75); what is tested is that no request corrupts the board, not the attempts.
+    coordinator = start_coordinator(make_tasks(3), "--lease-seconds", "1", "--max-attempts", "100000")
     session = requests.Session()
     session.headers["Authorization"] = f"Bearer {coordinator.token}"
     statuses: dict[int, int] = {}
