@@ -25,7 +25,7 @@ run: $(STAMP)
 test: $(STAMP) lint
 	bash tests/cluster/prepare.sh
 	. tests/cluster/env.sh && $(VENV)/bin/pytest -c tests/pytest.ini -n $(TEST_PROCESSES) --dist load \
-		-m "not serial" --durations=25 tests
+		-m "not serial" --durations=40 tests
 	. tests/cluster/env.sh && $(VENV)/bin/pytest -c tests/pytest.ini -m serial tests; code=$$?; \
 		[ $$code -eq 0 ] || [ $$code -eq 5 ]
 

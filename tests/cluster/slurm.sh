@@ -748,7 +748,14 @@ reconfigure_if_changed() {
     local before=$1
     if ((!RESTARTED)) && [[ $before != "$(conf_digest)" ]]; then
         info "configuration changed: scontrol reconfigure"
-        scontrol reconfigure
+        if ! scontrol reconfigure; then
+            # A node's CPUs or memory changed: Slurm 22.05 refuses a reconfigure and asks
+            # for its daemons to be restarted (running jobs survive both restarts).
+            restart_slurmctld
+            info "restarting slurmd for the new node configuration"
+            stop_daemon slurmd
+            start_slurmd
+        fi
     fi
 }
 
