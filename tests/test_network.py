@@ -17,6 +17,7 @@ import ssl
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 import requests
@@ -30,7 +31,7 @@ from allocstack.common.events import gate_precedes_workers
 from allocstack.common.network import bind_address, interface_address, node_for
 from allocstack.common.tls import certificate_command, fingerprint, tls_context
 from allocstack.coordinator.progress import per_node
-from allocstack.launch.tunnel import LocalForward
+from allocstack.launch.tunnel import LocalForward, relay_key, remote_services_environment
 from allocstack.worker.client import CoordinatorClient
 from allocstack.worker.httpclient import CertificateRefused
 from allocstack.worker.sessions import PinnedAdapter, loopback_session
@@ -301,46 +302,93 @@ def test_more_nodes_than_the_partition_has_are_refused_before_submission():
 
 
 # -- your own service, relayed to the other nodes -------------------------------------------
-def test_your_service_reaches_other_nodes_through_a_pinned_tls_tunnel(tmp_path):
-    """app_service.py relays the service to the network address over TLS (here 127.0.0.1);
-    a worker off the first node gets a plain loopback endpoint that tunnels there."""
+def stranger_reply(host: str, port: int) -> bytes:
+    """What a stranger on the network reads from a service's relay: a TLS connection that accepts any certificate
+    and sends an HTTP request longer than a key, as a client of the service would."""
+    context = ssl.create_default_context()
+    context.check_hostname, context.verify_mode = False, ssl.CERT_NONE
+    with socket.create_connection((host, port), timeout=10) as raw, context.wrap_socket(raw) as tls:
+        tls.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\nX-Pad: " + b"a" * 120 + b"\r\n\r\n")
+        try:
+            return tls.recv(1024)
+        except (ConnectionError, ssl.SSLError):
+            return b""
+
+
+def relayed_service(tmp_path, *flags: str) -> tuple[subprocess.Popen, Path]:
+    """app_service.py with the test service, relayed for the other nodes on 127.0.0.1; once it published that."""
     service = tmp_path / "service.py"
     service.write_text(SERVICE)
     shared = tmp_path / "state" / "app.json"
     proc = subprocess.Popen([sys.executable, str(SCRIPTS / "app_service.py"), "--command-json",
                              json.dumps([sys.executable, str(service)]), "--scratch", str(tmp_path / "scratch"),
-                             "--network-endpoint-file", str(shared), "--address", "127.0.0.1"],
+                             "--network-endpoint-file", str(shared), "--address", "127.0.0.1", *flags],
                             stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 20
+    while not shared.exists():
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            raise AssertionError(proc.stderr.read())
+        time.sleep(0.05)
+    return proc, shared
+
+
+def answer_through(url: str, token: str) -> requests.Response:
+    deadline = time.monotonic() + 20  # the service starts slowly on purpose
+    while True:
+        try:
+            return requests.get(f"{url}/word/tunnel", headers={"Authorization": f"Bearer {token}"}, timeout=5)
+        except requests.ConnectionError:
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+
+
+def test_your_service_reaches_other_nodes_through_a_pinned_tls_tunnel(tmp_path):
+    """app_service.py relays the service to the network address over TLS (here 127.0.0.1);
+    a worker off the first node gets a plain loopback endpoint that tunnels there."""
+    proc, shared = relayed_service(tmp_path)
     try:
-        deadline = time.monotonic() + 20
-        while not shared.exists():
-            assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read()
-            time.sleep(0.05)
         endpoint = read_endpoint(shared)
         assert endpoint.url.startswith("https://127.0.0.1:") and endpoint.fingerprint
         assert endpoint.token == read_endpoint(tmp_path / "scratch" / "services" / "app.json").token
         host, port = endpoint.url.removeprefix("https://").rsplit(":", 1)
-        forward = LocalForward(host, int(port), endpoint.fingerprint)
-        headers = {"Authorization": f"Bearer {endpoint.token}"}
-        deadline = time.monotonic() + 20  # the service starts slowly on purpose
-        while True:
-            try:
-                answer = requests.get(f"{forward.url}/word/tunnel", headers=headers, timeout=5)
-                break
-            except requests.ConnectionError:
-                assert time.monotonic() < deadline
-                time.sleep(0.1)
-        assert answer.json() == {"value": "TUNNEL"}
+        forward = LocalForward(host, int(port), endpoint.fingerprint, relay_key(endpoint.token))
+        assert answer_through(forward.url, endpoint.token).json() == {"value": "TUNNEL"}
         assert requests.get(f"{forward.url}/word/x", timeout=5).status_code == 401  # the service's own token
-        forged = LocalForward(host, int(port), "ab" * 32)  # not this run's certificate: nothing gets through
+        forged = LocalForward(host, int(port), "ab" * 32, relay_key(endpoint.token))  # not this run's certificate
         with pytest.raises(requests.ConnectionError):
             requests.get(f"{forged.url}/health", timeout=5)
+        # A stranger who trusts any certificate gets nothing without the key: not the right one, not none at all
+        for stranger in (LocalForward(host, int(port), endpoint.fingerprint, relay_key("not-the-token")),
+                         LocalForward(host, int(port), endpoint.fingerprint)):
+            with pytest.raises(requests.ConnectionError):
+                requests.get(f"{stranger.url}/health", timeout=5)
+        assert stranger_reply(host, int(port)) == b""  # closed before a byte reached the service
         with pytest.raises(requests.ConnectionError):  # the relay speaks TLS only
             requests.get(f"http://127.0.0.1:{port}/health", timeout=5)
     finally:
         proc.terminate()
         proc.wait(timeout=15)
     assert not shared.exists()  # unpublished when the service ends
+
+
+def test_with_tls_turned_off_the_relay_still_takes_only_this_runs_key(tmp_path):
+    """network.tls: false (a center's choice): the relay speaks plain TCP, the worker's variables name a plain
+    tunnel that opens with the key, and a stranger's request is closed unanswered."""
+    proc, shared = relayed_service(tmp_path, "--no-tls")
+    try:
+        endpoint = read_endpoint(shared)
+        assert endpoint.url.startswith("http://127.0.0.1:") and endpoint.fingerprint is None
+        env = remote_services_environment(shared.parent, ["app"])
+        local = env["ALLOCSTACK_APP_ENDPOINT"]
+        assert local.startswith("http://127.0.0.1:") and local != endpoint.url
+        assert answer_through(local, endpoint.token).json() == {"value": "TUNNEL"}
+        with socket.create_connection(("127.0.0.1", int(endpoint.url.rsplit(":", 1)[1])), timeout=10) as stranger:
+            stranger.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\nX-Pad: " + b"a" * 120 + b"\r\n\r\n")
+            assert stranger.recv(1024) == b""
+    finally:
+        proc.terminate()
+        proc.wait(timeout=15)
 
 
 def test_a_long_running_worker_off_the_first_node_reaches_your_service_through_the_tunnel(tmp_path):

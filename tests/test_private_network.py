@@ -18,7 +18,6 @@ import json
 import os
 import re
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -30,12 +29,23 @@ from pathlib import Path
 
 import pytest
 from test_compose_stacks import free_port
-from test_serve_mode import PYTHON, WEB, ctrl_c, serve_config, start, wait_for_up
+from test_multinode import cluster_args
+from test_own_service import SERVICE as OWN_SERVICE
+from test_serve_mode import PYTHON, WEB, ctrl_c, serve_config, start, status_of, wait_for_up
 from test_slurm import TEST_RESOURCES
+from test_stack_names import BY_ALIAS
 
-from conftest import OTHER_USER, local_user, pids_mentioning
+from conftest import OTHER_USER, local_user, make_tasks, pids_mentioning, write_tasks_and_expected
 from real_parts import require_apptainer, require_charliecloud_squashfs, require_multinode, require_slurm, unavailable
-from workflow_helpers import SNAKEMAKE, project_for_another_user, snakemake, snakemake_as, user_environment
+from workflow_helpers import (
+    SNAKEMAKE,
+    copy_project,
+    killed_at_the_end,
+    project_for_another_user,
+    snakemake,
+    snakemake_as,
+    user_environment,
+)
 
 SLURM_SH = Path(__file__).resolve().parent / "cluster" / "slurm.sh"
 
@@ -357,12 +367,9 @@ web:
   command: [{PYTHON}, -c, {json.dumps(EVERY_ADDRESS_WEB)}]
   readiness: {{mode: http, path: /health, expect: {{status: ok}}}}
 """, "network: {isolation: private}")
-    run = start(project, config)
     seen: list[str] = []
-    try:
-        wait_for_up(run, seen)
-        line = next(line for line in run.stdout if "allocstack:   web: " in line)
-        seen.append(line)
+    with killed_at_the_end(start(project, config)) as run:
+        line = wait_for_up(run, seen, then="allocstack:   web: ")
         sock = re.search(r"web: (\S+\.sock) \(only you can use it", line).group(1)
         # SCRATCH/ports/web.sock, or (this test's scratch path is too long for a socket) a 0700 directory in /tmp
         assert Path(sock).name == "web.sock" and Path(sock).stat().st_mode & 0o777 == 0o600, line
@@ -381,14 +388,9 @@ web:
               "try:\n    s.connect(sys.argv[1]); print('connected')\nexcept OSError as e: print(type(e).__name__)"),
              sock], capture_output=True, text=True, timeout=30, check=False)
         assert stranger.stdout.strip() == "PermissionError", stranger
-        status = subprocess.run([sys.executable, "workflow/scripts/status.py", "--run", "srvpriv"], cwd=project,
-                                capture_output=True, text=True, timeout=60, check=False,
-                                env={**os.environ, "TMPDIR": str(project / "tmp")})
+        status = status_of(project, "srvpriv")
         assert "allocstack: run srvpriv is UP since" in status.stdout, status
         output = ctrl_c(run, seen)
-    finally:
-        if run.poll() is None:
-            os.killpg(run.pid, signal.SIGKILL)
     assert run.returncode == 0, output[-3000:]
     marker = json.loads((project / "results/srvpriv/result.json").read_text())
     assert marker["status"] == "success" and marker["endedBy"] == "interrupt"
@@ -399,10 +401,9 @@ def test_the_status_page_and_status_of_a_private_stack_are_its_owners(project):
     socket, `status.py` asks it from inside the stack's network while it runs, `status.py --url` prints the same
     way in."""
     (project / "config/page.yaml").write_text("run: page\nnetwork: {isolation: private}\nsimulate: {task_seconds: 1}\n")
-    run = subprocess.Popen([SNAKEMAKE, "--cores", "4", "--configfile", "config/page.yaml"], cwd=project, text=True,
+    with killed_at_the_end(subprocess.Popen([SNAKEMAKE, "--cores", "4", "--configfile", "config/page.yaml"], cwd=project, text=True,
                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
-                           env={**os.environ, "TMPDIR": str(project / "tmp")})
-    try:
+                           env={**os.environ, "TMPDIR": str(project / "tmp")})) as run:
         log = project / "logs/serve_coordinator/page.log"
         deadline = time.monotonic() + 60
         while "status page:" not in (log.read_text() if log.exists() else ""):
@@ -410,15 +411,106 @@ def test_the_status_page_and_status_of_a_private_stack_are_its_owners(project):
             time.sleep(0.05)
         page = next(line for line in log.read_text().splitlines() if "status page:" in line)
         assert re.search(r"ssh (-J \S+ )?-N -L \d+:/\S+/coordinator\.sock ", page), page
-        env = {**os.environ, "TMPDIR": str(project / "tmp")}
-        status = subprocess.run([sys.executable, "workflow/scripts/status.py", "--run", "page"], cwd=project,
-                                capture_output=True, text=True, timeout=60, check=False, env=env)
-        url = subprocess.run([sys.executable, "workflow/scripts/status.py", "--run", "page", "--url"], cwd=project,
-                             capture_output=True, text=True, timeout=60, check=False, env=env)
+        status, url = status_of(project, "page"), status_of(project, "page", "--url")
         output, _ = run.communicate(timeout=300)
-    finally:
-        if run.poll() is None:
-            os.killpg(run.pid, signal.SIGKILL)
     assert run.returncode == 0, output[-3000:]
     assert status.returncode == 0 and ": running" in status.stdout and "leased" in status.stdout, status
     assert "/coordinator.sock " in url.stdout, url
+
+
+def in_a_node_without_user_namespaces(*argv: str) -> list[str]:
+    """``argv`` as on a center that disables user namespaces: in a user and network namespace of its own (this user
+    as root in it, its loopback alone, up) whose ``user.max_user_namespaces`` is 0, so neither root nor anyone else
+    can make one inside it (unshare(2): ENOSPC)."""
+    script = 'ip link set lo up && echo 0 > /proc/sys/user/max_user_namespaces && exec "$@"'
+    return ["unshare", "--user", "--map-root-user", "--net", "sh", "-c", script, "sh", *argv]
+
+
+def test_where_user_namespaces_are_off_private_is_refused_up_front_and_none_names_what_listens(project):
+    """Point 5: ``network.isolation: private`` is one line before anything runs; with ``none`` the stack runs on the
+    node's network, and the service it finds listening on every address is named in a warning and in the decision
+    record (the server binds 0.0.0.0 inside the test's own network namespace: nothing of it is open here)."""
+    from test_exposure import EVERYWHERE, SERVER
+
+    stack = (f"run: nons\ntasks: null\nexpected: null\nworkers: 1\n"
+             f"worker: {{mode: long-running, command: [{PYTHON}, -c, pass]}}\n"
+             f"services:\n  kv: {{command: [{PYTHON}, -c, {json.dumps(SERVER)}, \"{EVERYWHERE}\"], "
+             "readiness: {mode: tcp}}\n"
+             f"verify: {{command: [{PYTHON}, -c, pass]}}\n")
+    (project / "config/off.yaml").write_text(stack + "network: {isolation: private}\n")
+    (project / "config/on-the-node.yaml").write_text(stack + "network: {isolation: none}\n")
+
+    def run(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run(in_a_node_without_user_namespaces(SNAKEMAKE, *args), cwd=project, capture_output=True,
+                              text=True, timeout=300, check=False)
+
+    refused = run("--dry-run", "--configfile", "config/off.yaml")
+    output = refused.stdout + refused.stderr
+    errors = [line for line in output.splitlines() if line.startswith("allocstack: error")]
+    assert refused.returncode != 0 and errors == [(
+        f"allocstack: error [config]: network.isolation is private but {socket.gethostname()} does not let users make "
+        "user namespaces (user.max_user_namespaces is 0): set network.isolation: none (the stack then runs on the "
+        "node's own network)")], output[-3000:]
+    assert not (project / "results").exists()
+    done = run("--cores", "4", "--configfile", "config/on-the-node.yaml")
+    assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
+    warning = re.compile(r"  warning: service kv listens on 0\.0\.0\.0:\d+ \(tcp\): reachable by other users and nodes "
+                         r"\(the stack runs on the node's own network\)")
+    assert any(warning.match(line) for line in done.stdout.splitlines()), done.stdout[-3000:]
+    record = (project / "results/nons/decision-record.md").read_text()
+    assert (f"a private network for the stack (unprivileged user namespaces): `not possible on {socket.gethostname()} "
+            "(user.max_user_namespaces is 0)") in record, record
+    assert json.loads((project / "results/nons/result.json").read_text())["status"] == "success"
+    seen = record.split("Seen listening beyond loopback while the stack ran", 1)[-1].splitlines()
+    assert [line for line in seen if warning.match(" " + line[1:])], record  # "- warning: service kv listens ..."
+
+
+#: The word service (tests/test_own_service.py) on every address of its namespace, at its fixed port.
+EVERY_ADDRESS_WORDS = OWN_SERVICE.replace('serve("127.0.0.1", int(os.environ["ALLOCSTACK_APP_PORT"])',
+                                          'serve("0.0.0.0", int(os.environ["ALLOCSTACK_APP_PORT"])')
+
+
+@pytest.mark.slurm
+@pytest.mark.multinode
+@pytest.mark.apptainer
+def test_multinode_each_node_has_the_stacks_network_workers_reach_the_service_and_no_one_else_does(
+        tmp_path, other_user_name):
+    """Point 3: nodes: 3 under the Slurm profile, every component a job step in its image, each node's in a network
+    of the stack's own on that node. The service binds 0.0.0.0 at a fixed port on the first node; per-task workers on
+    all three nodes reach it by its alias (off the first node through the run's keyed TLS relay, which pasta alone
+    forwards in). Meanwhile a second user on the first node, and root on another node outside the stack, try that
+    port on every address of the first node throughout the run: no try connects."""
+    layout, image = require_multinode(), require_apptainer()
+    assert EVERY_ADDRESS_WORDS != OWN_SERVICE
+    project = copy_project(tmp_path / "project")
+    write_tasks_and_expected(project, "mesh", make_tasks(24, message="w"),
+                             lambda payload: payload["message"].upper() + " 127.0.0.1")
+    (project / "apps").mkdir()
+    (project / "apps/service.py").write_text(EVERY_ADDRESS_WORDS)
+    (project / "apps/client.py").write_text(BY_ALIAS)
+    config = project / "config/mesh.yaml"
+    config.write_text(
+        "run: mesh\ntasks: inputs/mesh.json\nexpected: expected/mesh.json\nsimulate: {task_seconds: 0.5}\n"
+        "network: {isolation: private}\nworker: {batch: 2, command: [python3, apps/client.py]}\n"
+        f"services: {{app: {{command: [python3, apps/service.py], port: {PORT}, hostnames: [shouter], "
+        "readiness: {mode: http, path: /health, expect: {status: ok}}}}\n"
+        f"apptainer: {{binds: [{project / 'apps'}]}}\n")
+    (project / "outputs/mesh").mkdir(parents=True)  # run_probed's (its workers write no outputs of their own)
+    first, other = sorted(layout["nodes"])[:2]
+    address = layout["nodes"][first]
+    probers = {"another user on the first node": (["127.0.0.1", address], other_user_name, first),
+               "another node": ([address], None, other)}
+    done, tries = run_probed(project, config, "mesh", tuple(cluster_args(layout, image)), probers)
+    output = assert_verified(done, project, "mesh")
+    events = [json.loads(line) for line in (project / "results/mesh/events.jsonl").read_text().splitlines()]
+    assert len({event["node"] for event in events if event["event"] == "worker-start"}) == 3, output[-3000:]
+    started = next(e["t"] for e in events if e["event"] == "service-started")
+    ended = max(e["t"] for e in events if e["event"] == "worker-end")
+    for name, found in tries.items():
+        during = [one for one in found if started <= one["t"] <= ended]
+        assert len(during) >= 10, (name, len(during))
+        assert not [one for one in during if one["connected"]], name
+    holder = (project / "logs/stack_network/mesh.log").read_text()
+    assert re.search(rf"app reached by the other nodes at {re.escape(address)}:\d+", holder), holder
+    for node in (2, 3):
+        assert "the stack's private network is up" in (project / f"logs/stack_network/mesh/node-{node}.log").read_text()

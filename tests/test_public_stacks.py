@@ -60,31 +60,42 @@ from workflow_helpers import snakemake
 
 @dataclass(frozen=True)
 class PublicStack:
-    """A stack of tests/third_party/ and what a run of it must show."""
+    """A stack of tests/third_party/ and what a run of it must show. Both are Flask or FastAPI + Redis + Celery
+    stacks of the same author: the defaults are what they have in common."""
 
     #: Its folder under tests/third_party/ and the run's name.
     name: str
     #: The upstream's requirements file, in its folder.
     requirements: str
-    #: Where the import writes its config (the docs' commands name it).
-    config: str
     #: The ports its Compose files fix: each replaced by a free one, as the node is shared.
     ports: tuple[str, ...]
-    #: What `docker compose up` takes, as the import takes it.
-    flags: tuple[str, ...]
-    #: The import's summary line.
-    summary: str
-    #: Its services as result.json names them (the producer, main, apart).
-    services: tuple[str, ...]
     workers: int
-    #: The producer's test module, as `pytest -v` names its tests, and the tests it must pass.
+    #: The producer's test module, as `pytest -v` names its tests.
     producer_module: str
-    producer_tests: tuple[str, ...]
-    #: The workers' own log (celery --logfile), in the stack's folder.
-    worker_log: str
     #: The images as the import names them (images/NAME.sif, images/NAME/) -> the stack image each one is
     #: (container/stacks/NAME.def).
     images: tuple[tuple[str, str], ...]
+    #: Its services as result.json names them (the producer, main, apart).
+    services: tuple[str, ...] = ("dashboard", "redis", "web")
+    #: The tests of the producer's module it must pass.
+    producer_tests: tuple[str, ...] = ("test_home", "test_task", "test_mock_task", "test_task_status")
+    #: The workers' own log (celery --logfile), in the stack's folder.
+    worker_log: str = "project/logs/celery.log"
+
+    @property
+    def config(self) -> str:
+        """Where the import writes its config (the docs' commands name it)."""
+        return f"config/{self.name}.yaml"
+
+    @property
+    def flags(self) -> tuple[str, ...]:
+        """What `docker compose up` takes, as the import takes it."""
+        return ("--scale", f"worker={self.workers}", "--exit-code-from", "tests")
+
+    @property
+    def summary(self) -> str:
+        """The import's summary line (the services in the Compose file's order)."""
+        return f"services redis, web, dashboard, tests; {self.workers} workers; 0 gap(s)"
 
     @property
     def folder(self) -> Path:
@@ -92,21 +103,12 @@ class PublicStack:
 
 
 FASTAPI_CELERY = PublicStack(
-    name="fastapi-celery", requirements="project/requirements.txt", config="config/fastapi-celery.yaml", ports=("8000", "6379", "5555"),
-    flags=("--scale", "worker=4", "--exit-code-from", "tests"),
-    summary="services redis, web, dashboard, tests; 4 workers; 0 gap(s)", services=("dashboard", "redis", "web"),
-    workers=4, producer_module="tests/test_tasks.py",
-    producer_tests=("test_home", "test_task", "test_mock_task", "test_task_status"),
-    worker_log="project/logs/celery.log",
-    images=(("fastapi-celery-project", "fastapi-celery"), ("redis-7", "redis")))
+    name="fastapi-celery", requirements="project/requirements.txt", ports=("8000", "6379", "5555"), workers=4,
+    producer_module="tests/test_tasks.py", images=(("fastapi-celery-project", "fastapi-celery"), ("redis-7", "redis")))
+# `build: .` with `image: web` (the web service) is tagged web, the others' builds flask-celery: one recipe.
 FLASK_CELERY = PublicStack(
-    name="flask-celery", requirements="requirements.txt", config="config/flask-celery.yaml", ports=("5000", "6379", "5555"),
-    flags=("--scale", "worker=2", "--exit-code-from", "tests"),
-    summary="services redis, web, dashboard, tests; 2 workers; 0 gap(s)", services=("dashboard", "redis", "web"),
-    workers=2, producer_module="project/tests/test_tasks.py",
-    producer_tests=("test_home", "test_task", "test_mock_task", "test_task_status"),
-    worker_log="project/logs/celery.log",
-    # `build: .` with `image: web` (the web service) is tagged web, the others' builds flask-celery: one recipe.
+    name="flask-celery", requirements="requirements.txt", ports=("5000", "6379", "5555"), workers=2,
+    producer_module="project/tests/test_tasks.py",
     images=(("flask-celery", "flask-celery"), ("web", "flask-celery"), ("redis-6-alpine", "redis")))
 STACKS = (FASTAPI_CELERY, FLASK_CELERY)
 #: Each test below runs once per stack.

@@ -17,7 +17,7 @@ import urllib.request
 import pytest
 from test_slurm import TEST_RESOURCES, cluster_project, job_state, the_stack_job  # noqa: F401 - cluster_project: a fixture
 
-from workflow_helpers import SNAKEMAKE, snakemake
+from workflow_helpers import SNAKEMAKE, killed_at_the_end, snakemake
 
 PYTHON = json.dumps(sys.executable)
 #: A web service on its port, with a health page.
@@ -51,13 +51,24 @@ def start(project, config: str) -> subprocess.Popen:
                             env={**os.environ, "TMPDIR": str(project / "tmp")})
 
 
-def wait_for_up(run: subprocess.Popen, seen: list[str]) -> str:
-    """Snakemake's output up to the line that says the stack is UP (the run must not end first)."""
+def wait_for_up(run: subprocess.Popen, seen: list[str], then: str | None = None) -> str:
+    """Snakemake's output up to the line that says the stack is UP (the run must not end first), that line; with
+    ``then``, on to the first line after it that contains ``then`` (a service's address), that line."""
+    wanted = " is UP after "
     for line in run.stdout:
         seen.append(line)
-        if " is UP after " in line:
-            return line
-    raise AssertionError("the run ended before it was up: " + "".join(seen)[-3000:])
+        if wanted in line:
+            if then is None or wanted == then:
+                return line
+            wanted = then
+    raise AssertionError(f"the run ended before {wanted.strip()!r}: " + "".join(seen)[-3000:])
+
+
+def status_of(project, run: str, *flags: str) -> subprocess.CompletedProcess:
+    """status.py's answer for run ``run`` of a project started by :func:`start` (its scratch below project/tmp)."""
+    return subprocess.run([sys.executable, "workflow/scripts/status.py", "--run", run, *flags], cwd=project,
+                          capture_output=True, text=True, timeout=60, check=False,
+                          env={**os.environ, "TMPDIR": str(project / "tmp")})
 
 
 def ctrl_c(run: subprocess.Popen, seen: list[str]) -> str:
@@ -76,24 +87,17 @@ def test_dry_run_shows_serve_mode_and_its_serving_job(project):
 
 
 def test_a_serving_stack_is_up_reachable_and_ctrl_c_ends_it_as_a_success(project):
-    run = start(project, serve_config(project, "srv"))
     seen: list[str] = []
-    try:
-        wait_for_up(run, seen)
-        line = next(line for line in run.stdout if "web: http://127.0.0.1:" in line)
-        seen.append(line)
+    with killed_at_the_end(start(project, serve_config(project, "srv"))) as run:
+        line = wait_for_up(run, seen, then="web: http://127.0.0.1:")
         url = re.search(r"http://127\.0\.0\.1:\d+", line).group(0)
         with urllib.request.urlopen(url + "/hello", timeout=10) as answer:  # noqa: S310 - the printed address serves
             assert json.load(answer)["served"] == "hello"
         up = json.loads((project / "results/srv/up.json").read_text())
         assert up["status"] == "up" and up["services"]["web"]["url"] == url
-        status = subprocess.run([sys.executable, "workflow/scripts/status.py", "--run", "srv"], cwd=project,
-                                capture_output=True, text=True, timeout=60, check=False)
+        status = status_of(project, "srv")
         assert "allocstack: run srv is UP since" in status.stdout and f"web: {url}" in status.stdout, status
         output = ctrl_c(run, seen)
-    finally:
-        if run.poll() is None:
-            os.killpg(run.pid, signal.SIGKILL)
     assert run.returncode == 0, output[-3000:]
     marker = json.loads((project / "results/srv/result.json").read_text())
     assert marker["status"] == "success" and marker["mode"] == "serve" and marker["endedBy"] == "interrupt"
@@ -109,24 +113,21 @@ def test_a_worker_service_that_nothing_depends_on_runs_without_a_gate_and_the_st
               "while True:\n"
               "    with open('beats', 'a') as out: out.write('beat\\n')\n"
               "    time.sleep(0.2)")
-    run = start(project, serve_config(project, "srvdaemon", WEB_SERVICE + textwrap.dedent(f"""
+    config = serve_config(project, "srvdaemon", WEB_SERVICE + textwrap.dedent(f"""
         worker-service:
           command: [{PYTHON}, -c, {json.dumps(worker)}]
           working_dir: {project}
           readiness: {{mode: started}}
           depends_on: [web]
-    """)))
+    """))
     seen: list[str] = []
-    try:
+    with killed_at_the_end(start(project, config)) as run:
         wait_for_up(run, seen)
         while not (project / "beats").exists():  # the worker runs (it started after web's gate)
             assert run.poll() is None, "".join(seen)
             time.sleep(0.05)
         up = json.loads((project / "results/srvdaemon/up.json").read_text())
         output = ctrl_c(run, seen)
-    finally:
-        if run.poll() is None:
-            os.killpg(run.pid, signal.SIGKILL)
     # (CI of b53c0f1 under load, once: INTERRUPTED, no marker, serve.py's success line missing: its log says why)
     assert run.returncode == 0, output[-3000:] + (project / "logs/serve_stack/srvdaemon.log").read_text()[-2000:]
     assert list(up["services"]) == ["web"]  # no address for what listens on nothing
@@ -236,8 +237,7 @@ def tunnel_target(line: str) -> tuple[str, int, str]:
 def test_under_slurm_a_serving_stack_is_up_reachable_and_scancel_ends_it_as_a_success(cluster_project):  # noqa: F811 - the fixture
     project, image = cluster_project
     started = time.monotonic()
-    run = start_on_slurm(project, image, "srvscancel")
-    try:
+    with killed_at_the_end(start_on_slurm(project, image, "srvscancel")) as run:
         up = wait_for_file(project / "results/srvscancel/up.json", run)
         up_after = time.monotonic() - started
         host, port, node = tunnel_target(up["services"]["web"]["tunnel"])
@@ -251,9 +251,6 @@ def test_under_slurm_a_serving_stack_is_up_reachable_and_scancel_ends_it_as_a_su
         marker = wait_for_file(project / "results/srvscancel/result.json", run, timeout=60)
         marker_after = time.monotonic() - cancelled
         output, _ = run.communicate(timeout=300)
-    finally:
-        if run.poll() is None:
-            os.killpg(run.pid, signal.SIGKILL)
     assert marker["status"] == "success" and marker["endedBy"] == "scancel", marker
     assert re.fullmatch(r"ended by scancel after \d+ s up", marker["ended"]), marker
     assert run.returncode == 0, output[-3000:]
@@ -269,15 +266,11 @@ def test_under_slurm_a_serving_stack_is_up_reachable_and_scancel_ends_it_as_a_su
 @pytest.mark.apptainer
 def test_under_slurm_the_time_limit_ends_a_serving_stack_as_a_success(cluster_project):  # noqa: F811 - the fixture
     project, image = cluster_project
-    run = start_on_slurm(project, image, "srvlimit", 1, "--retries", "0")
-    try:
+    with killed_at_the_end(start_on_slurm(project, image, "srvlimit", 1, "--retries", "0")) as run:
         wait_for_file(project / "results/srvlimit/up.json", run)
         job = up_job(project)
         marker = wait_for_file(project / "results/srvlimit/result.json", run, timeout=300)
         output, _ = run.communicate(timeout=300)
-    finally:
-        if run.poll() is None:
-            os.killpg(run.pid, signal.SIGKILL)
     assert marker["status"] == "success" and marker["endedBy"] == "the time limit", marker
     assert run.returncode == 0, output[-3000:]
     assert job_state(job) == "TIMEOUT"

@@ -57,7 +57,7 @@ def resolves_here(name: str) -> bool:
 
 
 def import_names(project: Path, runtime: str = "apptainer", run: str = "names") -> str:
-    """Copy tests/stacks/names (and the kv service's program) with a free port in the Compose file and in the
+    """Copy tests/stacks/names (and tests/stacks/kv: its service's and workers' programs) with a free port in the Compose file and in the
     settings file, import it with ``--no-hostnames``; the config's path."""
     for stack in ("names", "kv"):
         shutil.copytree(ROOT / "tests" / "stacks" / stack, project / "stacks" / stack)

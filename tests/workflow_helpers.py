@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import textwrap
+from collections.abc import Iterator
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -63,6 +66,17 @@ def copy_project(destination: Path) -> Path:
             shutil.copy2(source, destination / part)
     (destination / "tmp").mkdir()
     return destination
+
+
+@contextlib.contextmanager
+def killed_at_the_end(run: subprocess.Popen) -> Iterator[subprocess.Popen]:
+    """``run`` (started with ``start_new_session=True``), whose whole process group is killed if it still runs
+    when the block ends: a test that failed half-way leaves nothing running."""
+    try:
+        yield run
+    finally:
+        if run.poll() is None:
+            os.killpg(run.pid, signal.SIGKILL)
 
 
 def snakemake(workdir: Path, *args: str, timeout: float = 300, env: dict | None = None) -> subprocess.CompletedProcess:

@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from allocstack.launch.portsockets import SUN_PATH, socket_path
-from allocstack.launch.stacknet import Held, join_prefix, pasta_argv
+from allocstack.common.endpoint import write_endpoint
+from allocstack.launch.portsockets import SUN_PATH, socket_path, target
+from allocstack.launch.stacknet import Held, has_default_route, join_prefix, pasta_argv
 
 from .plans import plan_of, refusal
 
@@ -19,8 +20,6 @@ ABLE = {"sysctl": {"user.max_user_namespaces": "96553"}.get, "which": {"pasta": 
 
 
 @pytest.mark.parametrize("config, facts, words", [
-    ("nodes: 3\nworkers: 3", ABLE, ("network.isolation is private with nodes 3: a private network across nodes is not "
-                                   "built yet; set nodes: 1, or network.isolation: none")),
     ("", {**ABLE, "sysctl": {"user.max_user_namespaces": "0"}.get, "hostname": "node07"},
      ("network.isolation is private but node07 does not let users make user namespaces (user.max_user_namespaces "
      "is 0): set network.isolation: none")),
@@ -35,9 +34,14 @@ def test_a_private_network_this_node_or_this_plan_cannot_have_is_one_line(config
     assert words in refused.message, refused.message
 
 
-def test_root_needs_no_user_namespaces_of_users():
-    plan = plan_of(PRIVATE, **{**ABLE, "sysctl": {"user.max_user_namespaces": "0"}.get, "user": "root"})
-    assert plan.private_network
+def test_root_is_stopped_by_no_switch_but_the_limit_of_user_namespaces():
+    """Debian's and AppArmor's switches are for users without privileges; user.max_user_namespaces 0 stops root's
+    unshare(CLONE_NEWUSER) too (ENOSPC), as the stack's network holder makes one."""
+    users_off = {"user.max_user_namespaces": "100", "kernel.unprivileged_userns_clone": "0",
+                 "kernel.apparmor_restrict_unprivileged_userns": "1"}
+    assert plan_of(PRIVATE, **{**ABLE, "sysctl": users_off.get, "user": "root"}).private_network
+    refused = refusal(PRIVATE, **{**ABLE, "sysctl": {"user.max_user_namespaces": "0"}.get, "user": "root"})
+    assert "(user.max_user_namespaces is 0): set network.isolation: none" in refused.message, refused.message
 
 
 def test_every_component_but_the_network_itself_is_entered_into_it():
@@ -73,3 +77,49 @@ def test_a_published_socket_lives_in_scratch_unless_its_path_is_too_long_for_a_s
     moved = socket_path(long, "web")
     assert moved.parent.parent == Path("/tmp") and moved.name == "web.sock" and len(str(moved)) <= SUN_PATH
     assert socket_path(long, "web") == moved != socket_path(long.with_name("other"), "web")  # one a run
+
+
+def test_a_published_socket_carries_to_where_its_service_listens_now(tmp_path):
+    """portsockets.target reads the address from the endpoint the service published (IPv6 too), None before it."""
+    assert target(tmp_path, "web") is None
+    (tmp_path / "services").mkdir()
+    write_endpoint(tmp_path / "services/web.json", "http://127.0.0.1:8080", "t", "v")
+    assert target(tmp_path, "web") == ("127.0.0.1", 8080)
+    write_endpoint(tmp_path / "endpoint.json", "http://[::1]:9091/", "t", "v")
+    assert target(tmp_path, "coordinator") == ("::1", 9091)
+
+
+def test_across_nodes_each_node_has_its_own_network_and_the_first_forwards_in_only_what_the_others_use():
+    """nodes: 3 with a service: a holder on each node (the first node's job stack_network, node N's node_network on
+    node N), every job consuming its own node's; the first node's pasta forwards in only the coordinator's listener
+    and the service's relay (the status page and the service reach their owner as sockets)."""
+    plan = plan_of("nodes: 3\nworkers: 6\nnetwork: {isolation: private, interface: ib0}\n"
+                   "services: {kv: {command: [kv]}}\n", environ={"SLURM_JOB_ID": "1"}, **ABLE)
+    assert plan.stack_network("r", plan.node_of({"node": "2"})) == ["results/r/network/node-2.service"]
+    assert plan.stack_network("r", plan.node_of({"worker": "worker-06"})) == ["results/r/network/node-3.service"]
+    assert plan.stack_network("r", plan.node_of({"service": "kv"})) == ["results/r/stack-network.service"]
+    first = plan.args("network", run="r")
+    assert [arg for arg in first if arg.startswith("--inbound=")] == ["--inbound=coordinator", "--inbound=kv"]
+    assert [arg for arg in first if arg.startswith("--publish=")] == ["--publish=coordinator", "--publish=kv"]
+    assert "--interface=ib0" in first
+    other = plan.args("network", run="r", node="3")
+    assert not [arg for arg in other if arg.startswith(("--inbound", "--publish"))] and "--interface=ib0" in other
+    holder = plan.launch("network", run="r", node="3")
+    assert "--component=stack-network-node-3" in holder and "--node-index=2" in holder
+    assert "--network-namespace" not in holder
+
+
+#: /proc/net/route of a node with a default route, and of a compute node with its cluster network alone.
+ROUTED = ("Iface\tDestination\tGateway \tFlags\tRefCnt\tUse\tMetric\tMask\t\tMTU\tWindow\tIRTT\n"
+          "eth0\t00000000\t0100FE0A\t0003\t0\t0\t0\t00000000\t0\t0\t0\n"
+          "eth0\t0001FE0A\t00000000\t0001\t0\t0\t0\t00FFFFFF\t0\t0\t0\n")
+UNROUTED = ROUTED.split("\n")[0] + "\n" + ROUTED.split("\n")[2] + "\n"
+
+
+def test_on_a_node_without_a_default_route_pasta_is_given_the_interface_and_a_gateway():
+    """pasta copies the interface of the default route; a compute node without one (the test cluster's namespaced
+    nodes) gets the interface that holds the node's address, and that address as the gateway."""
+    assert has_default_route(ROUTED) and not has_default_route(UNROUTED)
+    argv = pasta_argv("pasta", 41, 0, "p", ("eth0", "10.254.1.12"))
+    assert argv[argv.index("--interface") + 1] == "eth0" and argv[argv.index("--gateway") + 1] == "10.254.1.12"
+    assert "--gateway" not in pasta_argv("pasta", 41, 0, "p")

@@ -34,11 +34,13 @@ if PLAN.nodes > 1:
             "exec {params.launch} {input.script} {params.args} > {log} 2>&1"
 
 
-# Stage 0 (config network.isolation: private): the stack's own network on its node, as
-# Compose's network of a stack. A service job that every component consumes: Snakemake keeps
-# it up while any of them runs, then stops it. It makes a user + network namespace, gives it
-# pasta as its way out, and publishes its holder in scratch; launch.py starts every other
-# component in it (nsenter), so what they bind is reachable by the stack alone.
+# Stage 0 (config network.isolation: private): the stack's own network on each node, as
+# Compose's network of a stack. A service job that every component on its node consumes:
+# Snakemake keeps it up while any of them runs, then stops it. It makes a user + network
+# namespace, gives it pasta as its way out, and publishes its holder in that node's scratch;
+# launch.py starts every other component there in it (nsenter), so what they bind is
+# reachable by the stack alone. On the first node of more than one, pasta forwards in only
+# the listeners the other nodes use (TLS, and this run's keys: allocstack/launch/tunnel.py).
 
 
 if PLAN.private_network:
@@ -61,3 +63,24 @@ if PLAN.private_network:
             args=args("network"),
         shell:
             ": > {output.network}; exec {params.launch} {input.script} {params.args} > {log} 2>&1"
+
+    if PLAN.nodes > 1:
+
+        rule node_network:
+            input:
+                script=script("stack_network.py"),
+            output:
+                network=service(FILES.node_network("{node}")),
+            log:
+                "logs/stack_network/{run}/node-{node}.log",
+            retries: PLAN.retries
+            group:
+                "stack"
+            conda:
+                STACK_ENV
+            threads: 0
+            params:
+                launch=launch("network"),
+                args=args("network"),
+            shell:
+                ": > {output.network}; exec {params.launch} {input.script} {params.args} > {log} 2>&1"

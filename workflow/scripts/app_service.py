@@ -89,7 +89,7 @@ from allocstack.common.jsonio import atomic_write_json
 from allocstack.common.listening import process_start
 from allocstack.common.network import plan_listener
 from allocstack.common.scratch import make_private, private_level
-from allocstack.launch import exposure
+from allocstack.launch import exposure, stacknet
 from allocstack.launch.program import (
     Placement,
     await_dependencies,
@@ -102,7 +102,7 @@ from allocstack.launch.program import (
 from allocstack.launch.restart import RestartPolicy, exhausted
 from allocstack.launch.restart import add_arguments as add_restart_arguments
 from allocstack.launch.supervise import Outcome, Supervised
-from allocstack.launch.tunnel import relay_to_loopback
+from allocstack.launch.tunnel import relay_key, relay_to_loopback
 
 
 def take_port(port: int) -> int:
@@ -182,9 +182,10 @@ def image_port(placement: Placement, name: str) -> int:
     return exposed[0]
 
 
-def relay_for_other_nodes(args, name: str, port: int) -> tuple[str, str | None] | None:
-    """With more than one node: relay ``127.0.0.1:port`` to this node's network address (TLS);
-    (its URL, the certificate's fingerprint).
+def relay_for_other_nodes(args, name: str, port: int, token: str) -> tuple[str, str | None] | None:
+    """With more than one node: relay ``127.0.0.1:port`` to this node's network address (TLS), for the connections
+    that open with the service's key (``token``: allocstack/launch/tunnel.py); (its URL, the certificate's
+    fingerprint).
 
     :raises AllocstackError: ``network`` for a wrong address or one it cannot listen on.
     """
@@ -194,7 +195,9 @@ def relay_for_other_nodes(args, name: str, port: int) -> tuple[str, str | None] 
     args.network_endpoint_file.unlink(missing_ok=True)
     listener = plan_listener(args.interface, args.address, args.no_tls, args.scratch / names.SERVICES, name)
     try:
-        return listener.url(relay_to_loopback(listener.address, listener.tls, port)), listener.fingerprint
+        listening = relay_to_loopback(listener.address, listener.tls, port, relay_key(token),
+                                      stacknet.inbound_port(args.scratch, name))
+        return listener.url(listening), listener.fingerprint
     except OSError as exc:
         raise AllocstackError("network", f"cannot relay service {name} to {listener.address}: {exc}") from exc
 
@@ -218,7 +221,7 @@ def main(argv: list[str] | None = None) -> int:
         placement = Placement.from_args(args)
         wanted = image_port(placement, name) if args.port_from_image else args.port
         port, token = take_port(wanted), secrets.token_urlsafe(32)
-        relayed = relay_for_other_nodes(args, name, port)
+        relayed = relay_for_other_nodes(args, name, port, token)
         endpoint = f"http://{LOOPBACK}:{port}"
         stack = {**services_environment(args.scratch, args.uses), **service_variables(name, endpoint, token),
                  **replica_variables(args.replica, args.replicas)}

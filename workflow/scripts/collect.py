@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from plot_timeline import render as render_timeline
+from render_decisions import with_seen
 
 from allocstack import SCHEMA_VERSION
 from allocstack.common import names
@@ -32,6 +33,7 @@ from allocstack.common.events import read_events
 from allocstack.common.jsonio import atomic_write_json, atomic_write_text, read_json
 from allocstack.common.scratch import remove_scratch, resolve_root, root_source, scratch_of
 from allocstack.launch.containers import PROGRAMS, version_argv
+from allocstack.launch.exposure import summary_lines
 
 PROVENANCE_FIELDS = ("host", "python", "pythonVersion", "osRelease", "container", "slurmJobId", "slurmStepId")
 
@@ -113,6 +115,8 @@ def parse_args(argv: list[str] | None):
                         help="a component with its own event file, SCRATCH/events/NAME.jsonl (repeatable)")
     parser.add_argument("--shared-dir", type=Path,
                         help="the run's state directory: merge (and remove) the event logs in its events/")
+    parser.add_argument("--decision-record", type=Path,
+                        help="the run's decision record: what was seen listening beyond loopback is added to it")
     parser.add_argument("--keep-scratch", action="store_true",
                         help="do not remove the scratch directory (verification still needs the volumes)")
     return parser.parse_args(argv)
@@ -134,6 +138,9 @@ def main(argv: list[str] | None = None) -> int:
         atomic_write_text(args.events_out, "".join(json.dumps(e, sort_keys=True) + "\n" for e in events), 0o644)
         if args.timeline_out:
             atomic_write_text(args.timeline_out, render_timeline(events), 0o644)
+        if args.decision_record and args.decision_record.exists():
+            record = args.decision_record.read_text(encoding="utf-8")
+            atomic_write_text(args.decision_record, with_seen(record, summary_lines(events)), 0o644)
         summary = read_json(args.inputs_summary, "inputs summary", diag="prerequisite")
         job = os.environ.get("SLURM_JOB_ID")
         slurm_version, steps, runtime = cluster_facts(job, summary)

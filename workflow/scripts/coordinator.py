@@ -79,6 +79,7 @@ from allocstack.coordinator.journal import Journal, produced_otherwise, replay
 from allocstack.coordinator.progress import Progress, live_line, progress_line
 from allocstack.coordinator.settings import CoordinatorSettings, event_directories, parse_settings
 from allocstack.coordinator.taskboard import ALLOCATION_ENDING, TaskBoard
+from allocstack.launch import stacknet
 from allocstack.launch.lifeline import launcher_alive, launcher_pid
 from allocstack.status.stackevents import EventTail
 
@@ -244,7 +245,9 @@ class Coordinator:
         if self.network is None:
             return
         try:
-            port = await self.server.start(self.network.address, 0, ssl=self.network.tls)
+            # 0 (any free port), or in the stack's private network the one pasta forwards in from the node's address
+            wanted = stacknet.inbound_port(self.settings.endpoint_file.parent, "coordinator")
+            port = await self.server.start(self.network.address, wanted, ssl=self.network.tls)
         except OSError as exc:
             raise AllocstackError("network", f"cannot listen on {self.network.address}: {exc.strerror}; the bind "
                                              "address is config network.interface") from exc

@@ -175,11 +175,13 @@ def off_node(args, environ: Mapping[str, str]) -> bool:
     return bool(args.node_index and args.job_steps and environ.get("SLURM_JOB_ID"))
 
 
-def node_scratch_prefix(step_dirs: list[Path], hosts_names: list[str] | None = None) -> list[str]:
+def node_scratch_prefix(step_dirs: list[Path], hosts_names: list[str] | None = None,
+                        network_holder: str | None = None) -> list[str]:
     """The wrapper that makes the run's scratch (and ``step_dirs`` in it, and the stack's hosts file) on the
-    step's own node."""
+    step's own node, and (``network_holder``: the stack's private network) enters that node's namespace."""
     return [sys.executable, str(NODE_SCRATCH), *(f"--dir={d}" for d in step_dirs),
-            *(f"--hosts-name={name}" for name in hosts_names or []), "--"]
+            *(f"--hosts-name={name}" for name in hosts_names or []),
+            *([f"--network-holder={network_holder}"] if network_holder else []), "--"]
 
 
 def build_argv(args, scratch: Path | None, environ: Mapping[str, str], mount_tree: Path | None = None,
@@ -217,7 +219,12 @@ def build_argv(args, scratch: Path | None, environ: Mapping[str, str], mount_tre
     argv = [*(join or []), *argv]
     step_args = [*args.step_arg, *step_output(args.node_index)]
     if off_node(args, environ) and scratch is not None:
-        argv = node_scratch_prefix(step_dirs or [], args.hosts_name) + argv
+        holder = None
+        if args.network_namespace:
+            from allocstack.launch.stacknet import holder_name
+
+            holder = holder_name(args.node_index)
+        argv = node_scratch_prefix(step_dirs or [], args.hosts_name, holder) + argv
         step_args.append(f"--task-epilog={NODE_SCRATCH}")
     if in_step:
         argv = step_prefix(args.component, args.cpus, step_args, node) + argv
@@ -559,7 +566,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.network_namespace and scratch is not None:
             from allocstack.launch import stacknet
 
-            join = stacknet.join_prefix(stacknet.await_held(scratch, args.component))
+            if not off_node(args, env):  # off it, node_scratch.py enters that node's own, on that node
+                join = stacknet.join_prefix(stacknet.await_held(scratch, args.component))
             env[names.NETWORK_ENV] = "private"
         command = build_argv(args, scratch, env, mount_tree, step_dirs, join)
         check_programs(command, args.runtime, args.runtime_hint)

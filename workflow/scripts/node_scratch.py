@@ -7,7 +7,8 @@ launch.py runs this on the node of a job step off the first node (see allocstack
 
 With a command: make ``$ALLOCSTACK_SCRATCH`` (0700, ours) and each ``--dir`` in it on this node,
 record ``$ALLOCSTACK_STEP`` as using it, write the stack's hosts file there (``--hosts-name``, once per node:
-allocstack/launch/hostsfile.py), and exec COMMAND (the runtime: ``apptainer exec``,
+allocstack/launch/hostsfile.py), and exec COMMAND (with ``--network-holder``, in this node's namespace of the
+stack's private network, once its holder published it: ``nsenter ... -- COMMAND``) (the runtime: ``apptainer exec``,
 ``ch-run``, or python3). Without one (slurmstepd runs it so once the step's process ended):
 forget the step, and remove the run's scratch on this node when it was the last one there.
 
@@ -33,6 +34,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--hosts-name", action="append", default=[], metavar="SERVICE=NAME,...",
                         help="a service of the stack and its other names: the stack's hosts file on this node "
                              "(allocstack/launch/hostsfile.py; repeatable)")
+    parser.add_argument("--network-holder", metavar="COMPONENT",
+                        help="the stack's private network: run COMMAND in this node's namespace, once its holder "
+                             "(that component) published it (allocstack/launch/stacknet.py)")
     parser.add_argument("command", nargs="*", help="-- COMMAND...: what the step runs (none: the task epilog)")
     args = parser.parse_args(argv)
     try:
@@ -47,6 +51,11 @@ def main(argv: list[str] | None = None) -> int:
             from allocstack.launch.hostsfile import write_named
 
             write_named(scratch, args.hosts_name)
+        if args.network_holder:
+            from allocstack.launch import stacknet
+
+            held = stacknet.await_held(scratch, component, args.network_holder)
+            args.command = [*stacknet.join_prefix(held), *args.command]
         environ = {name: value for name, value in os.environ.items() if name != STEP_ENV}  # the component's as before
         try:
             os.execvpe(args.command[0], args.command, environ)  # noqa: S606 - an argv list; returns only by raising

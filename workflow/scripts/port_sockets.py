@@ -3,8 +3,9 @@
 
 Started by stack_network.py inside the namespace it holds: ``port_sockets.py --scratch SCRATCH --publish NAME...``
 makes ``SCRATCH/ports/NAME.sock`` for each NAME (``coordinator``: the built-in coordinator's status page; else a
-service of yours), prints ``ready`` once they all exist, and carries each connection to NAME's loopback port until
-SIGTERM.
+service of yours), and with ``--inbound NAME=ADDRESS:PORT`` ``SCRATCH/ports/in-NAME.sock`` for each listener the other
+nodes use; prints ``ready`` once they all exist, and carries each connection to NAME's loopback port (or to that
+address and port) until SIGTERM.
 """
 
 from __future__ import annotations
@@ -19,10 +20,21 @@ from allocstack.common.errors import EXIT_OK
 from allocstack.launch import portsockets
 
 
+def inbound(text: str) -> tuple[str, tuple[str, int]]:
+    """``NAME=ADDRESS:PORT`` as ``(NAME, (ADDRESS, PORT))``."""
+    name, _, where = text.partition("=")
+    address, _, port = where.rpartition(":")
+    if not name or not address or not port.isdigit():
+        raise ValueError(f"{text!r} is not NAME=ADDRESS:PORT")
+    return name, (address, int(port))
+
+
 def parse_args(argv: list[str] | None):
     parser = ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--scratch", type=Path, required=True, help="the run's job-scoped scratch on this node")
     parser.add_argument("--publish", action="append", default=[], metavar="NAME", help="a published port (repeatable)")
+    parser.add_argument("--inbound", action="append", default=[], type=inbound, metavar="NAME=ADDRESS:PORT",
+                        help="a listener the other nodes use, at that address and port (repeatable)")
     return parser.parse_args(argv)
 
 
@@ -31,7 +43,7 @@ def main(argv: list[str] | None = None) -> int:
 
     async def until_stopped() -> None:
         task = asyncio.ensure_future(portsockets.serve(args.scratch, args.publish,
-                                                       lambda: print("ready", flush=True)))
+                                                       lambda: print("ready", flush=True), dict(args.inbound)))
         loop = asyncio.get_running_loop()
         for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             loop.add_signal_handler(signum, task.cancel)

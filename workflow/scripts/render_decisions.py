@@ -47,6 +47,17 @@ def render(run: str, decisions: dict[str, dict[str, str]], facts: dict[str, Any]
     return "\n".join(lines) + "\n"
 
 
+#: What collect.py adds to the record once the stack ran on the node's own network (network.isolation: none): each
+#: program seen listening beyond loopback, as its warning said it (allocstack/launch/exposure.py).
+SEEN = "Seen listening beyond loopback while the stack ran (reachable by the node's other users and other nodes):"
+
+
+def with_seen(record: str, warnings: list[str]) -> str:
+    """``record`` with its :data:`SEEN` list of ``warnings``, an earlier attempt's replaced (pure)."""
+    kept = record.split(f"\n{SEEN}\n", 1)[0].rstrip("\n") + "\n"
+    return kept + (f"\n{SEEN}\n\n" + "".join(f"- {warning}\n" for warning in warnings) if warnings else "")
+
+
 def parse_args(argv: list[str] | None):
     parser = ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--run", required=True)

@@ -8,27 +8,36 @@ keeps it up while any of them runs and stops it (SIGTERM) once the last one is d
 1. forks the holder: a process that makes a user and network namespace (its uid and gid mapped to themselves,
    loopback up: allocstack/launch/stacknet.py ``make_namespace``) and then only waits (it dies with this job);
 2. attaches ``pasta`` (Debian's ``passt`` package) to the holder's namespace, from outside it: the namespace's
-   way out to servers beyond the stack (a license server, a package index), with no port forwarded in;
-3. publishes the holder in ``SCRATCH/network.json`` (0600): launch.py starts every other component of the
-   stack on this node through ``nsenter`` into it;
+   way out to servers beyond the stack (a license server, a package index, the first node), with no port
+   forwarded in;
+3. publishes the holder in ``SCRATCH/network-HOST.json`` (0600): launch.py (off the first node node_scratch.py, on
+   the component's node) starts every other component of the stack on this node through ``nsenter`` into it;
 4. with ``--publish NAME``, starts port_sockets.py in the namespace: each published port an owner-only Unix socket
-   ``SCRATCH/ports/NAME.sock`` (allocstack/launch/portsockets.py);
+   ``SCRATCH/ports/NAME.sock`` (allocstack/launch/portsockets.py); with ``--inbound NAME`` (the first node of
+   more than one: the coordinator, each service the other nodes use), the gateway: a port on the node's address,
+   recorded for NAME, whose connections it carries (through the socket ``in-NAME.sock``) to NAME's listener on the
+   same port in the namespace; those listeners speak TLS, and a service's lets in only the stack's own tunnels
+   (allocstack/launch/tunnel.py), so the gateway carries bytes it cannot read to programs that check who sent them;
 5. waits for SIGTERM (the stack is done), SIGINT or SIGHUP, or for the holder or pasta to end by themselves
    (the stack's network is gone: one [network] line, exit 69), then stops both and removes the record.
 """
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
+import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
 from allocstack.common.cli import ArgumentParser, run
 from allocstack.common.errors import EXIT_OK, AllocstackError, report
-from allocstack.launch import stacknet
+from allocstack.common.network import bind_address
+from allocstack.launch import portsockets, stacknet, tunnel
 from allocstack.launch.nodescratch import SCRATCH_ENV
 
 #: How long pasta may take to configure the namespace (it writes its pid file when it has).
@@ -48,7 +57,7 @@ def fork_holder() -> tuple[int, int]:
             ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG: it ends with this job
             for signum in ENDING_SIGNALS:
                 signal.signal(signum, signal.SIG_DFL)
-            stacknet.make_namespace(os.getuid(), os.getgid())
+            stacknet.make_namespace()
             os.write(writable, b"ok")
         except OSError as exc:
             os.write(writable, f"{exc.strerror or exc}".encode())
@@ -65,11 +74,53 @@ def holder_said(readable: int) -> str:
         return pipe.read().decode(errors="replace")
 
 
-def start_pasta(pasta: str, holder: int, scratch: Path) -> subprocess.Popen[bytes]:
+def listen_for_other_nodes(address: str, names: list[str]) -> dict[str, socket.socket]:
+    """A listening socket on a free port of ``address`` for each of ``names`` (the gateway's way in).
+
+    :raises AllocstackError: ``network`` when ``address`` cannot be bound here.
+    """
+    listening: dict[str, socket.socket] = {}
+    for name in names:
+        sock = socket.socket(socket.AF_INET6 if ":" in address else socket.AF_INET)
+        try:
+            sock.bind((address, 0))
+            sock.listen(128)
+        except OSError as exc:
+            sock.close()
+            raise AllocstackError("network", f"cannot listen on {address} for the other nodes ({exc.strerror}); "
+                                             "the bind address is config network.interface") from exc
+        listening[name] = sock
+    return listening
+
+
+def start_gateway(scratch: Path, listening: dict[str, socket.socket]) -> None:
+    """The first node's way in for the other nodes: each connection to ``listening[NAME]`` carried to the socket
+    ``in-NAME.sock`` (port_sockets.py, in the namespace), in a thread of this process, until it ends."""
+    if not listening:
+        return
+
+    def carry(name: str):
+        path = str(portsockets.socket_path(scratch, portsockets.inbound_name(name)))
+
+        async def accept(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            await tunnel.relay(reader, writer, asyncio.ensure_future(asyncio.open_unix_connection(path)))
+
+        return accept
+
+    async def listen() -> list[asyncio.Server]:
+        return [await asyncio.start_server(carry(name), sock=sock) for name, sock in listening.items()]
+
+    loop = asyncio.new_event_loop()
+    servers = loop.run_until_complete(listen())
+    threading.Thread(target=loop.run_forever, name="allocstack-gateway", daemon=True).start()
+    del servers  # they serve until this process ends
+
+
+def start_pasta(pasta: str, holder: int, scratch: Path, template: tuple[str, str] | None) -> subprocess.Popen[bytes]:
     """pasta attached to ``holder``'s namespace; returned once it has configured it (its pid file written)."""
-    pid_file = scratch / "pasta.pid"
+    pid_file = scratch / f"pasta-{socket.gethostname()}.pid"  # one a node: the scratch may be shared
     pid_file.unlink(missing_ok=True)
-    argv = stacknet.pasta_argv(pasta, holder, os.getuid(), pid_file)
+    argv = stacknet.pasta_argv(pasta, holder, os.getuid(), pid_file, template)
     print(f"stack_network: {' '.join(argv)}", flush=True)
     proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     deadline = time.monotonic() + PASTA_SECONDS
@@ -86,13 +137,15 @@ def start_pasta(pasta: str, holder: int, scratch: Path) -> subprocess.Popen[byte
     return proc
 
 
-def start_port_sockets(held: stacknet.Held, scratch: Path, published: list[str]) -> subprocess.Popen[str] | None:
-    """port_sockets.py in the namespace: each published port as an owner-only socket in scratch; returned once
-    its sockets exist."""
-    if not published:
+def start_port_sockets(held: stacknet.Held, scratch: Path, published: list[str],
+                       address: str) -> subprocess.Popen[str] | None:
+    """port_sockets.py in the namespace: each published port as an owner-only socket in scratch, and the way in of
+    each of ``held.inbound`` (to ``address`` and its port there); returned once its sockets exist."""
+    if not published and not held.inbound:
         return None
     argv = [*stacknet.join_prefix(held), sys.executable, str(Path(__file__).with_name("port_sockets.py")),
-            f"--scratch={scratch}", *(f"--publish={name}" for name in published)]
+            f"--scratch={scratch}", *(f"--publish={name}" for name in published),
+            *(f"--inbound={name}={address}:{port}" for name, port in held.inbound.items())]
     proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, text=True)
     said = proc.stdout.readline().strip() if proc.stdout else ""
     if said != "ready":
@@ -105,6 +158,11 @@ def start_port_sockets(held: stacknet.Held, scratch: Path, published: list[str])
 def parse_args(argv: list[str] | None):
     parser = ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--pasta", default="pasta", help="pasta's path (Debian package passt)")
+    parser.add_argument("--inbound", action="append", default=[], metavar="NAME",
+                        help="a listener the other nodes use (coordinator, or a service of yours): a port on this "
+                             "node's address forwarded in to it (repeatable; the first node of more than one)")
+    parser.add_argument("--interface", default="",
+                        help="config network.interface: the address the other nodes reach (else the hostname's)")
     parser.add_argument("--publish", action="append", default=[], metavar="NAME",
                         help="a port published to its owner as SCRATCH/ports/NAME.sock (coordinator: the status page; "
                              "else a service of yours; repeatable)")
@@ -127,12 +185,20 @@ def main(argv: list[str] | None = None) -> int:
             raise AllocstackError("network", f"the stack's private network could not be made on this node "
                                              f"({answer}); where the center disables unprivileged user namespaces, "
                                              "set network.isolation: none")
-        pasta = start_pasta(args.pasta, holder, scratch)
-        held = stacknet.Held(holder, stacknet.started_at(holder) or 0, user=os.getuid() != 0)
-        sockets = start_port_sockets(held, scratch, args.publish)
+        # the node's address: the other nodes' way in, and where the node has no default route (compute nodes
+        # often have none) the interface whose address and routes the namespace copies (pasta needs one)
+        routed = stacknet.has_default_route()
+        address = bind_address(args.interface or None, socket.gethostname()) if args.inbound or not routed else ""
+        listening = listen_for_other_nodes(address, args.inbound)
+        inbound = {name: sock.getsockname()[1] for name, sock in listening.items()}
+        pasta = start_pasta(args.pasta, holder, scratch, None if routed else stacknet.template_interface(address))
+        held = stacknet.Held(holder, stacknet.started_at(holder) or 0, user=os.getuid() != 0, inbound=inbound)
+        sockets = start_port_sockets(held, scratch, args.publish, address)
+        start_gateway(scratch, listening)
         stacknet.publish(scratch, held)
+        forwarded = "".join(f"; {name} reached by the other nodes at {address}:{port}" for name, port in inbound.items())
         print(f"stack_network: the stack's private network is up after {time.monotonic() - started:.3f} s "
-              f"(holder {holder}, pasta {pasta.pid})", flush=True)
+              f"(holder {holder}, pasta {pasta.pid}{forwarded})", flush=True)
         while not ending:
             if sockets is not None and sockets.poll() is not None:
                 raise AllocstackError("network", f"the stack's published ports' sockets ended (exit {sockets.returncode})")

@@ -1,11 +1,25 @@
-"""Pull jobs from the key-value service until the queue is empty; store each answer there, and note it in OUT_DIR."""
+"""Pull jobs from the key-value service until the queue is empty; store each answer there, and note it in OUT_DIR.
+
+The service's URL is KV_URL, or (tests/stacks/names, as an application keeps it) the ``queue`` URL of the
+settings file named as the first argument."""
+import configparser
 import hashlib
 import json
 import os
 import socket
+import sys
 import urllib.request
 
-KV = os.environ["KV_URL"]
+
+def kv_url():
+    if len(sys.argv) < 2:
+        return os.environ["KV_URL"]
+    settings = configparser.ConfigParser()
+    settings.read(sys.argv[1])
+    return settings["kv"]["queue"]
+
+
+KV = kv_url()
 me = f"{socket.gethostname()}-{os.getpid()}"
 
 
@@ -22,3 +36,4 @@ while (job := call("POST", "/queue/jobs/pop")["item"]) is not None:
     done.append(job["id"])
 with open(os.path.join(os.environ["OUT_DIR"], f"{me}.json"), "w") as out:
     json.dump(done, out)
+print(f"worker: {len(done)} jobs through {KV}", flush=True)

@@ -16,8 +16,9 @@ import re
 
 #: In scratch: the coordinator's URL and tokens (mode 0600), read by the gate, workers, status.
 ENDPOINT = "endpoint.json"
-#: In scratch: the stack's private network on this node, its holder's pid (config network.isolation: private).
-NETWORK = "network.json"
+#: In scratch: the stack's private network on node HOST, its holder's pid (config network.isolation: private):
+#: ``network-HOST.json``, one a node, as a run's scratch may be on a filesystem every node shares.
+NETWORK = "network"
 #: Set to ``private`` in every component launch.py started in the stack's private network: what its programs listen
 #: on is the stack's alone (allocstack/common/listening.py).
 NETWORK_ENV = "ALLOCSTACK_NETWORK"

@@ -10,6 +10,11 @@ connection comes (so a socket can be made before its service started, and follow
 
 From a laptop, OpenSSH forwards a local port to it: ``ssh -N -L 8888:SCRATCH/ports/NAME.sock NODE`` (OpenSSH 6.7
 and later); on the node itself, ``curl --unix-socket SCRATCH/ports/NAME.sock http://localhost/``.
+
+With more than one node the same way in carries the other nodes' connections (:func:`inbound_name`): the first
+node's listeners for them (the coordinator's TLS listener, each service's keyed TLS relay) each get a socket too,
+carried to that listener's address and port in the namespace; stack_network.py's gateway, outside the namespace,
+carries each connection to the same port on the node's address into it.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ import os
 import stat
 from collections.abc import Callable
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from ..common import names
 from .tunnel import relay
@@ -75,9 +81,10 @@ def target(scratch: Path, name: str) -> tuple[str, int] | None:
         url = read_endpoint(endpoint_file(scratch, name)).url
     except Exception:  # noqa: BLE001 - not published yet (or being replaced): the connection is refused
         return None
-    host_port = url.split("://", 1)[-1].rstrip("/")
-    host, port = host_port.rsplit(":", 1)
-    return host.strip("[]"), int(port)
+    parts = urlsplit(url)
+    if parts.hostname is None or parts.port is None:
+        return None
+    return parts.hostname, parts.port
 
 
 async def _carry(where: Callable[[], tuple[str, int] | None], reader: asyncio.StreamReader,
@@ -90,14 +97,25 @@ async def _carry(where: Callable[[], tuple[str, int] | None], reader: asyncio.St
     await relay(reader, writer, asyncio.ensure_future(asyncio.open_connection(*found)))
 
 
-async def serve(scratch: Path, published: list[str], ready: Callable[[], None] = lambda: None) -> None:
-    """A socket for each of ``published`` (0600 in a 0700 directory), carried to its port, until cancelled."""
+def inbound_name(name: str) -> str:
+    """The socket name of ``name``'s listener for the other nodes (``in-coordinator``, ``in-NAME``)."""
+    return f"in-{name}"
+
+
+async def serve(scratch: Path, published: list[str], ready: Callable[[], None] = lambda: None,
+                inbound: dict[str, tuple[str, int]] | None = None) -> None:
+    """A socket for each of ``published`` (0600 in a 0700 directory), carried to its port, and one for each
+    listener of ``inbound`` (name -> its address and port), carried there, until cancelled."""
+    targets: dict[str, Callable[[], tuple[str, int] | None]] = {
+        name: functools.partial(target, scratch, name) for name in published}
+    targets.update({inbound_name(name): functools.partial(lambda where: where, where)
+                    for name, where in (inbound or {}).items()})
+    published = list(targets)
     servers = []
-    for name in published:
+    for name, where in targets.items():
         path = socket_path(scratch, name)
         private_directory(path.parent)
         path.unlink(missing_ok=True)
-        where = functools.partial(target, scratch, name)
         old = os.umask(0o177)
         try:
             servers.append(await asyncio.start_unix_server(functools.partial(_carry, where), path=str(path)))

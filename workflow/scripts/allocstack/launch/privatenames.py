@@ -18,32 +18,17 @@ entered: a change of credentials (a user namespace) clears it.
 
 from __future__ import annotations
 
-import ctypes
-import errno
 import os
 from collections.abc import Callable
 from pathlib import Path
 
-from ..common.namespaces import user_namespaces
+from ..common.namespaces import CLONE_NEWNS, CLONE_NEWUSER, LIBC, checked, unshare_mapped_to_self, user_namespaces
 
-CLONE_NEWNS = 0x00020000
-CLONE_NEWUSER = 0x10000000
 MS_BIND = 4096
 MS_REC = 16384
 MS_SLAVE = 1 << 19
 #: Where the hosts file is bound.
 ETC_HOSTS = b"/etc/hosts"
-
-
-def _libc() -> ctypes.CDLL | None:
-    try:
-        return ctypes.CDLL(None, use_errno=True)
-    except OSError:
-        return None
-
-
-#: Looked up here, not in the child: a forked child of a threaded process must not load libraries.
-_LIBC = _libc()
 
 
 def mode(euid: int | None = None, allowed: tuple[bool, str] | None = None) -> tuple[str | None, str]:
@@ -73,36 +58,15 @@ def names_fact(host: str, in_images: bool, how: tuple[str | None, str]) -> str:
             f"{why} (read on {host})")
 
 
-def _check(result: int, what: str) -> None:
-    if result != 0:
-        error = ctypes.get_errno()
-        raise OSError(error, f"{what}: {os.strerror(error)}")
-
-
-def _write(path: str, text: str) -> None:
-    fd = os.open(path, os.O_WRONLY)
-    try:
-        os.write(fd, text.encode())
-    finally:
-        os.close(fd)
-
-
 def enter(hosts: Path, how: str) -> None:
     """In the child, before exec: a mount namespace (``how`` ``"user"``: in a user namespace of the same ids) in
     which ``hosts`` is bound over /etc/hosts.
 
     :raises OSError: when a step fails (the child then stays in whatever it entered).
     """
-    if _LIBC is None:
-        raise OSError(errno.ENOSYS, "no C library to call unshare(2) with")
-    uid, gid = os.geteuid(), os.getegid()
-    _check(_LIBC.unshare(CLONE_NEWNS | (CLONE_NEWUSER if how == "user" else 0)), "unshare")
-    if how == "user":
-        _write("/proc/self/setgroups", "deny")
-        _write("/proc/self/uid_map", f"{uid} {uid} 1")
-        _write("/proc/self/gid_map", f"{gid} {gid} 1")
-    _check(_LIBC.mount(b"none", b"/", None, MS_REC | MS_SLAVE, None), "making / a slave mount")
-    _check(_LIBC.mount(os.fsencode(hosts), ETC_HOSTS, None, MS_BIND, None), "binding the hosts file at /etc/hosts")
+    unshare_mapped_to_self(CLONE_NEWNS | (CLONE_NEWUSER if how == "user" else 0))
+    checked(LIBC.mount(b"none", b"/", None, MS_REC | MS_SLAVE, None), "making / a slave mount")
+    checked(LIBC.mount(os.fsencode(hosts), ETC_HOSTS, None, MS_BIND, None), "binding the hosts file at /etc/hosts")
 
 
 def entering(hosts: Path | None, how: str | None, then: Callable[[], None]) -> Callable[[], None]:

@@ -18,21 +18,19 @@ copies the node's address and routes), and it attaches to a namespace by its hol
 
 from __future__ import annotations
 
-import ctypes
 import fcntl
 import json
 import os
 import socket
 import struct
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..common import jsonio
 from ..common.errors import AllocstackError
+from ..common.namespaces import CLONE_NEWNET, CLONE_NEWUSER, unshare_mapped_to_self
 
-CLONE_NEWNET = 0x40000000
-CLONE_NEWUSER = 0x10000000
 SIOCGIFFLAGS = 0x8913
 SIOCSIFFLAGS = 0x8914
 IFF_UP = 0x1
@@ -45,14 +43,18 @@ WAIT_SECONDS = 60.0
 @dataclass(frozen=True)
 class Held:
     """A node's namespace: its holder's pid and start time (``/proc/PID/stat``'s, so a reused pid is told apart),
-    and whether components join its user namespace too (everyone but root: root joins the network alone)."""
+    whether components join its user namespace too (everyone but root: root joins the network alone), and (the
+    first node, with more than one) the port on the node's address that carries in each listener the other nodes use
+    (stack_network.py's gateway)."""
 
     pid: int
     started_at: int
     user: bool
+    inbound: dict[str, int] = field(default_factory=dict)
 
     def document(self) -> dict:
-        return {"schemaVersion": 1, "pid": self.pid, "startedAt": self.started_at, "user": self.user}
+        return {"schemaVersion": 1, "pid": self.pid, "startedAt": self.started_at, "user": self.user,
+                "inbound": self.inbound}
 
 
 def started_at(pid: int) -> int | None:
@@ -72,43 +74,58 @@ def join_prefix(held: Held, nsenter: str = "nsenter") -> list[str]:
     return [*argv, "--net", "--"]
 
 
-def pasta_argv(pasta: str, pid: int, uid: int, pid_file: Path) -> list[str]:
-    """pasta attached to ``pid``'s namespace from outside: the way out, no port forwarded in either direction."""
+def pasta_argv(pasta: str, pid: int, uid: int, pid_file: Path, template: tuple[str, str] | None = None) -> list[str]:
+    """pasta attached to ``pid``'s namespace from outside: the way out, no port forwarded in either direction.
+    ``template``: on a node without a default route (compute nodes often have none), the interface whose address
+    and routes the namespace copies, and a gateway for it (that address itself: every packet goes to pasta)."""
     # root: pasta would drop to nobody, who cannot enter the holder's namespaces; anyone else stays who they are
     runas = ["--runas", "0"] if uid == 0 else []
-    return [pasta, "--foreground", "--quiet", "--config-net", *runas, "--tcp-ports", "none", "--udp-ports", "none", "--tcp-ns", "none", "--udp-ns", "none",
-            "--pid", str(pid_file), str(pid)]
+    routes = ["--interface", template[0], "--gateway", template[1]] if template else []
+    return [pasta, "--foreground", "--quiet", "--config-net", *runas, *routes, "--tcp-ports", "none", "--udp-ports",
+            "none", "--tcp-ns", "none", "--udp-ns", "none", "--pid", str(pid_file), str(pid)]
 
 
-def _libc_unshare(flags: int) -> None:
-    libc = ctypes.CDLL(None, use_errno=True)
-    if libc.unshare(flags) != 0:
-        error = ctypes.get_errno()
-        raise OSError(error, f"unshare: {os.strerror(error)}")
+def has_default_route(routes: str | None = None) -> bool:
+    """Whether ``/proc/net/route`` (``routes``: its text; None: this node's) has an IPv4 default route."""
+    routes = Path("/proc/net/route").read_text(encoding="ascii") if routes is None else routes
+    return any(line.split()[1:2] == ["00000000"] for line in routes.splitlines()[1:])
 
 
-def _write(path: str, text: str) -> None:
-    with open(path, "w", encoding="ascii") as handle:
-        handle.write(text)
+def template_interface(address: str) -> tuple[str, str] | None:
+    """For :func:`pasta_argv` on a node without a default route: the interface that holds ``address`` and that
+    address (None where no interface holds it)."""
+    from ..common.network import interface_address
+
+    for _, name in socket.if_nameindex():
+        try:
+            if interface_address(name) == address:
+                return name, address
+        except AllocstackError:
+            continue
+    return None
 
 
-def make_namespace(uid: int, gid: int) -> None:
-    """In this (single-threaded) process: a user namespace mapping ``uid``/``gid`` to themselves and a network
+def make_namespace() -> None:
+    """In this (single-threaded) process: a user namespace mapping its uid and gid to themselves and a network
     namespace in it, its loopback up. The process keeps its capabilities there until it execs (it must not)."""
-    _libc_unshare(CLONE_NEWUSER | CLONE_NEWNET)
-    _write("/proc/self/setgroups", "deny")
-    _write("/proc/self/uid_map", f"{uid} {uid} 1")
-    _write("/proc/self/gid_map", f"{gid} {gid} 1")
+    unshare_mapped_to_self(CLONE_NEWUSER | CLONE_NEWNET)
     with socket.socket() as probe:
         request = struct.pack("16sh", b"lo", 0)
         flags = struct.unpack("16sh", fcntl.ioctl(probe, SIOCGIFFLAGS, request))[1]
         fcntl.ioctl(probe, SIOCSIFFLAGS, struct.pack("16sh", b"lo", flags | IFF_UP))
 
 
-def record_path(scratch: Path) -> Path:
+def record_path(scratch: Path, host: str | None = None) -> Path:
+    """Where node ``host``'s holder (None: this node's) is published in the run's scratch: one file a node, as the
+    scratch may be on a filesystem the nodes share."""
     from ..common.names import NETWORK
 
-    return scratch / NETWORK
+    return scratch / f"{NETWORK}-{host or socket.gethostname()}.json"
+
+
+def holder_name(node_index: int) -> str:
+    """The holder's component (and job step) name on node ``node_index`` (0 = the first)."""
+    return HOLDER if node_index == 0 else f"{HOLDER}-node-{node_index + 1}"
 
 
 def publish(scratch: Path, held: Held) -> None:
@@ -119,19 +136,22 @@ def read_held(scratch: Path) -> Held | None:
     """The node's namespace as its record says, if its holder still runs (an earlier attempt's is not)."""
     try:
         document = json.loads(record_path(scratch).read_bytes())
-        held = Held(int(document["pid"]), int(document["startedAt"]), bool(document["user"]))
+        held = Held(int(document["pid"]), int(document["startedAt"]), bool(document["user"]),
+                    {str(name): int(port) for name, port in document.get("inbound", {}).items()})
     except (OSError, ValueError, KeyError, TypeError):
         return None
     return held if started_at(held.pid) == held.started_at else None
 
 
-def await_held(scratch: Path, component: str, seconds: float = WAIT_SECONDS, poll: float = 0.05) -> Held:
-    """The node's namespace, once its holder published it; one [network] line after ``seconds``."""
+def await_held(scratch: Path, component: str, holder: str = HOLDER, seconds: float = WAIT_SECONDS,
+               poll: float = 0.05) -> Held:
+    """This node's namespace, once its holder (the component ``holder``) published it; one [network] line after
+    ``seconds``."""
     from ..common.names import component_ended
 
     deadline = time.monotonic() + seconds
     while (held := read_held(scratch)) is None:
-        if (scratch / component_ended(HOLDER)).exists():  # its launcher's note: it ended, it will not publish
+        if (scratch / component_ended(holder)).exists():  # its launcher's note: it ended, it will not publish
             raise AllocstackError("network", f"{component}: the stack's private network on this node could not be "
                                              "made (the log of the job stack_network says why)")
         if time.monotonic() > deadline:
@@ -140,3 +160,15 @@ def await_held(scratch: Path, component: str, seconds: float = WAIT_SECONDS, pol
                                              "the job stack_network says why)")
         time.sleep(poll)
     return held
+
+
+def inbound_port(scratch: Path, name: str) -> int:
+    """The port ``name`` (``coordinator``, or a service of yours) listens on for the other nodes: in the stack's
+    private network (``$ALLOCSTACK_NETWORK``) the one the holder's gateway carries in from the same port on the
+    node's address, else 0 (any free one)."""
+    from ..common.names import NETWORK_ENV
+
+    if os.environ.get(NETWORK_ENV) != "private":
+        return 0
+    held = read_held(scratch)
+    return held.inbound.get(name, 0) if held else 0

@@ -13,21 +13,42 @@ protocol TLS, so it carries it:
   whose SHA-256 fingerprint was published with the endpoint (no CA), so your worker program
   talks to ``$ALLOCSTACK_APP_ENDPOINT`` = ``http://127.0.0.1:PORT`` exactly as on one node.
 
-Your service's own token (``$ALLOCSTACK_APP_TOKEN``) still says who may use it: the tunnel
-only moves bytes.
+The relay lets in only the stack's own tunnels: each opens with :func:`relay_key` (the service's
+per-run token, sent inside TLS); a connection that does not is closed before a byte reaches
+your service, so a stranger on the cluster network who connects gets nothing, not even with
+``network.tls: false``. Your service's own token (``$ALLOCSTACK_APP_TOKEN``) still says who may
+use it: the tunnel only moves bytes.
 """
 
 from __future__ import annotations
 
 import asyncio
+import hmac
 import ssl
 import threading
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from ..common.endpoint import read_endpoint, service_variables
 from ..common.tls import certificate_matches, client_context
 
 CHUNK = 64 * 1024
+#: How long the relay waits for a connection's key before it closes it.
+KEY_SECONDS = 30.0
+
+
+def relay_key(token: str) -> bytes:
+    """What a tunnel's local end sends first to the relay of a service: that service's per-run token."""
+    return f"allocstack-relay {token}\n".encode()
+
+
+async def keyed(reader: asyncio.StreamReader, key: bytes) -> bool:
+    """Whether a connection opens with ``key`` (read within :data:`KEY_SECONDS`, compared in constant time)."""
+    try:
+        said = await asyncio.wait_for(reader.readexactly(len(key)), KEY_SECONDS)
+    except (TimeoutError, asyncio.IncompleteReadError, ConnectionError, OSError, ssl.SSLError):
+        return False
+    return hmac.compare_digest(said, key)
 
 
 async def _pump(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -83,15 +104,20 @@ def in_thread(listen) -> tuple[asyncio.AbstractEventLoop, int]:
     return loop, port[0]
 
 
-def relay_to_loopback(address: str, context: ssl.SSLContext | None, target_port: int) -> int:
-    """On the first node: listen on ``address`` (TLS with ``context``; plain without) and relay
-    every connection to ``127.0.0.1:target_port``. Returns the port it listens on."""
+def relay_to_loopback(address: str, context: ssl.SSLContext | None, target_port: int, key: bytes,
+                      listen_port: int = 0) -> int:
+    """On the first node: listen on ``address`` (at ``listen_port``; 0: any free one; TLS with ``context``, plain
+    without) and relay every connection that opens with ``key`` (:func:`relay_key`) to ``127.0.0.1:target_port``;
+    close any other. Returns the port it listens on."""
 
     async def accept(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if not await keyed(reader, key):
+            writer.close()
+            return
         await relay(reader, writer, asyncio.ensure_future(asyncio.open_connection("127.0.0.1", target_port)))
 
     async def listen() -> asyncio.Server:
-        return await asyncio.start_server(accept, address, 0, ssl=context,
+        return await asyncio.start_server(accept, address, listen_port, ssl=context,
                                           ssl_handshake_timeout=30 if context else None)
 
     return in_thread(listen)[1]
@@ -111,14 +137,25 @@ async def pinned_connection(host: str, port: int, fingerprint: str,
 
 
 class LocalForward:
-    """Off the first node: ``127.0.0.1:port`` here, relayed over pinned TLS to ``host:remote_port`` there."""
+    """Off the first node: ``127.0.0.1:port`` here, relayed over pinned TLS to ``host:remote_port`` there (plain
+    where ``fingerprint`` is None: ``network.tls: false``); each connection opens with ``key`` where it is given (a
+    service's relay: :func:`relay_key`; the coordinator's own listener takes none)."""
 
-    def __init__(self, host: str, remote_port: int, fingerprint: str) -> None:
+    def __init__(self, host: str, remote_port: int, fingerprint: str | None, key: bytes | None = None) -> None:
         context = client_context()
 
+        async def connect() -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+            if fingerprint is None:
+                reader, writer = await asyncio.open_connection(host, remote_port)
+            else:
+                reader, writer = await pinned_connection(host, remote_port, fingerprint, context)
+            if key is not None:
+                writer.write(key)
+                await writer.drain()
+            return reader, writer
+
         async def accept(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-            connect = pinned_connection(host, remote_port, fingerprint, context)
-            await relay(reader, writer, asyncio.ensure_future(connect))
+            await relay(reader, writer, asyncio.ensure_future(connect()))
 
         async def listen() -> asyncio.Server:
             return await asyncio.start_server(accept, "127.0.0.1", 0)
@@ -135,20 +172,22 @@ def remote_services_environment(published: Path, services: list[str], coordinato
     coordinator, from ``coordinator``), each endpoint a local end of its pinned TLS tunnel.
 
     ``published`` holds what each service published for the other nodes (``NAME.json``).
-    Where the center turned TLS off (``network.tls: false``) the variables name the first
+    Where the center turned TLS off (``network.tls: false``) a service's tunnel is plain (its
+    relay still takes only this run's key) and the coordinator's variables name the first
     node's address directly.
 
     :raises AllocstackError: ``prerequisite`` when one has not published its endpoint.
     """
-    documents = [(name, published / f"{name}.json") for name in services]
+    documents = [(name, published / f"{name}.json", True) for name in services]
     if coordinator is not None:
-        documents.append(("coordinator", coordinator))
+        documents.append(("coordinator", coordinator, False))
     env: dict[str, str] = {}
-    for name, path in documents:
+    for name, path, service in documents:
         endpoint = read_endpoint(path)
         url = endpoint.url
-        if endpoint.fingerprint:
-            host, port = url.removeprefix("https://").rsplit(":", 1)
-            url = LocalForward(host, int(port), endpoint.fingerprint).url
+        if endpoint.fingerprint or service:
+            there = urlsplit(url)
+            key = relay_key(endpoint.token) if service else None
+            url = LocalForward(there.hostname or "", there.port or 0, endpoint.fingerprint or None, key).url
         env.update(service_variables(name, url, endpoint.token))
     return env

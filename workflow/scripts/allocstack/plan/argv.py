@@ -117,8 +117,9 @@ def launched(plan: Plan, component: str, run: str, worker: str = "", service: st
                             binds=(files.step_logs,))
         case "verify":
             return Launched("verify", scratch=plan.volumes_after_collect, one_shot=True)
-        case "network":  # the stack's private network on the first node (config network.isolation: private)
-            return Launched(stacknet.HOLDER)
+        case "network":  # the stack's private network on its node (config network.isolation: private)
+            index = int(node or 1)
+            return Launched(stacknet.HOLDER if index == 1 else f"{stacknet.HOLDER}-node-{index}", node=index - 1)
     raise KeyError(component)
 
 
@@ -289,7 +290,7 @@ def service(plan: Plan, run: str, service: str, node: str = "", replica: str = "
         own = [("--service-file", files.service_file(service))]
     if spec["replicas"] > 1:  # $ALLOCSTACK_REPLICA, $ALLOCSTACK_REPLICAS
         own += [("--replica", replica or 1), ("--replicas", spec["replicas"])]
-    relay = [] if service in plan.global_services or replica else network(plan, files.shared_service_endpoint(service))
+    relay = [] if service not in plan.relayed_services or replica else network(plan, files.shared_service_endpoint(service))
     return [*options(*own, ("--name", service),
                      *programs.options(plan, spec), ("--environment-json", spec["environment"]),
                      *port, ("--gate-timeout", timeouts.start_bound(plan.config, service)),
@@ -478,13 +479,19 @@ def check(plan: Plan, run: str) -> list[str]:
                                                                                          plan.images_on) else ())
 
 
-def stack_network(plan: Plan, run: str) -> list[str]:
-    """stack_network.py: the stack's private network on its node (config ``network.isolation: private``), pasta
-    where the plan found it, and the ports it publishes to their owner as sockets: the built-in coordinator's status
-    page and each of your services (not an init job: it ends before the others start)."""
-    published = ([names.COORDINATOR_PORT] if plan.builtin_coordinator else []) + [
-        name for name in plan.services if name not in plan.init_jobs]
-    return options(("--pasta", plan.facts.which("pasta") or "pasta"), *each("--publish", published))
+def stack_network(plan: Plan, run: str, node: str = "") -> list[str]:
+    """stack_network.py: the stack's private network on its node (config ``network.isolation: private``; ``node``:
+    1-based, above 1 for another node's), pasta where the plan found it; on the first node the ports it publishes to
+    their owner as sockets (the built-in coordinator's status page and each of your services; not an init job: it
+    ends before the others start) and, with more than one node, the listeners the other nodes use (forwarded in)."""
+    interface = plan.config["network"]["interface"]
+    where = [("--pasta", plan.facts.which("pasta") or "pasta"), *([("--interface", interface)] if interface else [])]
+    if node and int(node) > 1:
+        return options(*where)
+    coordinator = [names.COORDINATOR_PORT] if plan.builtin_coordinator else []
+    published = coordinator + [name for name in plan.services if name not in plan.init_jobs]
+    inbound = [] if plan.nodes == 1 else coordinator + plan.relayed_services
+    return options(*where, *each("--publish", published), *each("--inbound", inbound))
 
 
 def serve(plan: Plan, run: str) -> list[str]:
@@ -506,6 +513,7 @@ def collect(plan: Plan, run: str) -> list[str]:
                    ("--inputs-summary", files.inputs_summary), ("--shared-dir", files.state),
                    ("--events-out", files.events), ("--provenance-out", files.provenance),
                    ("--services-out", files.services_record), ("--timeline-out", files.timeline),
+                   ("--decision-record", files.decision_record),
                    *each("--service", [*plan.services, *plan.replicated]), *each("--component", components),
                    ("--stop-timeout", timeouts.stop_timeout(config)),
                    flags=("--keep-scratch",) if plan.volumes_after_collect else ())

@@ -64,8 +64,8 @@ def facts(config: Mapping[str, Any], layout: Layout, order: Sequence[str], image
         listed["your programs' network"] = (
             "the node's own: what a service, long-running worker or main program of yours listens on beyond "
             "loopback (0.0.0.0, ::, the node's address) is reachable by the node's other users and by other nodes; "
-            "allocstack names each one it sees (a warning in its log and in the end-of-run summary, event "
-            "listening-exposed)")
+            "allocstack names each one it sees (a warning in its log, in the end-of-run summary and below in this "
+            "record, event listening-exposed)")
     if config["nodes"] > 1:
         interface = config["network"]["interface"]
         listed["bind address (network.interface)"] = (

@@ -84,6 +84,11 @@ class File:
     def __get__(self, layout: Layout, owner: type | None = None) -> str:
         return f"{layout.state if self.state else layout.results}/{self.name}"
 
+    @classmethod
+    def each(cls, *names: str, state: bool = False) -> tuple[File, ...]:
+        """A :class:`File` for each name, for declaring a group of them on one line."""
+        return tuple(cls(name, state) for name in names)
+
 
 @dataclass(frozen=True)
 class Layout:
@@ -92,33 +97,19 @@ class Layout:
     run: str
     state_dir: str = "state"
 
-    # validate_inputs', then the coordinator's (its service output, results, end record, gate record)
-    inputs_summary = File(INPUTS_SUMMARY)
-    decision_record = File(DECISION_RECORD)
-    compact_tasks = File(COMPACT_TASKS)
-    coordinator_service = File(COORDINATOR_SERVICE)
-    coordinator_results = File(COORDINATOR_RESULTS)
-    coordinator_end = File(COORDINATOR_END)
-    coordinator_gate = File(COORDINATOR_GATE)
-    # collect_results' (the merged event log first), your check's, verification's
-    events = File(names.EVENTS)
-    provenance = File(PROVENANCE)
-    services_record = File(SERVICES_RECORD)
-    timeline = File(TIMELINE)
-    check_record = File(CHECK_RECORD)
-    main_record = File(MAIN_RECORD)
-    marker = File(MARKER)
-    up_record = File(UP_RECORD)
-    served_record = File(SERVED_RECORD)
-    serve_verified = File(SERVE_VERIFIED)
-    #: The stack's private network's service file (config network.isolation: private).
-    stack_network = File(STACK_NETWORK)
-    #: The durable results journal a rerun resumes from.
-    journal = File(names.JOURNAL, state=True)
-    #: With more than one node: the coordinator's endpoint document for the other nodes.
-    shared_endpoint = File(names.ENDPOINT, state=True)
-    #: With more than one node: the directory of your services as published for the other nodes.
-    shared_services = File(names.SERVICES, state=True)
+    # validate_inputs'; the coordinator's (its service output, results, end record, gate record)
+    inputs_summary, decision_record, compact_tasks = File.each(INPUTS_SUMMARY, DECISION_RECORD, COMPACT_TASKS)
+    coordinator_service, coordinator_results, coordinator_end, coordinator_gate = File.each(
+        COORDINATOR_SERVICE, COORDINATOR_RESULTS, COORDINATOR_END, COORDINATOR_GATE)
+    # collect_results' (the merged event log first); your check's, your main program's, verification's
+    events, provenance, services_record, timeline = File.each(names.EVENTS, PROVENANCE, SERVICES_RECORD, TIMELINE)
+    check_record, main_record, marker = File.each(CHECK_RECORD, MAIN_RECORD, MARKER)
+    # serve mode's; the stack's private network's service file (config network.isolation: private)
+    up_record, served_record, serve_verified, stack_network = File.each(
+        UP_RECORD, SERVED_RECORD, SERVE_VERIFIED, STACK_NETWORK)
+    # In the state directory: the durable results journal a rerun resumes from; with more than one node, the
+    # coordinator's endpoint document for the other nodes and the directory of your services published for them.
+    journal, shared_endpoint, shared_services = File.each(names.JOURNAL, names.ENDPOINT, names.SERVICES, state=True)
 
     @property
     def results(self) -> str:
@@ -172,6 +163,10 @@ class Layout:
     def init_record(self, name: str) -> str:
         """Init job ``name``'s record, written when it exited 0: its dependents' gate."""
         return f"{self.results}/{INIT}/{name}.json"
+
+    def node_network(self, node: int | str) -> str:
+        """The service file of the stack's private network on node ``node`` (1-based, above 1)."""
+        return f"{self.results}/network/node-{node}{SERVICE_SUFFIX}"
 
     def node_gate(self, node: int | str) -> str:
         """The gate record of node ``node`` (1-based, above 1): it reached the coordinator."""

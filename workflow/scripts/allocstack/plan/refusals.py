@@ -33,6 +33,13 @@ class PlanError(AllocstackError):
     """A config (or a world) the plan refuses: the adapter prints its one line and exits with its code."""
 
 
+def refuse_first(diag: str, *cases: tuple[bool, str]) -> None:
+    """Refusals as a table of (when, why): the first case that holds, as :class:`PlanError` ``(diag, why)``."""
+    for holds, message in cases:
+        if holds:
+            raise PlanError(diag, message)
+
+
 #: Names allocstack's own job steps and files use: a service may not take them.
 RESERVED_NAMES = {"readiness", "check", "verify", "collect", "worker"}
 
@@ -260,19 +267,19 @@ def refuse_bad_nodes(config: Mapping[str, Any], facts: Facts) -> None:
     nodes = config["nodes"]
     if nodes == 1:
         return
-    if not config["slurm"]["job_steps"]:
-        raise PlanError("config", f"nodes={nodes} needs slurm.job_steps: true (workers are placed on their node as "
-                                  "job steps)")
-    if not config["tasks"]:
-        raise PlanError("config", f"nodes={nodes} needs the built-in coordinator (a task document in tasks): its "
-                                  "network listener and each node's gate are what spread the workers over the nodes")
-    if config["volumes"]:
-        raise PlanError("config", f"nodes={nodes} with volumes: a named volume is job-scoped scratch on the first "
-                                  "node, which workers on the other nodes cannot see; use nodes: 1, or files under "
-                                  "the project")
-    if config["workers"] < nodes:
-        raise PlanError("config", f"nodes={nodes} but workers={config['workers']}: a node would get no worker; use "
-                                  "at least as many workers as nodes")
+    refuse_first(
+        "config",
+        (not config["slurm"]["job_steps"],
+         f"nodes={nodes} needs slurm.job_steps: true (workers are placed on their node as job steps)"),
+        (not config["tasks"],
+         (f"nodes={nodes} needs the built-in coordinator (a task document in tasks): its network listener and each "
+          "node's gate are what spread the workers over the nodes")),
+        (bool(config["volumes"]),
+         (f"nodes={nodes} with volumes: a named volume is job-scoped scratch on the first node, which workers on the "
+          "other nodes cannot see; use nodes: 1, or files under the project")),
+        (config["workers"] < nodes,
+         (f"nodes={nodes} but workers={config['workers']}: a node would get no worker; use at least as many workers "
+          "as nodes")))
 
 
 def refuse_without_allocation(config: Mapping[str, Any], facts: Facts) -> None:
@@ -290,13 +297,14 @@ def refuse_shared_steps(config: Mapping[str, Any]) -> None:
     per_step, worker = config["worker"]["per_step"], config["worker"]
     if per_step is None or per_step == 1:
         return
-    if worker["mode"] == "long-running":
-        raise PlanError("config", f"worker.per_step={per_step} with worker.mode long-running: each long-running "
-                                  "worker is its own job step; set worker.per_step: 1 (or null)")
-    if worker["gpus"]:
-        raise PlanError("config", f"worker.per_step={per_step} with worker.gpus={worker['gpus']}: a worker with GPUs "
-                                  "is its own job step (srun gives each step its GPUs); set worker.per_step: 1 "
-                                  "(or null)")
+    refuse_first(
+        "config",
+        (worker["mode"] == "long-running",
+         (f"worker.per_step={per_step} with worker.mode long-running: each long-running worker is its own job step; "
+          "set worker.per_step: 1 (or null)")),
+        (bool(worker["gpus"]),
+         (f"worker.per_step={per_step} with worker.gpus={worker['gpus']}: a worker with GPUs is its own job step "
+          "(srun gives each step its GPUs); set worker.per_step: 1 (or null)")))
 
 
 def refuse_too_many_cpus(config: Mapping[str, Any], shape: Shape, facts: Facts) -> None:
@@ -369,19 +377,16 @@ def refuse_missing_runtime(config: Mapping[str, Any], use_image: bool, facts: Fa
 
 
 def refuse_private_network(config: Mapping[str, Any], facts: Facts) -> None:
-    """``network.isolation: private`` where this version and this node can make it: one node, unprivileged user
-    namespaces (root needs none) and ``pasta`` on PATH (read here, on the node that plans the run)."""
+    """``network.isolation: private`` where this node can make it: user namespaces (for root, only
+    ``user.max_user_namespaces`` above 0) and ``pasta`` on PATH (read here, on the node that plans the run; every
+    node of the allocation is taken to be alike)."""
     if config["network"]["isolation"] != "private":
         return
-    if config["nodes"] > 1:
-        raise PlanError("config", f"network.isolation is private with nodes {config['nodes']}: a private network "
-                                  "across nodes is not built yet; set nodes: 1, or network.isolation: none")
-    if facts.user != "root":
-        possible, why = namespaces.user_namespaces(facts.sysctl)
-        if not possible:
-            raise PlanError("config", f"network.isolation is private but {facts.hostname or 'this node'} does not let "
-                                      f"users make user namespaces ({why}): set network.isolation: none (the stack "
-                                      "then runs on the node's own network)")
+    possible, why = namespaces.user_namespaces(facts.sysctl, privileged=facts.user == "root")
+    if not possible:
+        raise PlanError("config", f"network.isolation is private but {facts.hostname or 'this node'} does not let "
+                                  f"users make user namespaces ({why}): set network.isolation: none (the stack "
+                                  "then runs on the node's own network)")
     if facts.which("pasta") is None:
         raise PlanError("config", "network.isolation is private but pasta is not on PATH (Debian and Ubuntu: package "
                                   "passt; it gives the stack's network its way out): install it, load its module, "

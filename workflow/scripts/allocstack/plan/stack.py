@@ -425,10 +425,30 @@ class Plan:
     def check_records(self, run: str) -> list[str]:
         return [self.files(run).check_record] if self.runs_check else []
 
-    def stack_network(self, run: str) -> list[str]:
-        """The stack's private network's service file (config network.isolation: private): every component consumes
-        it, so Snakemake keeps the network up while any of them runs (none with isolation none)."""
-        return [self.files(run).stack_network] if self.private_network else []
+    def stack_network(self, run: str, node: int = 0) -> list[str]:
+        """The service file of the stack's private network on ``node`` (0 = the first; config network.isolation:
+        private): every component on that node consumes it, so Snakemake keeps the network up while any of them runs
+        (none with isolation none)."""
+        if not self.private_network:
+            return []
+        return [self.files(run).stack_network if node == 0 else self.files(run).node_network(node + 1)]
+
+    def node_of(self, wildcards: Mapping[str, str]) -> int:
+        """The node (0 = the first) a rule's job runs on, from its wildcards: ``node`` (1-based: a node's gate, a
+        global service's instance), ``worker``, ``step``; the first node for every other job."""
+        if "node" in wildcards:
+            return int(wildcards["node"]) - 1
+        if "worker" in wildcards:
+            return self.worker_node(wildcards["worker"])
+        if "step" in wildcards:
+            return self.step(wildcards["step"]).node
+        return 0
+
+    @property
+    def relayed_services(self) -> list[str]:
+        """With more than one node, the services the other nodes reach through a relay on the first node (a global
+        service's instances are each node's own)."""
+        return [name for name in self.services if name not in self.global_services]
 
     def node_gates(self, run: str) -> list[str]:
         """Every other node's gate record (none with one node)."""
