@@ -16,6 +16,7 @@ import socket
 import ssl
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -31,7 +32,7 @@ from allocstack.common.events import gate_precedes_workers
 from allocstack.common.network import bind_address, interface_address, node_for
 from allocstack.common.tls import certificate_command, fingerprint, tls_context
 from allocstack.coordinator.progress import per_node
-from allocstack.launch.tunnel import LocalForward, relay_key, remote_services_environment
+from allocstack.launch.tunnel import LocalForward, relay_key, relay_to_loopback, remote_services_environment
 from allocstack.worker.client import CoordinatorClient
 from allocstack.worker.httpclient import CertificateRefused
 from allocstack.worker.sessions import PinnedAdapter, loopback_session
@@ -389,6 +390,32 @@ def test_with_tls_turned_off_the_relay_still_takes_only_this_runs_key(tmp_path):
     finally:
         proc.terminate()
         proc.wait(timeout=15)
+
+
+def test_a_tunnel_connection_ends_at_both_nodes_as_soon_as_the_client_is_done(tmp_path):
+    """TLS cannot half-close: when a program off the first node closes its connection to the tunnel's local end, the
+    relay's connection to the service ends too (before, it stayed open, one for each request, until the run ended)."""
+    ended = threading.Event()
+    listener = socket.create_server(("127.0.0.1", 0))
+
+    def serve_one() -> None:
+        conn, _ = listener.accept()
+        with conn:
+            conn.recv(100)
+            conn.sendall(b"+PONG\r\n")
+            conn.settimeout(20)
+            if conn.recv(100) == b"":  # EOF: the tunnel closed its side
+                ended.set()
+
+    threading.Thread(target=serve_one, daemon=True).start()
+    context, fingerprint = tls_context("127.0.0.1", "allocstack-test", tmp_path)
+    relay_port = relay_to_loopback("127.0.0.1", context, listener.getsockname()[1], relay_key("t"))
+    local = LocalForward("127.0.0.1", relay_port, fingerprint, relay_key("t"))
+    with socket.create_connection(("127.0.0.1", local.port), timeout=10) as client:
+        client.sendall(b"PING\r\n")
+        assert client.recv(100) == b"+PONG\r\n"
+    assert ended.wait(10), "the service's connection stayed open after the client closed its own"
+    listener.close()
 
 
 def test_a_long_running_worker_off_the_first_node_reaches_your_service_through_the_tunnel(tmp_path):

@@ -33,7 +33,7 @@ from test_multinode import cluster_args
 from test_own_service import SERVICE as OWN_SERVICE
 from test_serve_mode import PYTHON, WEB, ctrl_c, serve_config, start, status_of, wait_for_up
 from test_slurm import TEST_RESOURCES
-from test_stack_names import BY_ALIAS
+from test_stack_names import PER_TASK
 
 from conftest import OTHER_USER, local_user, make_tasks, pids_mentioning, write_tasks_and_expected
 from real_parts import require_apptainer, require_charliecloud_squashfs, require_multinode, require_slurm, unavailable
@@ -477,9 +477,10 @@ def test_multinode_each_node_has_the_stacks_network_workers_reach_the_service_an
         tmp_path, other_user_name):
     """Point 3: nodes: 3 under the Slurm profile, every component a job step in its image, each node's in a network
     of the stack's own on that node. The service binds 0.0.0.0 at a fixed port on the first node; per-task workers on
-    all three nodes reach it by its alias (off the first node through the run's keyed TLS relay, which pasta alone
-    forwards in). Meanwhile a second user on the first node, and root on another node outside the stack, try that
-    port on every address of the first node throughout the run: no try connects."""
+    all three nodes reach it at the address a settings file names, its alias and that port as written (off the first
+    node: that node's forwarder on the same port, through the run's keyed TLS tunnel and the first node's one way
+    in). Meanwhile a second user on the first node, and root on another node outside the stack, try that port on
+    every address of the first node throughout the run: no try connects."""
     layout, image = require_multinode(), require_apptainer()
     assert EVERY_ADDRESS_WORDS != OWN_SERVICE
     project = copy_project(tmp_path / "project")
@@ -487,11 +488,13 @@ def test_multinode_each_node_has_the_stacks_network_workers_reach_the_service_an
                              lambda payload: payload["message"].upper() + " 127.0.0.1")
     (project / "apps").mkdir()
     (project / "apps/service.py").write_text(EVERY_ADDRESS_WORDS)
-    (project / "apps/client.py").write_text(BY_ALIAS)
+    (project / "apps/client.py").write_text(PER_TASK)
+    (project / "apps/settings.ini").write_text(f"[app]\nurl = http://shouter:{PORT}\n")  # as written, every node
     config = project / "config/mesh.yaml"
     config.write_text(
         "run: mesh\ntasks: inputs/mesh.json\nexpected: expected/mesh.json\nsimulate: {task_seconds: 0.5}\n"
-        "network: {isolation: private}\nworker: {batch: 2, command: [python3, apps/client.py]}\n"
+        "network: {isolation: private}\n"
+        f"worker: {{batch: 2, command: [python3, apps/client.py, {project / 'apps/settings.ini'}]}}\n"
         f"services: {{app: {{command: [python3, apps/service.py], port: {PORT}, hostnames: [shouter], "
         "readiness: {mode: http, path: /health, expect: {status: ok}}}}\n"
         f"apptainer: {{binds: [{project / 'apps'}]}}\n")
@@ -513,4 +516,5 @@ def test_multinode_each_node_has_the_stacks_network_workers_reach_the_service_an
     holder = (project / "logs/stack_network/mesh.log").read_text()
     assert re.search(rf"app reached by the other nodes at {re.escape(address)}:\d+", holder), holder
     for node in (2, 3):
-        assert "the stack's private network is up" in (project / f"logs/stack_network/mesh/node-{node}.log").read_text()
+        log = "".join(path.read_text() for path in (project / "logs/stack_network/mesh").glob(f"node-{node}*.log"))
+        assert "the stack's private network is up" in log and f"node_forwards: app on http://127.0.0.1:{PORT}" in log

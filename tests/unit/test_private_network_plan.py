@@ -103,7 +103,8 @@ def test_across_nodes_each_node_has_its_own_network_and_the_first_forwards_in_on
     assert [arg for arg in first if arg.startswith("--publish=")] == ["--publish=coordinator", "--publish=kv"]
     assert "--interface=ib0" in first
     other = plan.args("network", run="r", node="3")
-    assert not [arg for arg in other if arg.startswith(("--inbound", "--publish"))] and "--interface=ib0" in other
+    assert not [arg for arg in other if arg.startswith(("--inbound=", "--publish="))] and "--interface=ib0" in other
+    assert "--forward=kv" in other and "--published=state/r/services" in other  # kv on its own port on node 3 too
     holder = plan.launch("network", run="r", node="3")
     assert "--component=stack-network-node-3" in holder and "--node-index=2" in holder
     assert "--network-namespace" not in holder

@@ -241,7 +241,8 @@ def main(argv: list[str] | None = None) -> int:
     write_endpoint(published, endpoint, token, "", process=(pid, process_start(pid)))
     if relayed:
         url, fingerprint = relayed
-        write_endpoint(args.network_endpoint_file, url, token, "", tls=fingerprint is not None, fingerprint=fingerprint)
+        write_endpoint(args.network_endpoint_file, url, token, "", tls=fingerprint is not None, fingerprint=fingerprint,
+                       service_port=port)
         log(f"relayed to the other nodes on {url}")
     append_event(events, "service-started", service=files, endpoint=endpoint, command=how.shown[0],
                  **{**runtime_facts(), **({"container": how.container} if how.container else {})})

@@ -119,7 +119,8 @@ def main(argv: list[str] | None = None) -> int:
         await_dependencies(args.gate_record, args.started, args.scratch, args.gate_timeout, log)
         if args.remote_services:  # off the first node: through the TLS tunnels
             services = remote_services_environment(args.remote_services, args.uses,
-                                                   args.endpoint_file if args.uses_coordinator else None)
+                                                   args.endpoint_file if args.uses_coordinator else None,
+                                                   scratch=args.scratch)
         else:
             services = services_environment(args.scratch, args.uses, args.uses_coordinator)
         stack = {**services, **replica_variables(worker, args.index, args.workers)}

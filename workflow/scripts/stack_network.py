@@ -18,7 +18,9 @@ keeps it up while any of them runs and stops it (SIGTERM) once the last one is d
    recorded for NAME, whose connections it carries (through the socket ``in-NAME.sock``) to NAME's listener on the
    same port in the namespace; those listeners speak TLS, and a service's lets in only the stack's own tunnels
    (allocstack/launch/tunnel.py), so the gateway carries bytes it cannot read to programs that check who sent them;
-5. waits for SIGTERM (the stack is done), SIGINT or SIGHUP, or for the holder or pasta to end by themselves
+5. with ``--forward NAME`` (a node other than the first), starts node_forwards.py in the namespace: each service
+   of yours on its own port at the namespace's loopback, carried through its keyed TLS tunnel to the first node;
+6. waits for SIGTERM (the stack is done), SIGINT or SIGHUP, or for the holder or pasta to end by themselves
    (the stack's network is gone: one [network] line, exit 69), then stops both and removes the record.
 """
 
@@ -137,22 +139,45 @@ def start_pasta(pasta: str, holder: int, scratch: Path, template: tuple[str, str
     return proc
 
 
+def start_helper(held: stacknet.Held, script: str, options: list[str], failed: str) -> subprocess.Popen[str]:
+    """``script`` (beside this one) in the namespace, with ``options``; returned once it said ``ready``, its further
+    lines echoed into this job's log. ``failed``: what could not be done, for the one line if it does not start."""
+    argv = [*stacknet.join_prefix(held), sys.executable, str(Path(__file__).with_name(script)), *options]
+    proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, text=True)
+    said = proc.stdout.readline().strip() if proc.stdout else ""
+    if said != "ready":
+        proc.kill()
+        raise AllocstackError("network", f"{failed} ({script} exited {proc.wait()})")
+    threading.Thread(target=echo, args=(proc,), daemon=True).start()
+    return proc
+
+
+def echo(proc: subprocess.Popen[str]) -> None:
+    """A helper's own lines into this job's log."""
+    for line in proc.stdout or ():
+        print(line.rstrip(), flush=True)
+
+
 def start_port_sockets(held: stacknet.Held, scratch: Path, published: list[str],
                        address: str) -> subprocess.Popen[str] | None:
     """port_sockets.py in the namespace: each published port as an owner-only socket in scratch, and the way in of
     each of ``held.inbound`` (to ``address`` and its port there); returned once its sockets exist."""
     if not published and not held.inbound:
         return None
-    argv = [*stacknet.join_prefix(held), sys.executable, str(Path(__file__).with_name("port_sockets.py")),
-            f"--scratch={scratch}", *(f"--publish={name}" for name in published),
-            *(f"--inbound={name}={address}:{port}" for name, port in held.inbound.items())]
-    proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, text=True)
-    said = proc.stdout.readline().strip() if proc.stdout else ""
-    if said != "ready":
-        proc.kill()
-        raise AllocstackError("network", f"the stack's published ports could not be made sockets in {scratch} "
-                                         f"(port_sockets.py exited {proc.wait()})")
-    return proc
+    options = [f"--scratch={scratch}", *(f"--publish={name}" for name in published),
+               *(f"--inbound={name}={address}:{port}" for name, port in held.inbound.items())]
+    return start_helper(held, "port_sockets.py", options,
+                        f"the stack's published ports could not be made sockets in {scratch}")
+
+
+def start_forwards(held: stacknet.Held, scratch: Path, published: Path | None,
+                   services: list[str]) -> subprocess.Popen[str] | None:
+    """node_forwards.py in the namespace (a node other than the first): each of ``services`` on its own port at the
+    namespace's loopback once it is published; returned once it started."""
+    if not services or published is None:
+        return None
+    options = [f"--scratch={scratch}", f"--published={published}", *(f"--forward={name}" for name in services)]
+    return start_helper(held, "node_forwards.py", options, "the forwarders of your services could not start on this node")
 
 
 def parse_args(argv: list[str] | None):
@@ -163,6 +188,11 @@ def parse_args(argv: list[str] | None):
                              "node's address forwarded in to it (repeatable; the first node of more than one)")
     parser.add_argument("--interface", default="",
                         help="config network.interface: the address the other nodes reach (else the hostname's)")
+    parser.add_argument("--forward", action="append", default=[], metavar="NAME",
+                        help="a node other than the first: a service of yours the workers here reach on its own port "
+                             "(node_forwards.py; repeatable)")
+    parser.add_argument("--published", type=Path,
+                        help="with --forward: the directory of your services as published for the other nodes")
     parser.add_argument("--publish", action="append", default=[], metavar="NAME",
                         help="a port published to its owner as SCRATCH/ports/NAME.sock (coordinator: the status page; "
                              "else a service of yours; repeatable)")
@@ -178,7 +208,7 @@ def main(argv: list[str] | None = None) -> int:
         signal.signal(signum, lambda signum, _frame: ending.append(signum))
     started = time.monotonic()
     holder, said = fork_holder()
-    pasta = sockets = None
+    pasta = sockets = forwards = None
     try:
         answer = holder_said(said)
         if answer != "ok":
@@ -195,13 +225,15 @@ def main(argv: list[str] | None = None) -> int:
         held = stacknet.Held(holder, stacknet.started_at(holder) or 0, user=os.getuid() != 0, inbound=inbound)
         sockets = start_port_sockets(held, scratch, args.publish, address)
         start_gateway(scratch, listening)
+        forwards = start_forwards(held, scratch, args.published, args.forward)
         stacknet.publish(scratch, held)
         forwarded = "".join(f"; {name} reached by the other nodes at {address}:{port}" for name, port in inbound.items())
         print(f"stack_network: the stack's private network is up after {time.monotonic() - started:.3f} s "
               f"(holder {holder}, pasta {pasta.pid}{forwarded})", flush=True)
         while not ending:
-            if sockets is not None and sockets.poll() is not None:
-                raise AllocstackError("network", f"the stack's published ports' sockets ended (exit {sockets.returncode})")
+            for helper, what in ((sockets, "the stack's published ports' sockets"), (forwards, "the forwarders")):
+                if helper is not None and helper.poll() is not None:
+                    raise AllocstackError("network", f"{what} ended (exit {helper.returncode})")
             if pasta.poll() is not None or os.waitpid(holder, os.WNOHANG) != (0, 0):
                 raise AllocstackError("network", "the stack's private network ended before the stack did "
                                                  f"({'pasta' if pasta.poll() is not None else 'its holder'} exited)")
@@ -212,12 +244,13 @@ def main(argv: list[str] | None = None) -> int:
         return report(error)
     finally:
         stacknet.record_path(scratch).unlink(missing_ok=True)
-        if sockets is not None and sockets.poll() is None:
-            sockets.terminate()
-            try:
-                sockets.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                sockets.kill()
+        for helper in (sockets, forwards):
+            if helper is not None and helper.poll() is None:
+                helper.terminate()
+                try:
+                    helper.wait(timeout=5)
+                except subprocess.TimeoutExpired:
+                    helper.kill()
         for proc_pid in ([pasta.pid] if pasta is not None and pasta.poll() is None else []) + [holder]:
             try:
                 os.kill(proc_pid, signal.SIGKILL)

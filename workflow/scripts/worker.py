@@ -342,7 +342,8 @@ def main(argv: list[str] | None = None) -> int:
 
             here = local_instances(args.local_service)
             os.environ.update(remote_services_environment(args.remote_services,
-                                                          [name for name in args.uses if name not in here]))
+                                                          [name for name in args.uses if name not in here],
+                                                          scratch=args.scratch))
             os.environ.update(instances_environment(args.scratch, here))
         elif args.scratch:  # your own services' variables (config services), for your program
             os.environ.update(services_environment(args.scratch, args.uses))

@@ -59,17 +59,22 @@ def require_loopback(url: str) -> str:
 
 def write_endpoint(path: str | os.PathLike, url: str, token: str, view_token: str,
                    tls: bool | None = None, fingerprint: str | None = None,
-                   process: tuple[int, int | None] | None = None) -> None:
+                   process: tuple[int, int | None] | None = None, service_port: int | None = None) -> None:
     """``token`` may claim and post; ``view_token`` may only read /status and the /ui page.
 
     ``tls`` is None for a loopback endpoint; for a network endpoint True (with the certificate's
     ``fingerprint``) or False (plain text, where the center's config says so). ``process``: the pid of your
     service's process and when it started (its gate looks at what it listens on, allocstack/launch/exposure.py).
+    ``service_port``: for the other nodes, the port your service listens on at its node's loopback (in the stack's
+    private network each other node's forwarder listens on it too, so an address written as ``NAME:PORT`` works
+    there unchanged).
     """
     document: dict[str, Any] = {"schemaVersion": SCHEMA_VERSION, "endpoint": url, "token": token,
                                 "viewToken": view_token}
     if process is not None:
         document["pid"], document["pidStartedAt"] = process
+    if service_port is not None:
+        document["servicePort"] = service_port
     if tls is not None:
         document.update(tls=tls, tlsFingerprint=fingerprint)
     atomic_write_json(path, document)
@@ -199,6 +204,7 @@ class Endpoint:
     token: str
     fingerprint: str | None = None
     process: tuple[int, int | None] | None = None
+    service_port: int | None = None
 
 
 FINGERPRINT = re.compile(r"^[0-9a-f]{64}$")
@@ -237,5 +243,6 @@ def read_endpoint(path: str | os.PathLike) -> Endpoint:
         return Endpoint(require_loopback(url), token, process=process)
     if not isinstance(tls, bool):
         raise AllocstackError("prerequisite", f"endpoint file {path}: 'tls' must be true or false")
-    fingerprint = document.get("tlsFingerprint")
-    return Endpoint(network_url(url, tls, fingerprint, path), token, fingerprint if tls else None)
+    fingerprint, service_port = document.get("tlsFingerprint"), document.get("servicePort")
+    return Endpoint(network_url(url, tls, fingerprint, path), token, fingerprint if tls else None,
+                    service_port=service_port if type(service_port) is int and 0 < service_port < 65536 else None)

@@ -24,12 +24,19 @@ from __future__ import annotations
 
 import asyncio
 import hmac
+import json
+import os
+import socket
 import ssl
 import threading
+import time
 from pathlib import Path
 from urllib.parse import urlsplit
 
 from ..common.endpoint import read_endpoint, service_variables
+from ..common.errors import AllocstackError
+from ..common.jsonio import atomic_write_json
+from ..common.names import NETWORK_ENV
 from ..common.tls import certificate_matches, client_context
 
 CHUNK = 64 * 1024
@@ -51,30 +58,45 @@ async def keyed(reader: asyncio.StreamReader, key: bytes) -> bool:
     return hmac.compare_digest(said, key)
 
 
-async def _pump(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-    """Copy ``reader`` to ``writer`` until EOF, then half-close (so the other direction can finish)."""
+async def _pump(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bool:
+    """Copy ``reader`` to ``writer`` until EOF, then half-close where ``writer`` can (plain TCP, a Unix socket: so
+    the other direction can finish); whether it did (TLS cannot)."""
     try:
         while data := await reader.read(CHUNK):
             writer.write(data)
             await writer.drain()
         if writer.can_write_eof():
             writer.write_eof()
-    except (ConnectionError, OSError):
+            return True
+    except (ConnectionError, OSError, ssl.SSLError):
         writer.close()
+    return False
 
 
 async def relay(reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
                  connect: asyncio.Future | asyncio.Task) -> None:
     """Relay one accepted connection to the connection ``connect`` opens; close both at the end (also the
-    published ports' sockets of a private network: allocstack/launch/portsockets.py)."""
+    published ports' sockets of a private network: allocstack/launch/portsockets.py).
+
+    The end: the side ``connect`` opened (toward the service) ends it when it ends; the accepted side's end is
+    passed on as a half-close where the other side can take one (then the answer still comes back), and ends it
+    where it cannot (TLS): a tunnel's connection is closed as soon as either of its programs is done with it, never
+    left open between the nodes until the run ends.
+    """
     try:
         upstream_reader, upstream_writer = await connect
     except (ConnectionError, OSError, ssl.SSLError):
         writer.close()
         return
+    onward = asyncio.ensure_future(_pump(reader, upstream_writer))
+    back = asyncio.ensure_future(_pump(upstream_reader, writer))
     try:
-        await asyncio.gather(_pump(reader, upstream_writer), _pump(upstream_reader, writer))
+        done, _ = await asyncio.wait((onward, back), return_when=asyncio.FIRST_COMPLETED)
+        if back not in done and onward.result():  # the client half-closed, passed on: its answer still comes
+            await back
     finally:  # no await here: a connection still open when the process ends must not hang it
+        onward.cancel()
+        back.cancel()
         writer.close()
         upstream_writer.close()
 
@@ -141,7 +163,8 @@ class LocalForward:
     where ``fingerprint`` is None: ``network.tls: false``); each connection opens with ``key`` where it is given (a
     service's relay: :func:`relay_key`; the coordinator's own listener takes none)."""
 
-    def __init__(self, host: str, remote_port: int, fingerprint: str | None, key: bytes | None = None) -> None:
+    def __init__(self, host: str, remote_port: int, fingerprint: str | None, key: bytes | None = None,
+                 port: int = 0) -> None:
         context = client_context()
 
         async def connect() -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
@@ -158,7 +181,7 @@ class LocalForward:
             await relay(reader, writer, asyncio.ensure_future(connect()))
 
         async def listen() -> asyncio.Server:
-            return await asyncio.start_server(accept, "127.0.0.1", 0)
+            return await asyncio.start_server(accept, "127.0.0.1", port)
 
         self.loop, self.port = in_thread(listen)
 
@@ -167,14 +190,59 @@ class LocalForward:
         return f"http://127.0.0.1:{self.port}"
 
 
-def remote_services_environment(published: Path, services: list[str], coordinator: Path | None = None) -> dict[str, str]:
+def forward_record(scratch: Path, name: str, host: str | None = None) -> Path:
+    """Where node ``host``'s forwarder of service ``name`` (the stack's private network) says where it listens."""
+    return scratch / "forwards" / f"{name}.{host or socket.gethostname()}.json"
+
+
+def forward(published: Path, name: str, scratch: Path, poll: float = 0.1) -> LocalForward:
+    """In the stack's private network on a node other than the first: once service ``name`` is published for the
+    other nodes (``published/NAME.json``), its tunnel's local end on the service's own port at this namespace's
+    loopback (free there: the namespace is the stack's alone), so ``NAME:PORT`` as written works on this node too;
+    then :func:`forward_record` says so."""
+    path = published / f"{name}.json"
+    while True:
+        try:
+            endpoint = read_endpoint(path)
+            break
+        except AllocstackError:
+            time.sleep(poll)
+    there = urlsplit(endpoint.url)
+    local = LocalForward(there.hostname or "", there.port or 0, endpoint.fingerprint, relay_key(endpoint.token),
+                         port=endpoint.service_port or 0)
+    record = forward_record(scratch, name)
+    record.parent.mkdir(mode=0o700, exist_ok=True)
+    atomic_write_json(record, {"schemaVersion": 1, "service": name, "url": local.url})
+    return local
+
+
+def await_forward(scratch: Path, name: str, seconds: float = 120.0, poll: float = 0.05) -> str:
+    """The URL of this node's forwarder of ``name``, once it listens.
+
+    :raises AllocstackError: ``network`` when it has not said so within ``seconds``.
+    """
+    record, deadline = forward_record(scratch, name), time.monotonic() + seconds
+    while True:
+        try:
+            return str(json.loads(record.read_bytes())["url"])
+        except (OSError, ValueError, KeyError, TypeError):
+            if time.monotonic() > deadline:
+                raise AllocstackError("network", f"this node's forwarder of service {name} (the stack's private "
+                                                 f"network) did not listen within {seconds:.0f} s: the log of its "
+                                                 "job node_network says why") from None
+            time.sleep(poll)
+
+
+def remote_services_environment(published: Path, services: list[str], coordinator: Path | None = None,
+                                scratch: Path | None = None) -> dict[str, str]:
     """Off the first node: the variables of every service in ``services`` (and of the built-in
     coordinator, from ``coordinator``), each endpoint a local end of its pinned TLS tunnel.
 
     ``published`` holds what each service published for the other nodes (``NAME.json``).
     Where the center turned TLS off (``network.tls: false``) a service's tunnel is plain (its
     relay still takes only this run's key) and the coordinator's variables name the first
-    node's address directly.
+    node's address directly. In the stack's private network (``scratch`` given, ``$ALLOCSTACK_NETWORK``
+    private) a service's variables name this node's forwarder, on the service's own port (:func:`forward`).
 
     :raises AllocstackError: ``prerequisite`` when one has not published its endpoint.
     """
@@ -185,7 +253,9 @@ def remote_services_environment(published: Path, services: list[str], coordinato
     for name, path, service in documents:
         endpoint = read_endpoint(path)
         url = endpoint.url
-        if endpoint.fingerprint or service:
+        if service and scratch is not None and os.environ.get(NETWORK_ENV) == "private":
+            url = await_forward(scratch, name)
+        elif endpoint.fingerprint or service:
             there = urlsplit(url)
             key = relay_key(endpoint.token) if service else None
             url = LocalForward(there.hostname or "", there.port or 0, endpoint.fingerprint or None, key).url

@@ -487,7 +487,8 @@ def stack_network(plan: Plan, run: str, node: str = "") -> list[str]:
     interface = plan.config["network"]["interface"]
     where = [("--pasta", plan.facts.which("pasta") or "pasta"), *([("--interface", interface)] if interface else [])]
     if node and int(node) > 1:
-        return options(*where)
+        forwards = [("--published", plan.files(run).shared_services), *each("--forward", plan.relayed_services)]
+        return options(*where, *(forwards if plan.relayed_services else []))
     coordinator = [names.COORDINATOR_PORT] if plan.builtin_coordinator else []
     published = coordinator + [name for name in plan.services if name not in plan.init_jobs]
     inbound = [] if plan.nodes == 1 else coordinator + plan.relayed_services
