@@ -67,6 +67,8 @@ class PublicStack:
     name: str
     #: The upstream's requirements file, in its folder.
     requirements: str
+    #: Where the import writes its config (the docs' commands name it: test_cluster_commands finds it here).
+    config: str
     #: The ports its Compose files fix: each replaced by a free one, as the node is shared.
     ports: tuple[str, ...]
     workers: int
@@ -81,11 +83,6 @@ class PublicStack:
     producer_tests: tuple[str, ...] = ("test_home", "test_task", "test_mock_task", "test_task_status")
     #: The workers' own log (celery --logfile), in the stack's folder.
     worker_log: str = "project/logs/celery.log"
-
-    @property
-    def config(self) -> str:
-        """Where the import writes its config (the docs' commands name it)."""
-        return f"config/{self.name}.yaml"
 
     @property
     def flags(self) -> tuple[str, ...]:
@@ -103,11 +100,13 @@ class PublicStack:
 
 
 FASTAPI_CELERY = PublicStack(
-    name="fastapi-celery", requirements="project/requirements.txt", ports=("8000", "6379", "5555"), workers=4,
+    name="fastapi-celery", requirements="project/requirements.txt", config="config/fastapi-celery.yaml",
+    ports=("8000", "6379", "5555"), workers=4,
     producer_module="tests/test_tasks.py", images=(("fastapi-celery-project", "fastapi-celery"), ("redis-7", "redis")))
 # `build: .` with `image: web` (the web service) is tagged web, the others' builds flask-celery: one recipe.
 FLASK_CELERY = PublicStack(
-    name="flask-celery", requirements="requirements.txt", ports=("5000", "6379", "5555"), workers=2,
+    name="flask-celery", requirements="requirements.txt", config="config/flask-celery.yaml",
+    ports=("5000", "6379", "5555"), workers=2,
     producer_module="project/tests/test_tasks.py",
     images=(("flask-celery", "flask-celery"), ("web", "flask-celery"), ("redis-6-alpine", "redis")))
 STACKS = (FASTAPI_CELERY, FLASK_CELERY)

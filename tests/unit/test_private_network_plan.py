@@ -10,7 +10,7 @@ import pytest
 
 from allocstack.common.endpoint import write_endpoint
 from allocstack.launch.portsockets import SUN_PATH, socket_path, target
-from allocstack.launch.stacknet import Held, has_default_route, join_prefix, pasta_argv
+from allocstack.launch.stacknet import Held, default_route_interface, join_prefix, pasta_argv
 
 from .plans import plan_of, refusal
 
@@ -120,7 +120,7 @@ UNROUTED = ROUTED.split("\n")[0] + "\n" + ROUTED.split("\n")[2] + "\n"
 def test_on_a_node_without_a_default_route_pasta_is_given_the_interface_and_a_gateway():
     """pasta copies the interface of the default route; a compute node without one (the test cluster's namespaced
     nodes) gets the interface that holds the node's address, and that address as the gateway."""
-    assert has_default_route(ROUTED) and not has_default_route(UNROUTED)
+    assert default_route_interface(ROUTED) == "eth0" and default_route_interface(UNROUTED) is None
     argv = pasta_argv("pasta", 41, 0, "p", ("eth0", "10.254.1.12"))
     assert argv[argv.index("--interface") + 1] == "eth0" and argv[argv.index("--gateway") + 1] == "10.254.1.12"
     assert "--gateway" not in pasta_argv("pasta", 41, 0, "p")

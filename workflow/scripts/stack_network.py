@@ -215,13 +215,15 @@ def main(argv: list[str] | None = None) -> int:
             raise AllocstackError("network", f"the stack's private network could not be made on this node "
                                              f"({answer}); where the center disables unprivileged user namespaces, "
                                              "set network.isolation: none")
-        # the node's address: the other nodes' way in, and where the node has no default route (compute nodes
-        # often have none) the interface whose address and routes the namespace copies (pasta needs one)
-        routed = stacknet.has_default_route()
+        # The node's address: the other nodes' way in, and the interface the namespace copies (pasta's template)
+        # where the listeners for them bind it in there (network.interface may not be the default route's), or
+        # where the node has no default route (compute nodes often have none; pasta needs a template then)
+        routed = stacknet.default_route_interface()
         address = bind_address(args.interface or None, socket.gethostname()) if args.inbound or not routed else ""
+        template = stacknet.template_interface(address) if address else None
         listening = listen_for_other_nodes(address, args.inbound)
         inbound = {name: sock.getsockname()[1] for name, sock in listening.items()}
-        pasta = start_pasta(args.pasta, holder, scratch, None if routed else stacknet.template_interface(address))
+        pasta = start_pasta(args.pasta, holder, scratch, template if template and template[0] != routed else None)
         held = stacknet.Held(holder, stacknet.started_at(holder) or 0, user=os.getuid() != 0, inbound=inbound)
         sockets = start_port_sockets(held, scratch, args.publish, address)
         start_gateway(scratch, listening)

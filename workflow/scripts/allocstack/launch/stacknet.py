@@ -85,15 +85,16 @@ def pasta_argv(pasta: str, pid: int, uid: int, pid_file: Path, template: tuple[s
             "none", "--tcp-ns", "none", "--udp-ns", "none", "--pid", str(pid_file), str(pid)]
 
 
-def has_default_route(routes: str | None = None) -> bool:
-    """Whether ``/proc/net/route`` (``routes``: its text; None: this node's) has an IPv4 default route."""
+def default_route_interface(routes: str | None = None) -> str | None:
+    """The interface of the first IPv4 default route in ``/proc/net/route`` (``routes``: its text; None: this
+    node's), None where there is none."""
     routes = Path("/proc/net/route").read_text(encoding="ascii") if routes is None else routes
-    return any(line.split()[1:2] == ["00000000"] for line in routes.splitlines()[1:])
+    return next((line.split()[0] for line in routes.splitlines()[1:] if line.split()[1:2] == ["00000000"]), None)
 
 
 def template_interface(address: str) -> tuple[str, str] | None:
-    """For :func:`pasta_argv` on a node without a default route: the interface that holds ``address`` and that
-    address (None where no interface holds it)."""
+    """For :func:`pasta_argv`: the interface that holds ``address``, and that address as the gateway (None where no
+    interface holds it)."""
     from ..common.network import interface_address
 
     for _, name in socket.if_nameindex():
