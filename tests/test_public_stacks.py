@@ -217,10 +217,14 @@ def check_stack_ran(project: Path, stack: PublicStack, folder: Path, ports: dict
     for test in stack.producer_tests:
         assert f"{stack.producer_module}::{test} PASSED" in produced, produced[-3000:]
     assert f" {len(stack.producer_tests)} passed" in produced
-    # The workers' own log (celery's --logfile, in the bind-mounted project as in Docker): the one task it ran.
+    # The workers' own log (celery's --logfile, in the bind-mounted project as in Docker): the task of each attempt.
+    # One attempt, unless the upstream's own race failed one: test_task_status asserts PENDING on its first GET
+    # after queueing a task that sleeps 0 s, so an idle worker that is quicker than the test client fails it (seen in
+    # CI under load, ci-60 and ci-62: the task succeeded 20 ms after it was queued, the producer failed 3 s later);
+    # then the profile's retries run the stack again, and the last attempt's producer (above) must have passed.
     written = new_lines(stack, folder, stack.worker_log)
     succeeded = [line for line in written if "Task create_task[" in line and "succeeded in" in line]
-    assert len(succeeded) == 1 and succeeded[0].endswith(": True"), \
+    assert 1 <= len(succeeded) <= 4 and all(line.endswith(": True") for line in succeeded), \
         "\n".join(written)[-2000:] + "\n--- allocstack lines of the run's logs (an attempt before the last?):\n" + \
         "\n".join(allocstack_lines(project))[-2000:]
     # The daemons were stopped once the producer ended (celery's warm shutdown on SIGTERM: exit 0), and nothing
@@ -307,7 +311,7 @@ def run_in_images(project: Path, stack: PublicStack, runtime: str, *args: str, e
         place_image(project, runtime, source, name)
     try:
         started = time.monotonic()
-        done = snakemake(project, *args, "--configfile", stack.config, timeout=600, env=env)
+        done = snakemake(project, *args, "--configfile", stack.config, timeout=900, env=env)  # 3 attempts (the profile allows 4)
         run_seconds = time.monotonic() - started
         output = done.stdout + done.stderr
         assert done.returncode == 0, output[-4000:]
