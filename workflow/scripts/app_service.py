@@ -53,7 +53,9 @@ Exit code: 0 when stopped cleanly, else your command's.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import random
 import secrets
 import socket
 import sys
@@ -105,24 +107,53 @@ from allocstack.launch.supervise import Outcome, Supervised
 from allocstack.launch.tunnel import relay_key, relay_to_loopback
 
 
-def take_port(port: int) -> int:
-    """``port`` when it is free on the loopback address, or (``port`` 0) a free one.
+#: Where the kernel takes the local ports of outgoing connections from (Linux; "32768 60999" by default).
+EPHEMERAL_RANGE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+
+
+def port_choices(ephemeral_range: Path = EPHEMERAL_RANGE) -> range:
+    """The ports a service without a port of its own may be given: the upper half below the ephemeral range
+    (16384..32767 by default), so that no outgoing connection on the node takes the port between this choice
+    and the program's own bind (a port 0 choice can: CI of 50faa84, ``Address already in use`` on a busy node).
+    Empty where the range cannot be read."""
+    try:
+        low = int(ephemeral_range.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return range(0)
+    return range(max(1024, low // 2), low)
+
+
+def bound_port(port: int) -> int:
+    """The port a server could bind on the loopback address now (``port``, or the kernel's choice for 0).
+
+    :raises OSError: when it cannot (``Address already in use``).
+    """
+    with socket.socket() as probe:
+        # As servers bind: connections of an earlier run in TIME_WAIT do not count, a listener does.
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        probe.bind((LOOPBACK, port))
+        return probe.getsockname()[1]
+
+
+def take_port(port: int, choices: range | None = None, tries: int = 64) -> int:
+    """``port`` when it is free on the loopback address, or (``port`` 0) a free one of ``choices``
+    (:func:`port_choices`), or the kernel's choice where none of ``tries`` random ones is free.
 
     A fixed port (your program's, e.g. from Compose) is checked first: on a shared node
     another program may hold it, and a gate answered by someone else's server must never pass.
 
     :raises AllocstackError: ``prerequisite`` when the port is taken.
     """
-    with socket.socket() as probe:
-        # As servers bind: connections of an earlier run in TIME_WAIT do not count, a listener does.
-        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            probe.bind((LOOPBACK, port))
-        except OSError as exc:
-            raise AllocstackError("prerequisite", f"port {port} on {LOOPBACK} is already in use on this node "
-                                                  f"({exc.strerror}): another program holds it; choose another "
-                                                  "port, or port: null and $ALLOCSTACK_<NAME>_PORT") from exc
-        return probe.getsockname()[1]
+    choices = port_choices() if choices is None else choices
+    for _ in range(tries if port == 0 and choices else 0):
+        with contextlib.suppress(OSError):
+            return bound_port(random.choice(choices))  # noqa: S311 (a port to try, not a secret)
+    try:
+        return bound_port(port)
+    except OSError as exc:
+        raise AllocstackError("prerequisite", f"port {port} on {LOOPBACK} is already in use on this node "
+                                              f"({exc.strerror}): another program holds it; choose another "
+                                              "port, or port: null and $ALLOCSTACK_<NAME>_PORT") from exc
 
 
 def replica_variables(replica: int, replicas: int) -> dict[str, str]:
