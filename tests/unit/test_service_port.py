@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import socket
 
+import app_service
 import pytest
 
-import app_service
 from allocstack.common.errors import AllocstackError
 
 

@@ -106,7 +106,6 @@ from allocstack.launch.restart import add_arguments as add_restart_arguments
 from allocstack.launch.supervise import Outcome, Supervised
 from allocstack.launch.tunnel import relay_key, relay_to_loopback
 
-
 #: Where the kernel takes the local ports of outgoing connections from (Linux; "32768 60999" by default).
 EPHEMERAL_RANGE = Path("/proc/sys/net/ipv4/ip_local_port_range")
 

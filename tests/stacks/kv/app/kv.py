@@ -19,12 +19,14 @@ class Handler(BaseHTTPRequestHandler):
     def reply(self, code, body):
         data = json.dumps(body).encode()
         self.send_response(code)
+        self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(data)))
         self.end_headers()
         self.wfile.write(data)
 
     def body(self):
-        return json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))) or b"null")
+        length = int(self.headers.get("Content-Length", 0))
+        return json.loads(self.rfile.read(length)) if length else None
 
     def do_GET(self):
         if self.path == "/health":

@@ -50,39 +50,22 @@ MAIN_ENDED = "main-ended.json"
 JOURNAL = "journal.jsonl"
 
 
-def worker_record(worker: str) -> str:
-    """A worker's record (``worker-01.json``), in ``results/<run>/workers/`` or its step's directory there."""
-    return f"{worker}.json"
-
-
-def worker_log(worker: str) -> str:
-    """A worker's own log (``worker-01.log``) in its step's log directory (more than one worker per step)."""
-    return f"{worker}.log"
-
-
-def relay_endpoint(step: str) -> str:
-    """In scratch: where a step of workers publishes its relay to the coordinator for its workers (mode 0600)."""
-    return f"relay-{step}.json"
-
-
-def service_endpoint(service: str) -> str:
-    """In scratch: where your own service ``service`` publishes its URL and token (mode 0600)."""
-    return f"{SERVICES}/{service}.json"
-
-
-def service_end(service: str) -> str:
-    """In scratch: where the supervisor of ``service`` records how it ended (read by collect_results)."""
-    return f"{SERVICES}/{service}.end.json"
-
-
-def component_events(component: str) -> str:
-    """In scratch: the event log of a component other than the coordinator (a service, its gate, a replica, the check)."""
-    return f"{EVENTS_DIR}/{component}.jsonl"
-
-
-def component_ended(component: str) -> str:
-    """In scratch: how ``component``'s process ended, written by its launcher (read by the gate that waits for it)."""
-    return f"{ENDED_DIR}/{component}.json"
+# Files named after a component: each a function of the name (``worker_record("worker-01")`` is
+# ``"worker-01.json"``).
+#: A worker's record (``worker-01.json``), in ``results/<run>/workers/`` or its step's directory there.
+worker_record = "{}.json".format
+#: A worker's own log (``worker-01.log``) in its step's log directory (more than one worker per step).
+worker_log = "{}.log".format
+#: In scratch: where a step of workers publishes its relay to the coordinator for its workers (mode 0600).
+relay_endpoint = "relay-{}.json".format
+#: In scratch: where your own service publishes its URL and token (mode 0600).
+service_endpoint = (SERVICES + "/{}.json").format
+#: In scratch: where the supervisor of a service records how it ended (read by collect_results).
+service_end = (SERVICES + "/{}.end.json").format
+#: In scratch: the event log of a component other than the coordinator (a service, its gate, a replica, the check).
+component_events = (EVENTS_DIR + "/{}.jsonl").format
+#: In scratch: how a component's process ended, written by its launcher (read by the gate that waits for it).
+component_ended = (ENDED_DIR + "/{}.json").format
 
 
 #: Your own service names (config ``services``, Compose service names).
