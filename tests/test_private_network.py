@@ -35,7 +35,7 @@ from test_serve_mode import PYTHON, WEB, ctrl_c, serve_config, start, status_of,
 from test_slurm import TEST_RESOURCES
 from test_stack_names import PER_TASK
 
-from conftest import OTHER_USER, local_user, make_tasks, pids_mentioning, write_tasks_and_expected
+from conftest import OTHER_USER, local_user, make_tasks, pids_mentioning, wait_for, write_tasks_and_expected
 from real_parts import require_apptainer, require_charliecloud_squashfs, require_multinode, require_slurm, unavailable
 from workflow_helpers import (
     SNAKEMAKE,
@@ -416,6 +416,22 @@ def test_the_status_page_and_status_of_a_private_stack_are_its_owners(project):
     assert run.returncode == 0, output[-3000:]
     assert status.returncode == 0 and ": running" in status.stdout and "leased" in status.stdout, status
     assert "/coordinator.sock " in url.stdout, url
+
+
+def test_a_failed_run_leaves_nothing_of_its_private_network_running(project):
+    """Snakemake SIGKILLs the jobs of a failed run, the network's holder among them: its pasta and the helper that
+    keeps the published ports' sockets end with it (before, every failed private run left both running: 20 of the
+    suite's failing runs did so when `private` was tried as the default)."""
+    (project / "config/broken.yaml").write_text("run: broken\nnetwork: {isolation: private}\n"
+                                                "worker: {command: [/nonexistent/program]}\n")
+    done = snakemake(project, "--cores", "4", "--configfile", "config/broken.yaml")
+    assert done.returncode != 0 and "worker.command" in done.stdout + done.stderr, (done.stdout + done.stderr)[-3000:]
+    holder = (project / "logs/stack_network/broken.log").read_text()
+    assert "the stack's private network is up" in holder, holder
+    pasta_pid_file = re.search(r"--pid (\S+)", holder).group(1)
+    assert pasta_pid_file.startswith(str(project / "tmp")), pasta_pid_file  # so the fixture's own check sees it too
+    wait_for(lambda: not pids_mentioning(pasta_pid_file) and not pids_mentioning(str(project)), timeout=10,
+             what=f"the failed run's processes to end: {pids_mentioning(str(project))}")
 
 
 def in_a_node_without_user_namespaces(*argv: str) -> list[str]:

@@ -41,6 +41,7 @@ from allocstack.common.errors import EXIT_OK, AllocstackError, report
 from allocstack.common.network import bind_address
 from allocstack.launch import portsockets, stacknet, tunnel
 from allocstack.launch.nodescratch import SCRATCH_ENV
+from allocstack.launch.supervise import die_with_parent
 
 #: How long pasta may take to configure the namespace (it writes its pid file when it has).
 PASTA_SECONDS = 20.0
@@ -124,7 +125,8 @@ def start_pasta(pasta: str, holder: int, scratch: Path, template: tuple[str, str
     pid_file.unlink(missing_ok=True)
     argv = stacknet.pasta_argv(pasta, holder, os.getuid(), pid_file, template)
     print(f"stack_network: {' '.join(argv)}", flush=True)
-    proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            preexec_fn=die_with_parent)
     deadline = time.monotonic() + PASTA_SECONDS
     while not (pid_file.exists() and pid_file.read_text(encoding="ascii").strip()):
         if proc.poll() is not None:
@@ -141,9 +143,11 @@ def start_pasta(pasta: str, holder: int, scratch: Path, template: tuple[str, str
 
 def start_helper(held: stacknet.Held, script: str, options: list[str], failed: str) -> subprocess.Popen[str]:
     """``script`` (beside this one) in the namespace, with ``options``; returned once it said ``ready``, its further
-    lines echoed into this job's log. ``failed``: what could not be done, for the one line if it does not start."""
+    lines echoed into this job's log. ``failed``: what could not be done, for the one line if it does not start.
+    It ends with this process (parent-death signal), as pasta does: Snakemake SIGKILLs the jobs of a failed run."""
     argv = [*stacknet.join_prefix(held), sys.executable, str(Path(__file__).with_name(script)), *options]
-    proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, text=True,
+                            preexec_fn=die_with_parent)
     said = proc.stdout.readline().strip() if proc.stdout else ""
     if said != "ready":
         proc.kill()
