@@ -571,16 +571,22 @@ def test_eight_workers_a_node_run_as_three_worker_steps_each_keeping_its_identit
     assert "workers     24 in 3 job steps: 24 ended" in done.stdout
 
 
+def start_grouped(project: Path, layout: dict, image: str, run: str, count: int) -> tuple[subprocess.Popen, Path]:
+    """A run of ``count`` tasks of 0.5 s in grouped worker steps, started and its job submitted: the run's process
+    and its journal."""
+    config = slow_tasks(project, run, count=count, seconds=0.5)
+    started = start_run(project, ["--configfile", str(config), *grouped_args(layout, image)])
+    job_of(started, project)
+    return started, project / f"state/{run}/journal.jsonl"
+
+
 def test_a_worker_process_killed_inside_a_step_is_started_again_and_nothing_is_lost(multinode_project):
     project, image, layout = multinode_project
     # 20 tasks of 0.5 s per worker (5 claims of 4): killed after its first result, worker-10 holds a lease that
     # must expire. With 6 per worker (126 tasks) it was killed at times with its share done and nothing leased.
     count = 420
-    config = slow_tasks(project, "restart", count=count, seconds=0.5)
-    run = start_run(project, ["--configfile", str(config), *grouped_args(layout, image)])
+    run, journal = start_grouped(project, layout, image, "restart", count)
     node = sorted(layout["nodes"])[1]
-    journal = project / "state/restart/journal.jsonl"
-    job_of(run, project)
     victim = wait_for(lambda: journal.exists() and '"workerId":"worker-10"' in journal.read_text() and
                       worker_process(layout, node, "worker-10"), what="worker-10 at work on its node")
     os.kill(victim, signal.SIGKILL)
@@ -609,11 +615,8 @@ def test_a_node_of_a_step_lost_mid_run_records_its_workers_killed_and_loses_noth
     # 21 tasks of 0.5 s a worker: the node is lost with its share unfinished (with 126 tasks, under load, the node's
     # workers could end theirs before the crash came, and none was killed)
     count = 504
-    config = slow_tasks(project, "lost-step", count=count, seconds=0.5)
-    run = start_run(project, ["--configfile", str(config), *grouped_args(layout, image)])
+    run, journal = start_grouped(project, layout, image, "lost-step", count)
     lost = sorted(layout["nodes"])[2]
-    journal = project / "state/lost-step/journal.jsonl"
-    job_of(run, project)
     wait_for(lambda: journal.exists() and journal.read_text().count('"kind":"result"') >= 14 and
              worker_process(layout, lost, "worker-24"), what="the third node's workers at work")
     try:
