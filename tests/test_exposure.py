@@ -1,7 +1,6 @@
 """A program of yours seen listening beyond loopback is named (issue 32, points 5 and 6): /proc/net/tcp* parsed
 from real captured lines, the process tree of a real program read from /proc, and real local stacks (`snakemake
---cores 4`, no image) on the node's own network (`network.isolation: none`: in the stack's own, the default, what
-a program binds is the stack's alone) whose service binds 0.0.0.0 (warned, naming it) or 127.0.0.1 (no warning).
+--cores 4`, no image) whose service binds 0.0.0.0 (warned, naming it) or 127.0.0.1 (no warning).
 
 A test whose servers bind 0.0.0.0 runs in a network namespace of its own (:func:`private_network`: only its
 loopback, made for the test and left after it): "every address" is then loopback alone, so nothing listens
@@ -254,7 +253,6 @@ SERVER = ("import os, socket, sys, time; s = socket.socket(); s.setsockopt(socke
 def run_stack(project, run: str, host: str):
     (project / f"config/{run}.yaml").write_text(textwrap.dedent(f"""
         run: {run}
-        network: {{isolation: none}}
         tasks: null
         expected: null
         workers: 1
@@ -325,7 +323,7 @@ def test_a_long_running_worker_or_main_listening_on_every_address_is_named_by_it
         stack = (f"worker: {{mode: long-running, command: {PASS}}}\n"
                  f"services: {{{name}: {{command: {named_program(name)}}}}}\nmain: {name}")
     (project / "config/program.yaml").write_text("\n".join([
-        "run: program", "network: {isolation: none}", "tasks: null", "expected: null", "workers: 1", "volumes: [scratchpad]", stack,
+        "run: program", "tasks: null", "expected: null", "workers: 1", "volumes: [scratchpad]", stack,
         f"verify: {{command: {PASS}}}", ""]))
     done = snakemake(project, "--cores", "4", "--configfile", "config/program.yaml")
     assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]

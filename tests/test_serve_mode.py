@@ -12,11 +12,12 @@ import subprocess
 import sys
 import textwrap
 import time
+import urllib.request
 
 import pytest
 from test_slurm import TEST_RESOURCES, cluster_project, job_state, the_stack_job  # noqa: F401 - cluster_project: a fixture
 
-from workflow_helpers import SNAKEMAKE, ask_json, killed_at_the_end, snakemake
+from workflow_helpers import SNAKEMAKE, killed_at_the_end, snakemake
 
 PYTHON = json.dumps(sys.executable)
 #: A web service on its port, with a health page.
@@ -88,15 +89,12 @@ def test_dry_run_shows_serve_mode_and_its_serving_job(project):
 def test_a_serving_stack_is_up_reachable_and_ctrl_c_ends_it_as_a_success(project):
     seen: list[str] = []
     with killed_at_the_end(start(project, serve_config(project, "srv"))) as run:
-        line = wait_for_up(run, seen, then="web: /")  # in the stack's own network: its owner-only socket
-        where = re.search(r"web: (/\S+/web\.sock) \(only you can use it; (http://127\.0\.0\.1:\d+) in the stack's "
-                          r"own network\)", line)
-        assert where, line
-        socket_path, url = where.groups()
-        assert ask_json(socket_path, "/hello", timeout=10)["served"] == "hello"  # the printed socket serves
+        line = wait_for_up(run, seen, then="web: http://127.0.0.1:")
+        url = re.search(r"http://127\.0\.0\.1:\d+", line).group(0)
+        with urllib.request.urlopen(url + "/hello", timeout=10) as answer:  # noqa: S310 - the printed address serves
+            assert json.load(answer)["served"] == "hello"
         up = json.loads((project / "results/srv/up.json").read_text())
-        assert up["status"] == "up" and up["services"]["web"] == {
-            "url": url, "socket": socket_path, "tunnel": up["services"]["web"]["tunnel"]}, up
+        assert up["status"] == "up" and up["services"]["web"]["url"] == url
         status = status_of(project, "srv")
         assert "allocstack: run srv is UP since" in status.stdout and f"web: {url}" in status.stdout, status
         output = ctrl_c(run, seen)
@@ -227,13 +225,11 @@ def wait_for_file(path, run: subprocess.Popen, timeout: float = 300) -> dict:
     return json.loads(path.read_text())
 
 
-def tunnel_target(line: str) -> tuple[int, str, str]:
-    """``ssh [-J hop] -N -L LOCAL:TARGET user@NODE`` -> (LOCAL, TARGET, NODE): TARGET the service's owner-only socket
-    in the stack's own network (the default), or ``127.0.0.1:PORT`` on the node's (``network.isolation: none``:
-    LOCAL is PORT)."""
-    found = re.search(r"-N -L (\d+):(/\S+\.sock|127\.0\.0\.1:(\d+)) \S+@(\S+)$", line)
-    assert found and found.group(3) in (None, found.group(1)), line
-    return int(found.group(1)), found.group(2), found.group(4)
+def tunnel_target(line: str) -> tuple[str, int, str]:
+    """``ssh [-J hop] -N -L LOCAL:127.0.0.1:PORT user@NODE`` -> (127.0.0.1, PORT, NODE)."""
+    found = re.search(r"-N -L (\d+):(127\.0\.0\.1):(\d+) \S+@(\S+)$", line)
+    assert found and found.group(1) == found.group(3), line
+    return found.group(2), int(found.group(3)), found.group(4)
 
 
 @pytest.mark.slurm
@@ -244,12 +240,12 @@ def test_under_slurm_a_serving_stack_is_up_reachable_and_scancel_ends_it_as_a_su
     with killed_at_the_end(start_on_slurm(project, image, "srvscancel")) as run:
         up = wait_for_file(project / "results/srvscancel/up.json", run)
         up_after = time.monotonic() - started
-        _, target, node = tunnel_target(up["services"]["web"]["tunnel"])
+        host, port, node = tunnel_target(up["services"]["web"]["tunnel"])
         job = up_job(project)
         assert node == job_node(job)  # the tunnel goes to the node the service runs on
-        # the printed line's target, from the node (the test cluster's node is this machine): its owner-only socket
-        assert target == up["services"]["web"]["socket"], up
-        assert ask_json(target, "/hello", timeout=10)["served"] == "hello"
+        # the printed line's target, from the node (the test cluster's node is this machine)
+        with urllib.request.urlopen(f"http://{host}:{port}/hello", timeout=10) as answer:
+            assert json.load(answer)["served"] == "hello"
         cancelled = time.monotonic()
         subprocess.run(["scancel", job], check=True, timeout=30)
         marker = wait_for_file(project / "results/srvscancel/result.json", run, timeout=60)

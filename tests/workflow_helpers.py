@@ -3,12 +3,10 @@
 from __future__ import annotations
 
 import contextlib
-import http.client
 import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import textwrap
@@ -132,33 +130,3 @@ def project_for_another_user(prefix: str) -> tuple[Path, Path, Path]:
     home = base / "home"
     home.mkdir()
     return base, project, home
-
-
-class UnixHTTPConnection(http.client.HTTPConnection):
-    """HTTP through a Unix socket: a published port of the stack's own network (``SCRATCH/ports/NAME.sock``)."""
-
-    def __init__(self, path: str, timeout: float = 30) -> None:
-        super().__init__("localhost", timeout=timeout)
-        self.socket_path = path
-
-    def connect(self) -> None:
-        self.sock = socket.socket(socket.AF_UNIX)
-        self.sock.settimeout(self.timeout)
-        self.sock.connect(self.socket_path)
-
-
-def ask_json(target: str, path: str, payload: dict | None = None, timeout: float = 30):
-    """A JSON GET of ``path`` (a POST of ``payload``) at ``target``, what a printed tunnel line forwards to: a
-    service's owner-only socket (a path, in the stack's own network) or ``127.0.0.1:PORT`` (the node's own);
-    the decoded answer (a status of 400 or more fails the test)."""
-    connection = (UnixHTTPConnection(target, timeout) if target.startswith("/")
-                  else http.client.HTTPConnection(target, timeout=timeout))
-    try:
-        body = None if payload is None else json.dumps(payload).encode()
-        connection.request("GET" if body is None else "POST", path, body, {"Content-Type": "application/json"})
-        answer = connection.getresponse()
-        data = answer.read()
-        assert answer.status < 400, (answer.status, data[:500])
-        return json.loads(data)
-    finally:
-        connection.close()

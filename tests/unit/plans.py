@@ -34,15 +34,8 @@ def configured(text: str = "") -> dict[str, Any]:
     return merged(base, yaml.safe_load(text) or {})
 
 
-#: A node that lets users make user namespaces, with pasta on PATH: where the default, the stack's own network
-#: (config network.isolation: private), can be made.
-ABLE = {"sysctl": {"user.max_user_namespaces": "96553"}.get, "which": {"pasta": "/usr/bin/pasta"}.get}
-
-
 def world(**facts: Any) -> plan.Facts:
-    """The empty world (no Slurm, nothing on PATH but pasta, user namespaces allowed) in the project's directory,
-    with ``facts`` changed."""
-    facts = {**ABLE, **facts}
+    """The empty world (no Slurm, nothing on PATH) in the project's directory, with ``facts`` changed."""
     facts.setdefault("cwd", str(ROOT))
     facts.setdefault("is_file", lambda path: (ROOT / path).is_file())
     return plan.Facts(**facts)

@@ -399,19 +399,9 @@ def test_an_init_job_runs_once_and_its_record_is_the_gate_of_what_waits_for_it(w
 
 
 def test_without_services_an_init_jobs_record_is_a_plain_input_of_the_workers(workdir):
-    stack = OWN_STACK + "services: {migrate: {command: [python3, migrate.py]}}\ninit_jobs: [migrate]\n"
-    planned = plan_of(stack + "network: {isolation: none}\n")
+    planned = plan_of(OWN_STACK + "services: {migrate: {command: [python3, migrate.py]}}\ninit_jobs: [migrate]\n")
     assert not planned.in_group and planned.service_dependencies(planned.run, "migrate") == []
     assert planned.worker_inputs(planned.run) == [planned.layout.init_record("migrate")]
-    assert planned.check_inputs(planned.run) == planned.worker_records(planned.run)
-    # in the stack's own network every job consumes it, so they start together: each waits for the records itself
-    private = plan_of(stack)
-    assert private.in_group and private.service_dependencies(private.run, "migrate") == []
-    assert private.worker_inputs(private.run) == [] and private.check_inputs(private.run) == []
-    assert parse("check.py", private.args("check", run=private.run)).wait_for == [
-        Path(record) for record in private.worker_record_files(private.run)]
-    replica = parse("replica.py", private.args("worker", run=private.run, worker="worker-01"))
-    assert Path(private.layout.init_record("migrate")) in replica.gate_record
 
 
 def test_worker_max_lifetime_bounds_the_long_running_workers_and_the_check_names_it(workdir):

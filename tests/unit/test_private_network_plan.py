@@ -12,10 +12,11 @@ from allocstack.common.endpoint import write_endpoint
 from allocstack.launch.portsockets import SUN_PATH, socket_path, target
 from allocstack.launch.stacknet import Held, default_route_interface, join_prefix, pasta_argv
 
-from .plans import ABLE, plan_of, refusal
+from .plans import plan_of, refusal
 
 PRIVATE = "network: {isolation: private}\n"
-NONE = "network: {isolation: none}\n"
+#: A node that lets users make user namespaces, with pasta on PATH.
+ABLE = {"sysctl": {"user.max_user_namespaces": "96553"}.get, "which": {"pasta": "/usr/bin/pasta"}.get}
 
 
 @pytest.mark.parametrize("config, facts, words", [
@@ -43,24 +44,18 @@ def test_root_is_stopped_by_no_switch_but_the_limit_of_user_namespaces():
     assert "(user.max_user_namespaces is 0): set network.isolation: none" in refused.message, refused.message
 
 
-def test_every_component_but_the_network_itself_and_verification_is_entered_into_it():
+def test_every_component_but_the_network_itself_is_entered_into_it():
     plan = plan_of(PRIVATE, **ABLE)
     for component, wildcards in (("coordinator", {}), ("readiness", {}), ("worker", {"worker": "worker-01"})):
         assert "--network-namespace" in plan.launch(component, run="baseline", **wildcards), component
     holder = plan.launch("network", run="baseline")
     assert "--network-namespace" not in holder and "--image" not in " ".join(holder)
-    # a verify command of yours with a volume runs once the stack and its network ended (CI of private as the
-    # default: it failed, the network gone)
-    own_verify = plan_of(PRIVATE + "volumes: [notes]\nverify: {command: [python3, check.py]}\n", **ABLE)
-    launched = own_verify.launch("verify", run="baseline")
-    assert "--volume=notes" in launched and "--network-namespace" not in launched
     assert plan.args("network", run="baseline") == ["--pasta=/usr/bin/pasta", "--publish=coordinator"]
     assert plan.stack_network("baseline") == ["results/baseline/stack-network.service"]
 
 
-def test_the_default_is_the_stacks_own_network_and_none_is_the_nodes():
-    assert plan_of("").private_network
-    plan = plan_of(NONE)
+def test_with_isolation_none_nothing_changes():
+    plan = plan_of("", **ABLE)
     assert not plan.private_network and plan.stack_network("baseline") == []
     assert "--network-namespace" not in plan.launch("coordinator", run="baseline")
 

@@ -188,10 +188,8 @@ def validated_plan(config: dict[str, Any], project_dir: Path) -> plan.Plan:
         spec["command"] = spec["command"] or SUPPLIED
     # The world the config is written for: its images switched on (--sdm apptainer, or runtime charliecloud),
     # their runtime there, each ${env:NAME} set (the import read it from this environment), each bind source
-    # there (a missing one is a gap the import names), user namespaces allowed (the network the config asks for is
-    # checked where it runs: the import may run on a login node).
+    # there (a missing one is a gap the import names).
     world = plan.Facts(cwd=str(project_dir), deployment=frozenset({"apptainer"}), which=lambda program: program,
-                       sysctl={"user.max_user_namespaces": "1"}.get,
                        environ={name: "set" for spec in programs for name in env_references(spec)},
                        exists=lambda path: True)
     return plan.load(supplied, world)

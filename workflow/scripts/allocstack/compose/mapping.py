@@ -684,9 +684,9 @@ def listed_ports(name: str, spec: dict[str, Any], report: Report) -> Ports:
             continue
         found.listed.append(port)
         outside = published if port_number(published) else port
-        report.notes.append(f"{name}: ports {entry!r} -> {port} in the stack's own network, reached by the stack "
-                            "and by you alone through an owner-only socket (no port published on the node: no "
-                            f"daemon); the UP line prints the SSH line that forwards {outside} of your laptop to it")
+        report.notes.append(f"{name}: ports {entry!r} -> listens on loopback {port} on the node only (no port "
+                            f"publishing without a daemon); from your laptop: ssh -N -L {outside}:127.0.0.1:{port} "
+                            "NODE (through the login node, if your center allows it)")
     for entry in listing(spec.get("expose"), f"services.{name}.expose", report):
         port = port_number(str(entry).partition("/")[0]) if isinstance(entry, (str, int)) else None
         if port is None or str(entry).partition("/")[2] not in ("", "tcp"):

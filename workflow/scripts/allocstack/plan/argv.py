@@ -152,8 +152,7 @@ def launch(plan: Plan, component: str, run: str, gpus: int = 0, **wildcards: str
                                                               *each("--keep-volume", config["keep_volumes"]))
     if how.scratch:
         argv += options(*each("--hosts-name", hosts_names(plan)))
-        # verify runs once the stack and its network ended (your verify command reads files): on the node's own
-        if plan.private_network and component not in ("network", "verify"):
+        if plan.private_network and component != "network":
             argv.append("--network-namespace")
     if how.job_end_time:
         argv.append("--job-end-time")

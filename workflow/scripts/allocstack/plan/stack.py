@@ -371,10 +371,9 @@ class Plan:
     @property
     def in_group(self) -> bool:
         """The stack runs as one group of jobs that start together (Snakemake's service outputs: the coordinator's,
-        your services', the stack's private network, which every component consumes); a plain file made inside it is
-        no input of another job there (Snakemake would look for it before that job starts, and give up after
-        --latency-wait): whoever waits for an init job, a worker or main then waits for its record itself."""
-        return self.builtin_coordinator or bool(self.services) or self.private_network
+        your services'); a plain file made inside it is no input of another job there (Snakemake would look for it
+        before that job starts): whoever waits for an init job then waits for its record itself (a gate record)."""
+        return self.builtin_coordinator or bool(self.services)
 
     def init_inputs(self, run: str, names: Iterable[str] | None = None) -> list[str]:
         """Init jobs' records as Snakemake inputs (of ``names``, else all): only when no group of jobs holds the
@@ -389,7 +388,7 @@ class Plan:
         files, depends_on = self.files(run), self.config["services"][service]["depends_on"]
         found = [files.service_file(name) for name in self.uses(depends_on)]
         if service in self.init_jobs:
-            if not found and (self.builtin_coordinator or self.services):  # (the private network: it consumes that)
+            if not found and self.in_group:
                 found = [files.coordinator_service if self.builtin_coordinator else self.service_files(run)[0]]
             found += self.init_inputs(run, depends_on)
         return found
@@ -420,11 +419,8 @@ class Plan:
 
     def check_inputs(self, run: str) -> list[str]:
         """run_check consumes your services' files (they stay up while it runs) and waits for the workers
-        itself; with no services, the workers' records are its plain inputs, unless it is in the stack's group
-        anyway (the private network: see :attr:`in_group`)."""
-        if self.service_files(run) or self.private_network:
-            return self.service_files(run)
-        return [*self.worker_records(run), *self.main_records(run)]
+        itself; with no services, the workers' records are its plain inputs."""
+        return self.service_files(run) or [*self.worker_records(run), *self.main_records(run)]
 
     def check_records(self, run: str) -> list[str]:
         return [self.files(run).check_record] if self.runs_check else []
