@@ -6,14 +6,13 @@ from __future__ import annotations
 
 import itertools
 import json
-import random
 import shutil
-import socket
 import sys
 import textwrap
 from pathlib import Path
 
 import pytest
+from app_service import take_port
 from test_slurm import TEST_RESOURCES, cluster_project, recorded_steps, the_stack_job  # noqa: F401 (a fixture)
 
 from conftest import ROOT, run_script
@@ -28,21 +27,11 @@ STACK = {
 }
 
 
-#: Where a stack's fixed ports are moved to: below the kernel's ephemeral range (ip_local_port_range, 32768 up), so
-#: no connection another test opens meanwhile takes the port between this choice and the service's bind.
-LISTEN_PORTS = range(20000, 32000)
-
-
 def free_port() -> int:
-    """A port on loopback that nothing holds now, outside the ephemeral range (:data:`LISTEN_PORTS`)."""
-    while True:
-        port = random.choice(LISTEN_PORTS)  # noqa: S311 (a port to try, not a secret)
-        with socket.socket() as probe:
-            try:
-                probe.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-            return port
+    """A port on loopback that nothing holds now, where allocstack itself gives a service one
+    (``app_service.port_choices``: below the kernel's ephemeral range, so no connection another test opens meanwhile
+    takes the port between this choice and the service's bind)."""
+    return take_port(0)
 
 
 def import_test_stack(project, name: str, *extra: str) -> str:

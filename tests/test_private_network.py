@@ -434,6 +434,22 @@ def test_a_failed_run_leaves_nothing_of_its_private_network_running(project):
              what=f"the failed run's processes to end: {pids_mentioning(str(project))}")
 
 
+def test_a_stack_without_services_and_a_check_after_collection_run_in_the_private_network(project):
+    """Two shapes whose jobs the private network alone puts in one group: your workers and check with no service
+    (the check waits for the workers' records itself), and the built-in coordinator's verify.command with volumes,
+    which runs after collection, once the network has ended (on the node's own network: it reads files)."""
+    (project / "config/bare.yaml").write_text(
+        "run: bare\ntasks: null\nexpected: null\nworkers: 2\nnetwork: {isolation: private}\nvolumes: [out]\n"
+        "worker: {mode: long-running, command: [sh, -c, 'ip -o link > $ALLOCSTACK_VOLUME_OUT/$ALLOCSTACK_WORKER_ID']}\n"
+        "verify: {command: [sh, -c, 'test $(ls $ALLOCSTACK_VOLUME_OUT | wc -l) = 2 && ! grep -v \\ lo: "
+        "$ALLOCSTACK_VOLUME_OUT/*']}\n")
+    assert_verified(snakemake(project, "--cores", "4", "--configfile", "config/bare.yaml"), project, "bare")
+    (project / "config/late.yaml").write_text(
+        "run: late\nnetwork: {isolation: private}\nvolumes: [cache]\nsimulate: {task_seconds: 0}\n"
+        "verify: {command: [sh, -c, 'test -d \"$ALLOCSTACK_VOLUME_CACHE\" && test -s \"$ALLOCSTACK_RESULTS\"']}\n")
+    assert_verified(snakemake(project, "--cores", "4", "--configfile", "config/late.yaml"), project, "late")
+
+
 def in_a_node_without_user_namespaces(*argv: str) -> list[str]:
     """``argv`` as on a center that disables user namespaces: in a user and network namespace of its own (this user
     as root in it, its loopback alone, up) whose ``user.max_user_namespaces`` is 0, so neither root nor anyone else

@@ -124,3 +124,27 @@ def test_on_a_node_without_a_default_route_pasta_is_given_the_interface_and_a_ga
     argv = pasta_argv("pasta", 41, 0, "p", ("eth0", "10.254.1.12"))
     assert argv[argv.index("--interface") + 1] == "eth0" and argv[argv.index("--gateway") + 1] == "10.254.1.12"
     assert "--gateway" not in pasta_argv("pasta", 41, 0, "p")
+
+
+def test_a_stack_without_services_runs_as_one_group_in_its_private_network():
+    """The network is a service job every component consumes: your workers and check run in its group, where a record
+    made inside it is no input of another job there (Snakemake would look for it before that job starts): the check
+    and whatever waits for an init job wait for the records themselves."""
+    own = ("tasks: null\nexpected: null\nworker: {mode: long-running, command: [w]}\nverify: {command: [c]}\n"
+           "init_jobs: [setup]\nservices: {setup: {command: [s]}}\n")
+    private, shared = plan_of(own + PRIVATE, **ABLE), plan_of(own, **ABLE)
+    assert private.in_group and not shared.in_group
+    assert private.check_inputs("r") == [] and private.init_inputs("r") == []
+    assert shared.check_inputs("r") == shared.worker_records("r")
+    assert shared.init_inputs("r") == [shared.files("r").init_record("setup")]
+    waits = [arg for arg in private.args("check", run="r") if arg.startswith("--wait-for=")]
+    assert waits == [f"--wait-for={record}" for record in private.worker_record_files("r")]
+
+
+def test_verification_after_collection_runs_on_the_nodes_network_the_stack_s_has_ended():
+    """verify.command with the built-in coordinator and volumes runs after collect_results, when the stack's
+    network is gone: it reads the volumes, and is not entered into a namespace that no longer exists."""
+    plan = plan_of(PRIVATE + "volumes: [cache]\nverify: {command: [python3, c.py]}\n", **ABLE)
+    assert plan.volumes_after_collect
+    verify = plan.launch("verify", run="baseline")
+    assert "--no-scratch" not in verify and "--network-namespace" not in verify

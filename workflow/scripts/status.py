@@ -252,7 +252,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"from your laptop: {tunnel_command(port, environ, name='coordinator')}"
                       f"  then open http://127.0.0.1:{TUNNEL_PORT}/ui?token={view}")
             return EXIT_OK
-        if private and os.environ.get(names.NETWORK_ENV) != "private":
+        if private and not names.in_private_network(os.environ):
             enter_stack_network(private)  # the coordinator's loopback is the stack's: ask from in there
         url, status = live_status(path)
     except AllocstackError as error:

@@ -167,7 +167,7 @@ def published_socket(name: str, environ: Mapping[str, str]) -> str | None:
     """In the stack's private network (config network.isolation: private): the owner-only socket that publishes
     ``name``'s port (allocstack/launch/portsockets.py), else None (its loopback port is reached as it is)."""
     scratch = environ.get("ALLOCSTACK_SCRATCH")
-    if environ.get(names.NETWORK_ENV) != "private" or not scratch:
+    if not names.in_private_network(environ) or not scratch:
         return None
     from ..launch.portsockets import socket_path
 

@@ -210,7 +210,7 @@ def listening(root: int, proc: Path = PROC) -> Scan:
     reader = _namespace("self", proc)
     # In the stack's private network (config network.isolation: private) the reader shares its programs' namespace,
     # which is the stack's alone: nothing there is the node's.
-    private = os.environ.get(names.NETWORK_ENV) == "private"
+    private = names.in_private_network(os.environ)
     tables: dict[str, dict[int, Listener]] = {}
     for pid in descendants(root, read_parents(proc)):
         try:

@@ -13,6 +13,7 @@ path (common.smk), the scripts import it.
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 
 #: In scratch: the coordinator's URL and tokens (mode 0600), read by the gate, workers, status.
 ENDPOINT = "endpoint.json"
@@ -22,6 +23,12 @@ NETWORK = "network"
 #: Set to ``private`` in every component launch.py started in the stack's private network: what its programs listen
 #: on is the stack's alone (allocstack/common/listening.py).
 NETWORK_ENV = "ALLOCSTACK_NETWORK"
+
+
+def in_private_network(environ: Mapping[str, str]) -> bool:
+    """Whether ``environ`` is a component's in the stack's private network (``$ALLOCSTACK_NETWORK``)."""
+    return environ.get(NETWORK_ENV) == "private"
+
 #: In scratch, in the stack's private network: each published port as an owner-only socket PORTS/NAME.sock
 #: (allocstack/launch/portsockets.py); the built-in coordinator's status page is PORTS/coordinator.sock.
 PORTS = "ports"

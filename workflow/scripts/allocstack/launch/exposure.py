@@ -59,7 +59,7 @@ def key(event: Mapping[str, Any]) -> tuple[Any, ...]:
 
 def private_line(kind: str, name: str, found: Found) -> str:
     """The line for a socket that is not exposed: on loopback, or in a network namespace of its own."""
-    where = (("in the stack's private network" if os.environ.get(names.NETWORK_ENV) == "private" else
+    where = (("in the stack's private network" if names.in_private_network(os.environ) else
               "in a network namespace of its own") if found.own_namespace else "loopback only")
     return f"{kind} {name} listens on {found.listener.shown} ({found.listener.proto}): {where}"
 

@@ -102,14 +102,18 @@ def inbound_name(name: str) -> str:
     return f"in-{name}"
 
 
+def _always(where: tuple[str, int]) -> Callable[[], tuple[str, int]]:
+    """A target that does not move: a listener for the other nodes, at its fixed address."""
+    return lambda: where
+
+
 async def serve(scratch: Path, published: list[str], ready: Callable[[], None] = lambda: None,
                 inbound: dict[str, tuple[str, int]] | None = None) -> None:
     """A socket for each of ``published`` (0600 in a 0700 directory), carried to its port, and one for each
     listener of ``inbound`` (name -> its address and port), carried there, until cancelled."""
     targets: dict[str, Callable[[], tuple[str, int] | None]] = {
         name: functools.partial(target, scratch, name) for name in published}
-    targets.update({inbound_name(name): functools.partial(lambda where: where, where)
-                    for name, where in (inbound or {}).items()})
+    targets.update({inbound_name(name): _always(where) for name, where in (inbound or {}).items()})
     published = list(targets)
     servers = []
     for name, where in targets.items():

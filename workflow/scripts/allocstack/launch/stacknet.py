@@ -167,9 +167,9 @@ def inbound_port(scratch: Path, name: str) -> int:
     """The port ``name`` (``coordinator``, or a service of yours) listens on for the other nodes: in the stack's
     private network (``$ALLOCSTACK_NETWORK``) the one the holder's gateway carries in from the same port on the
     node's address, else 0 (any free one)."""
-    from ..common.names import NETWORK_ENV
+    from ..common.names import in_private_network
 
-    if os.environ.get(NETWORK_ENV) != "private":
+    if not in_private_network(os.environ):
         return 0
     held = read_held(scratch)
     return held.inbound.get(name, 0) if held else 0

@@ -36,7 +36,7 @@ from urllib.parse import urlsplit
 from ..common.endpoint import read_endpoint, service_variables
 from ..common.errors import AllocstackError
 from ..common.jsonio import atomic_write_json
-from ..common.names import NETWORK_ENV
+from ..common.names import in_private_network
 from ..common.tls import certificate_matches, client_context
 
 CHUNK = 64 * 1024
@@ -253,7 +253,7 @@ def remote_services_environment(published: Path, services: list[str], coordinato
     for name, path, service in documents:
         endpoint = read_endpoint(path)
         url = endpoint.url
-        if service and scratch is not None and os.environ.get(NETWORK_ENV) == "private":
+        if service and scratch is not None and in_private_network(os.environ):
             url = await_forward(scratch, name)
         elif endpoint.fingerprint or service:
             there = urlsplit(url)

@@ -152,7 +152,8 @@ def launch(plan: Plan, component: str, run: str, gpus: int = 0, **wildcards: str
                                                               *each("--keep-volume", config["keep_volumes"]))
     if how.scratch:
         argv += options(*each("--hosts-name", hosts_names(plan)))
-        if plan.private_network and component != "network":
+        # verify runs after the stack (and its network) ended: on the node's own network, reading files only.
+        if plan.private_network and component not in ("network", "verify"):
             argv.append("--network-namespace")
     if how.job_end_time:
         argv.append("--job-end-time")

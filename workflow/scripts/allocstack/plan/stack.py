@@ -372,8 +372,9 @@ class Plan:
     def in_group(self) -> bool:
         """The stack runs as one group of jobs that start together (Snakemake's service outputs: the coordinator's,
         your services'); a plain file made inside it is no input of another job there (Snakemake would look for it
-        before that job starts): whoever waits for an init job then waits for its record itself (a gate record)."""
-        return self.builtin_coordinator or bool(self.services)
+        before that job starts): whoever waits for an init job then waits for its record itself (a gate record). The
+        stack's private network is such a service too: every component consumes it."""
+        return self.builtin_coordinator or bool(self.services) or self.private_network
 
     def init_inputs(self, run: str, names: Iterable[str] | None = None) -> list[str]:
         """Init jobs' records as Snakemake inputs (of ``names``, else all): only when no group of jobs holds the
@@ -419,8 +420,11 @@ class Plan:
 
     def check_inputs(self, run: str) -> list[str]:
         """run_check consumes your services' files (they stay up while it runs) and waits for the workers
-        itself; with no services, the workers' records are its plain inputs."""
-        return self.service_files(run) or [*self.worker_records(run), *self.main_records(run)]
+        itself; with no services, the workers' records are its plain inputs (not in a group: inside the stack's
+        private network, the check waits for them itself as well)."""
+        if self.services or self.private_network:
+            return self.service_files(run)
+        return [*self.worker_records(run), *self.main_records(run)]
 
     def check_records(self, run: str) -> list[str]:
         return [self.files(run).check_record] if self.runs_check else []
