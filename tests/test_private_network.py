@@ -435,14 +435,16 @@ def test_a_failed_run_leaves_nothing_of_its_private_network_running(project):
 
 
 def test_a_stack_without_services_and_a_check_after_collection_run_in_the_private_network(project):
-    """Two shapes whose jobs the private network alone puts in one group: your workers and check with no service
-    (the check waits for the workers' records itself), and the built-in coordinator's verify.command with volumes,
+    """Two shapes whose jobs the private network alone puts in one group: your workers, an init job and a check with no
+    service (the workers wait for the init job's record, the check for theirs, each itself), and the built-in coordinator's verify.command with volumes,
     which runs after collection, once the network has ended (on the node's own network: it reads files)."""
+    here = os.readlink("/proc/self/ns/net")  # the workers and the check are in one network, not this one
     (project / "config/bare.yaml").write_text(
         "run: bare\ntasks: null\nexpected: null\nworkers: 2\nnetwork: {isolation: private}\nvolumes: [out]\n"
-        "worker: {mode: long-running, command: [sh, -c, 'ip -o link > $ALLOCSTACK_VOLUME_OUT/$ALLOCSTACK_WORKER_ID']}\n"
-        "verify: {command: [sh, -c, 'test $(ls $ALLOCSTACK_VOLUME_OUT | wc -l) = 2 && ! grep -v \\ lo: "
-        "$ALLOCSTACK_VOLUME_OUT/*']}\n")
+        "init_jobs: [setup]\nservices: {setup: {command: [sh, -c, 'touch $ALLOCSTACK_VOLUME_OUT/set-up']}}\n"
+        "worker: {mode: long-running, command: [sh, -c, 'readlink /proc/self/ns/net > $ALLOCSTACK_VOLUME_OUT/$ALLOCSTACK_WORKER_ID']}\n"
+        "verify: {command: [sh, -c, 'test $(sort -u $ALLOCSTACK_VOLUME_OUT/worker-0[12]) = $(readlink /proc/self/ns/net) && test -e $ALLOCSTACK_VOLUME_OUT/set-up"
+        f" && test $(readlink /proc/self/ns/net) != {here}']}}\n")
     assert_verified(snakemake(project, "--cores", "4", "--configfile", "config/bare.yaml"), project, "bare")
     (project / "config/late.yaml").write_text(
         "run: late\nnetwork: {isolation: private}\nvolumes: [cache]\nsimulate: {task_seconds: 0}\n"

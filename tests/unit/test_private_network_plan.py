@@ -135,6 +135,7 @@ def test_a_stack_without_services_runs_as_one_group_in_its_private_network():
     private, shared = plan_of(own + PRIVATE, **ABLE), plan_of(own, **ABLE)
     assert private.in_group and not shared.in_group
     assert private.check_inputs("r") == [] and private.init_inputs("r") == []
+    assert private.service_dependencies("r", "setup") == [] and private.stack_network("r")  # the network holds it
     assert shared.check_inputs("r") == shared.worker_records("r")
     assert shared.init_inputs("r") == [shared.files("r").init_record("setup")]
     waits = [arg for arg in private.args("check", run="r") if arg.startswith("--wait-for=")]

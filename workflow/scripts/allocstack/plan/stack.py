@@ -384,12 +384,13 @@ class Plan:
 
     def service_dependencies(self, run: str, service: str) -> list[str]:
         """The service files of what ``service`` (a service or an init job) depends on: kept alive together, and
-        visible in the DAG. An init job that depends on no service still consumes one service file, so that it runs
-        in the stack's group: its failure then stops the group before what depends on it starts."""
+        visible in the DAG. An init job that depends on no service still consumes one service file (or the stack's
+        network's, as every component does), so that it runs in the stack's group: its failure then stops the group
+        before what depends on it starts."""
         files, depends_on = self.files(run), self.config["services"][service]["depends_on"]
         found = [files.service_file(name) for name in self.uses(depends_on)]
         if service in self.init_jobs:
-            if not found and self.in_group:
+            if not found and (self.builtin_coordinator or self.services):  # (else the private network holds it)
                 found = [files.coordinator_service if self.builtin_coordinator else self.service_files(run)[0]]
             found += self.init_inputs(run, depends_on)
         return found
