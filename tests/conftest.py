@@ -62,7 +62,10 @@ def pytest_collection_modifyitems(config, items):
               if item.get_closest_marker("multinode") and not together_with_the_multinode_tests(item.nodeid)]
     if strays:
         raise pytest.UsageError(f"marked multinode but 'multinode' is not in its file or name: {strays[0]}")
-    items.sort(key=lambda item: not together_with_the_multinode_tests(item.nodeid))  # the longest scope first
+    # The longest work first, so that none of it is left to run alone at the end (pytest-xdist hands the scopes out
+    # in this order): the multi-node tests' one scope, then the tests marked slow, then the rest as collected.
+    items.sort(key=lambda item: (not together_with_the_multinode_tests(item.nodeid),
+                                 item.get_closest_marker("slow") is None))
 
 
 @pytest.hookimpl(optionalhook=True)

@@ -50,7 +50,7 @@ import pytest
 import yaml
 from test_compose_stacks import free_port
 from test_serve_mode import submit, tunnel_target, up_job, wait_for_file
-from test_slurm import TEST_RESOURCES, recorded_steps, the_stack_job
+from test_slurm import TEST_RESOURCES, recorded_steps, submitted_jobs, the_stack_job
 from test_stack_images import NO_APPTAINER_PATH, place_image
 
 from conftest import ROOT, pids_of_run, run_script
@@ -312,6 +312,10 @@ def run_in_images(project: Path, stack: PublicStack, runtime: str, *args: str, e
     try:
         started = time.monotonic()
         done = snakemake(project, *args, "--configfile", stack.config, timeout=900, env=env)  # 3 attempts (the profile allows 4)
+        if done.returncode != 0 and upstream_race(project, stack):
+            print(f"{stack.name}: the upstream's own test_task_status raced (its task ended before its first GET): "
+                  "run again, as the Slurm profile's retries do")
+            done = snakemake(project, *args, "--configfile", stack.config, timeout=900, env=env)
         run_seconds = time.monotonic() - started
         output = done.stdout + done.stderr
         assert done.returncode == 0, output[-4000:]
@@ -324,6 +328,26 @@ def run_in_images(project: Path, stack: PublicStack, runtime: str, *args: str, e
         left = [*map(str, left), *kill_processes_in(project)]
     assert not left, f"processes of the stack left running: {left}"
     return folder, ports, output
+
+
+def upstream_race(project: Path, stack: PublicStack) -> bool:
+    """Whether the run failed by the upstream's own race alone: flask-celery's test_task_status asserts PENDING right
+    after it queued a task that sleeps ``0 * 10`` s, which a worker may have ended by then (SUCCESS). Its stack as it
+    is: not ours to change; the Slurm profile's retries run it again, and a local run is run again by hand."""
+    log = project / f"logs/run_main/{stack.name}.log"
+    text = log.read_text(errors="replace") if log.exists() else ""
+    return "test_task_status FAILED" in text and "'SUCCESS'" in text and " 1 failed, " in text
+
+
+def earlier_attempts_failed_by_main_alone(output: str, project: Path) -> list[str]:
+    """The stack's sbatch jobs before its last (the profile's retries), each checked to have failed in the main
+    program (the upstream's own test suite, ``tests``) and nowhere else: a failure of ours is never retried away."""
+    jobs = submitted_jobs(output)
+    for job in jobs[:-1]:
+        log = "".join(path.read_text(errors="replace") for path in project.glob(f"logs/slurm/*/{job}.log"))
+        failed = re.findall(r'CalledProcessError in file "[^"]*/workflow/rules/(\w+)\.smk"', log)
+        assert failed == ["main"] and "--component=tests " in log, (job, failed, log[-3000:])
+    return jobs
 
 
 def check_images_ran(project: Path, stack: PublicStack, runtime: str) -> None:
@@ -357,8 +381,10 @@ def test_public_stack_runs_unchanged_in_its_images_with_charliecloud_and_no_appt
 
 
 def check_job_steps(output: str, project: Path, stack: PublicStack) -> dict[str, str]:
-    """The whole stack was one sbatch job, each of its programs a job step that completed; its steps."""
-    job = the_stack_job(output, project)
+    """The whole stack was one sbatch job, each of its programs a job step that completed; its steps. An attempt
+    before it may have failed by the upstream's own test race alone (:func:`upstream_race`): the profile retried."""
+    jobs = earlier_attempts_failed_by_main_alone(output, project)
+    job = jobs[-1] if len(jobs) > 1 else the_stack_job(output, project)
     wanted = {*stack.services, *(f"{service}-readiness" for service in stack.services), "tests",
               *(f"worker-{i:02d}" for i in range(1, stack.workers + 1))}
     job_steps = recorded_steps(job, wanted)
