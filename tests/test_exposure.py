@@ -121,7 +121,10 @@ def test_whether_a_node_could_give_the_stack_a_network_of_its_own_is_read_from_i
     assert namespaces.user_namespaces(world()) == (
         False, "this kernel has no user namespaces (no user.max_user_namespaces)")
     line = namespaces.isolation_fact("node7", world(user_max_user_namespaces="0"))
-    assert line == "not possible on node7 (user.max_user_namespaces is 0): the stack runs on the node's own network"
+    assert line == ("not possible on node7 (user.max_user_namespaces is 0): network.isolation private is refused "
+                    "there, none runs the stack on the node's own network")
+    assert namespaces.isolation_fact("node7", world(user_max_user_namespaces="9")) == (
+        "possible on node7 (user.max_user_namespaces is 9; unprivileged user namespaces allowed)")
     # this machine's own setting, as the kernel has it
     with open("/proc/sys/user/max_user_namespaces") as handle:
         assert namespaces.read_setting("user.max_user_namespaces") == handle.read().strip()

@@ -106,6 +106,6 @@ def isolation_fact(host: str, read: Read = read_setting) -> str:
     """The decision record's line: could ``host`` give the stack a network of its own."""
     possible, why = user_namespaces(read)
     if possible:
-        return (f"possible on {host} ({why}; unprivileged user namespaces allowed), not made yet: the stack runs on "
-                "the node's own network")
-    return f"not possible on {host} ({why}): the stack runs on the node's own network"
+        return f"possible on {host} ({why}; unprivileged user namespaces allowed)"
+    return (f"not possible on {host} ({why}): network.isolation private is refused there, none runs the stack on the "
+            "node's own network")
