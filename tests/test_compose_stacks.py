@@ -4,6 +4,7 @@ failing replica or a service that dies is reported."""
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import json
 import shutil
@@ -134,6 +135,51 @@ def test_an_imported_stack_runs_on_the_cluster(cluster_project, name):  # noqa: 
     assert all(component["container"] in {str(project / path) for path in images}
                for component in provenance["components"].values()), provenance["components"]
     assert {facts["image"] for facts in provenance["programImages"].values()} == set(images)
+
+
+#: A task that arrives in the named volume `meet` and waits (at most 60 s, then fails) until MET tasks have: with one
+#: task per worker, a worker that never starts keeps every other from ending.
+MET = 5
+MEETING = ("import os, pathlib, time; here = pathlib.Path(os.environ['ALLOCSTACK_VOLUME_MEET']); "
+           "(here / os.environ['ALLOCSTACK_TASK_ID']).touch(); end = time.time() + 60\n"
+           f"while len(list(here.iterdir())) < {MET}:\n"
+           "    assert time.time() < end, 'not every task arrived'; time.sleep(0.1)\n"
+           "print('met')")
+
+
+@pytest.mark.slurm
+@pytest.mark.apptainer
+def test_a_stack_of_as_many_jobs_as_snakemakes_threads_runs_on_the_cluster(cluster_project):  # noqa: F811
+    """Snakemake runs the stack's group (the coordinator, its gate, 5 workers) on a pool of the CPUs it sees in the
+    job + 5 threads, grown to the group's size, while the group's runner holds one: the last job submitted waited for
+    a thread until another job ended, and here none ends before all have started (each worker's task waits for the
+    others'; the workers wait for the gate). rule open_stack ends at once and gives the thread back; its record says
+    what Snakemake saw there."""
+    project, image = cluster_project
+    tasks = [{"id": f"t{k}", "payload": {}} for k in range(1, MET + 1)]
+    (project / "inputs/meet.json").write_text(json.dumps({"schemaVersion": 1, "tasks": tasks}))
+    digest = hashlib.sha256(b"met\n").hexdigest()
+    (project / "expected/meet.json").write_text(json.dumps({"schemaVersion": 1, "results": [
+        {"taskId": task["id"], "output": "met\n", "sha256": digest} for task in tasks]}))
+    (project / "config/meet.yaml").write_text(textwrap.dedent(f"""
+        run: meet
+        tasks: inputs/meet.json
+        expected: expected/meet.json
+        workers: {MET}
+        volumes: [meet]
+        worker: {{command: [python3, -c, {json.dumps(MEETING)}]}}
+    """))
+    done = snakemake(project, "--profile", "profiles/slurm", *TEST_RESOURCES, "runtime=10", "--configfile",
+                     "config/meet.yaml", "--config", f"image={image}", timeout=600)
+    output = done.stdout + done.stderr
+    assert done.returncode == 0, output[-4000:]
+    started = json.loads((project / "results/meet/stack-job.json").read_text())
+    assert started["slurmJob"] == the_stack_job(output, project) and started["node"] == "vm", started
+    assert json.loads((project / "results/meet/provenance.json").read_text())["stackJob"] == started
+    group = 2 + MET  # the coordinator and its gate, the workers (open_stack aside)
+    if started["cpusSeen"] + 5 > group:
+        pytest.skip(f"Snakemake saw {started['cpusSeen']} CPUs in the job: its {started['cpusSeen'] + 5} threads for "
+                    f"a group were enough for {group} jobs, so this run did not need open_stack's thread")
 
 
 PYTHON = json.dumps(sys.executable)

@@ -24,7 +24,7 @@ def test_dry_run_as_typed_shows_the_stack(project):
              if len(line.split()) == 2 and line.split()[1].isdigit() and not line.endswith(":")
              and not line.split()[0].endswith(":")}
     assert table == {"validate_inputs": "1", "serve_coordinator": "1", "await_readiness": "1", "run_worker": "2",
-                     "collect_results": "1", "verify_results": "1", "all": "1", "total": "8"}
+                     "open_stack": "1", "collect_results": "1", "verify_results": "1", "all": "1", "total": "9"}
     # the decision record is reviewable before anything runs
     assert "decisions: allocation: scheduler policy; startup order: launch script" in done.stdout
     assert "service" in done.stdout  # the coordinator is marked as a service

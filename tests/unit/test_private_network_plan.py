@@ -4,6 +4,7 @@ The real namespace, its probes and its way out: tests/test_private_network.py.""
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import pytest
@@ -12,7 +13,7 @@ from allocstack.common.endpoint import write_endpoint
 from allocstack.launch.portsockets import SUN_PATH, socket_path, target
 from allocstack.launch.stacknet import Held, default_route_interface, join_prefix, pasta_argv
 
-from .plans import plan_of, refusal
+from .plans import SCRIPTS, plan_of, refusal
 
 PRIVATE = "network: {isolation: private}\n"
 #: A node that lets users make user namespaces, with pasta on PATH.
@@ -149,3 +150,29 @@ def test_verification_after_collection_runs_on_the_nodes_network_the_stack_s_has
     assert plan.volumes_after_collect
     verify = plan.launch("verify", run="baseline")
     assert "--no-scratch" not in verify and "--network-namespace" not in verify
+
+
+def test_open_stack_starts_with_every_service_the_stack_s_group_has():
+    """rule open_stack consumes every service file of the stack (its network's, the coordinator's, your services' and
+    their replicas'), so Snakemake starts it inside the stack's group, where it ends at once and gives back the thread
+    the group's runner holds (workflow/scripts/stack_job.py); a stack that is no group needs nothing of it."""
+    own = ("tasks: null\nexpected: null\nworker: {mode: long-running, command: [w]}\nverify: {command: [c]}\n"
+           "services: {db: {command: [d]}, cache: {command: [k], replicas: 2, readiness: {mode: started}}}\n")
+    plan, files = plan_of(own + PRIVATE, **ABLE), plan_of(own + PRIVATE, **ABLE).files("r")
+    assert plan.stack_services("r") == [files.stack_network, files.service_file("db"), files.service_file("cache"),
+                                        files.replica_file("cache", 2)]
+    builtin = plan_of("", **ABLE)
+    assert builtin.stack_services("r") == [builtin.files("r").coordinator_service]
+    bare = plan_of("tasks: null\nexpected: null\nworker: {mode: long-running, command: [w]}\n"
+                   "verify: {command: [c]}\n", **ABLE)
+    assert not bare.in_group and bare.stack_services("r") == []
+
+
+def test_the_stack_job_record_names_the_slurm_node_where_there_is_one():
+    sys.path.insert(0, str(SCRIPTS))
+    from stack_job import stack_job
+
+    inside = stack_job({"SLURMD_NODENAME": "node07", "SLURM_JOB_ID": "42"}, 2, "node07.cluster", 5.0)
+    assert (inside["node"], inside["slurmJob"], inside["cpusSeen"], inside["startedAt"]) == ("node07", "42", 2, 5.0)
+    here = stack_job({}, 4, "laptop", 1.0)
+    assert (here["node"], here["slurmJob"]) == ("laptop", None)

@@ -14,6 +14,7 @@ rule collect_results:
         check=check_records,
         served=PLAN.served_records("{run}"),
         node_gates=node_gates,
+        stack_job=FILES.stack_job,
         script=script("collect.py"),
     output:
         events=FILES.events,

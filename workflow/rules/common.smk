@@ -204,6 +204,7 @@ step_cpus = lambda wildcards: PLAN.step_cpus(wildcards.step)
 check_inputs = lambda wildcards: PLAN.check_inputs(wildcards.run)
 check_records = lambda wildcards: PLAN.check_records(wildcards.run)
 node_gates = lambda wildcards: PLAN.node_gates(wildcards.run)
+stack_services = lambda wildcards: PLAN.stack_services(wildcards.run)
 network_held = lambda w: PLAN.stack_network(w.run, PLAN.node_of(dict(w.items())))
 
 

@@ -514,7 +514,7 @@ def collect(plan: Plan, run: str) -> list[str]:
     return options(("--scratch-root", config["scratch"] or ""), ("--run", run),
                    ("--inputs-summary", files.inputs_summary), ("--shared-dir", files.state),
                    ("--events-out", files.events), ("--provenance-out", files.provenance),
-                   ("--services-out", files.services_record), ("--timeline-out", files.timeline),
+                   ("--stack-job", files.stack_job), ("--services-out", files.services_record), ("--timeline-out", files.timeline),
                    ("--decision-record", files.decision_record),
                    *each("--service", [*plan.services, *plan.replicated]), *each("--component", components),
                    ("--stop-timeout", timeouts.stop_timeout(config)),

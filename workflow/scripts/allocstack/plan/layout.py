@@ -46,6 +46,8 @@ SERVED_RECORD = "served.json"
 SERVE_VERIFIED = "serve-verified.json"
 #: The stack's private network on its node (config network.isolation: private): a service job's file.
 STACK_NETWORK = "stack-network.service"
+#: Where the stack's group of jobs started (rule open_stack: its node, Slurm job, the CPUs Snakemake sees there).
+STACK_JOB = "stack-job.json"
 #: Your check's record (your own stack, tasks: null).
 CHECK_RECORD = "check.json"
 #: How each of your services ended (collect_results).
@@ -107,6 +109,8 @@ class Layout:
     # serve mode's; the stack's private network's service file (config network.isolation: private)
     up_record, served_record, serve_verified, stack_network = File.each(
         UP_RECORD, SERVED_RECORD, SERVE_VERIFIED, STACK_NETWORK)
+    # rule open_stack's: where the stack's group of jobs started
+    stack_job = File(STACK_JOB)
     # In the state directory: the durable results journal a rerun resumes from; with more than one node, the
     # coordinator's endpoint document for the other nodes and the directory of your services published for them.
     journal, shared_endpoint, shared_services = File.each(names.JOURNAL, names.ENDPOINT, names.SERVICES, state=True)

@@ -430,6 +430,13 @@ class Plan:
     def check_records(self, run: str) -> list[str]:
         return [self.files(run).check_record] if self.runs_check else []
 
+    def stack_services(self, run: str) -> list[str]:
+        """Every service file of the stack on its first node (its private network's, the coordinator's, your
+        services'): what rule open_stack consumes to start with the stack's group of jobs, and end at once
+        (workflow/scripts/stack_job.py says why). None when nothing holds the stack as a group."""
+        coordinator = [self.files(run).coordinator_service] if self.builtin_coordinator else []
+        return [*self.stack_network(run), *coordinator, *self.service_files(run)]
+
     def stack_network(self, run: str, node: int = 0) -> list[str]:
         """The service file of the stack's private network on ``node`` (0 = the first; config network.isolation:
         private): every component on that node consumes it, so Snakemake keeps the network up while any of them runs
