@@ -83,7 +83,9 @@ def test_local_baseline_in_a_charliecloud_image_without_apptainer(project, any_i
     elapsed = time.monotonic() - started
     assert_ran_in_the_image(project, "baseline", image)
     log = (project / "logs/serve_coordinator/baseline.log").read_text()
-    assert "launch: coordinator: ch-run '--unset-env=*'" in log
+    # in the stack's private network (the default): ch-run entered into it (nsenter, before the runtime)
+    assert re.search(r"launch: coordinator: nsenter --target=\d+ (--user --preserve-credentials )?--net -- "
+                     r"ch-run '--unset-env=\*'", log), log[-2000:]
     assert "coordinator: stopped (signal:SIGTERM)" in log  # drained to its last line, the image still there
     assert json.loads((project / "results/baseline/coordinator.json").read_text())["status"] == "completed"
     assert not list((project / "tmp").glob("allocstack-*/baseline.*"))  # scratch and mount-point trees removed

@@ -837,6 +837,7 @@ def test_compose_short_form_on_a_gated_service_is_written_as_service_started_and
     assert services["readiness-service"]["depends_on"] == {"db": "service_started", "ui": "service_healthy"}
     assert "note: api: depends_on db (service_started, Compose's short form): starts once it has started" in out.out
     assert "    depends_on:\n      db: service_started\n" in output.read_text()
-    planned = plan.load(config, Facts(cwd=str(tmp_path), is_file=lambda path: True, skip_validation=False))
+    planned = plan.load(config, Facts(cwd=str(tmp_path), is_file=lambda path: True, skip_validation=False,
+                                      sysctl={"user.max_user_namespaces": "1"}.get, which=lambda program: program))
     assert planned.started(planned.services["api"]["depends_on"]) == ["db"]
     assert planned.gates(planned.run, planned.services["api"]["depends_on"]) == []

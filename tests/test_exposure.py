@@ -254,6 +254,8 @@ SERVER = ("import os, socket, sys, time; s = socket.socket(); s.setsockopt(socke
 
 
 def run_stack(project, run: str, host: str):
+    """The stack on the node's own network (network.isolation none, where a center turns user namespaces off): what
+    its programs bind beyond loopback is named; in the stack's private network (the default) nothing is exposed."""
     (project / f"config/{run}.yaml").write_text(textwrap.dedent(f"""
         run: {run}
         tasks: null
@@ -263,6 +265,7 @@ def run_stack(project, run: str, host: str):
         services:
           kv: {{command: [{PYTHON}, -c, {json.dumps(SERVER)}, "{host}"], readiness: {{mode: tcp}}}}
         verify: {{command: [{PYTHON}, -c, pass]}}
+        network: {{isolation: none}}
     """))
     done = snakemake(project, "--cores", "4", "--configfile", f"config/{run}.yaml")
     assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]  # a warning, not a failure
@@ -327,7 +330,7 @@ def test_a_long_running_worker_or_main_listening_on_every_address_is_named_by_it
                  f"services: {{{name}: {{command: {named_program(name)}}}}}\nmain: {name}")
     (project / "config/program.yaml").write_text("\n".join([
         "run: program", "tasks: null", "expected: null", "workers: 1", "volumes: [scratchpad]", stack,
-        f"verify: {{command: {PASS}}}", ""]))
+        f"verify: {{command: {PASS}}}", "network: {isolation: none}", ""]))
     done = snakemake(project, "--cores", "4", "--configfile", "config/program.yaml")
     assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
     events = [json.loads(line) for line in (project / "results/program/events.jsonl").read_text().splitlines()]

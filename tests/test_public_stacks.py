@@ -41,7 +41,6 @@ import socket
 import subprocess
 import sys
 import time
-import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -49,13 +48,13 @@ from pathlib import Path
 import pytest
 import yaml
 from test_compose_stacks import free_port
-from test_serve_mode import submit, tunnel_target, up_job, wait_for_file
+from test_serve_mode import submit, up_job, wait_for_file
 from test_slurm import TEST_RESOURCES, recorded_steps, submitted_jobs, the_stack_job
 from test_stack_images import NO_APPTAINER_PATH, place_image
 
 from conftest import ROOT, pids_of_run, run_script
 from real_parts import require_apptainer, require_slurm, unavailable
-from workflow_helpers import snakemake
+from workflow_helpers import ask_json, snakemake, tunnel_target
 
 #: Minutes each (images, Celery, the upstream's own tests): started first (tests/conftest.py).
 pytestmark = pytest.mark.slow
@@ -423,14 +422,6 @@ def test_public_stack_runs_unchanged_in_its_images_through_the_slurm_profile_wit
 # -- served as it is: `docker compose up`, no producer (config mode: serve) -------------------------------------
 
 
-def ask(url: str, payload: dict | None = None) -> dict:
-    """The stack's API at ``url``: a JSON POST of ``payload``, or a GET."""
-    body = None if payload is None else json.dumps(payload).encode()
-    request = urllib.request.Request(url, data=body, headers={"Content-Type": "application/json"})  # noqa: S310 - http on loopback
-    with urllib.request.urlopen(request, timeout=30) as answer:  # noqa: S310 - the stack's own API on loopback
-        return json.load(answer)
-
-
 def images_in_logs(project: Path, run: str) -> dict[str, str]:
     """Each service -> the image its log says it ran in (``NAME: in its image: apptainer exec ... images/X.sif``)."""
     found = {}
@@ -442,13 +433,14 @@ def images_in_logs(project: Path, run: str) -> dict[str, str]:
     return found
 
 
-def task_result(api: str, task: dict, timeout: float = 180) -> dict:
-    """Queue ``task`` through the API (POST /tasks, as the upstream's test_task_status does) and poll GET
-    /tasks/ID until a Celery worker finished it (SUCCESS or FAILURE); its last status."""
-    task_id = ask(f"{api}/tasks", task)["task_id"]
+def task_result(target: str, task: dict, timeout: float = 180) -> dict:
+    """Queue ``task`` through the API at ``target`` (a tunnel line's: its socket, or HOST:PORT) (POST /tasks, as the
+    upstream's test_task_status does) and poll GET /tasks/ID until a Celery worker finished it (SUCCESS or
+    FAILURE); its last status."""
+    task_id = ask_json(target, "/tasks", task)["task_id"]
     deadline = time.monotonic() + timeout
     while True:
-        status = ask(f"{api}/tasks/{task_id}")
+        status = ask_json(target, f"/tasks/{task_id}")
         if status["task_status"] in ("SUCCESS", "FAILURE") or time.monotonic() > deadline:
             return status
         time.sleep(0.5)
@@ -478,10 +470,11 @@ def test_fastapi_celery_served_under_the_slurm_profile_runs_a_task_through_its_t
         up = wait_for_file(project / f"results/{stack.name}/up.json", run)
         up_after = time.monotonic() - started
         assert sorted(up["services"]) == ["dashboard", "redis", "web"], up  # the worker publishes nothing
-        host, port, _ = tunnel_target(up["services"]["web"]["tunnel"])
-        assert port == ports["8000"]
+        target, _ = tunnel_target(up["services"]["web"]["tunnel"])  # its owner-only socket (the private network)
+        assert target.startswith("/") and target.endswith("/web.sock"), target
+        assert up["services"]["web"]["url"].endswith(f":{ports['8000']}"), up
         queued = time.monotonic()
-        status = task_result(f"http://{host}:{port}", {"type": 1})
+        status = task_result(target, {"type": 1})
         task_seconds = time.monotonic() - queued
         assert (status["task_status"], status["task_result"]) == ("SUCCESS", True), status
         job = up_job(project)

@@ -17,7 +17,7 @@ import urllib.request
 import pytest
 from test_slurm import TEST_RESOURCES, cluster_project, job_state, the_stack_job  # noqa: F401 - cluster_project: a fixture
 
-from workflow_helpers import SNAKEMAKE, killed_at_the_end, snakemake
+from workflow_helpers import SNAKEMAKE, ask_json, killed_at_the_end, snakemake, tunnel_target
 
 PYTHON = json.dumps(sys.executable)
 #: A web service on its port, with a health page.
@@ -87,8 +87,10 @@ def test_dry_run_shows_serve_mode_and_its_serving_job(project):
 
 
 def test_a_serving_stack_is_up_reachable_and_ctrl_c_ends_it_as_a_success(project):
+    """On the node's own network (network.isolation none) the UP line names each service's loopback URL; in the
+    stack's private network (the default) its owner-only socket: tests/test_private_network.py."""
     seen: list[str] = []
-    with killed_at_the_end(start(project, serve_config(project, "srv"))) as run:
+    with killed_at_the_end(start(project, serve_config(project, "srv", extra="network: {isolation: none}"))) as run:
         line = wait_for_up(run, seen, then="web: http://127.0.0.1:")
         url = re.search(r"http://127\.0\.0\.1:\d+", line).group(0)
         with urllib.request.urlopen(url + "/hello", timeout=10) as answer:  # noqa: S310 - the printed address serves
@@ -225,13 +227,6 @@ def wait_for_file(path, run: subprocess.Popen, timeout: float = 300) -> dict:
     return json.loads(path.read_text())
 
 
-def tunnel_target(line: str) -> tuple[str, int, str]:
-    """``ssh [-J hop] -N -L LOCAL:127.0.0.1:PORT user@NODE`` -> (127.0.0.1, PORT, NODE)."""
-    found = re.search(r"-N -L (\d+):(127\.0\.0\.1):(\d+) \S+@(\S+)$", line)
-    assert found and found.group(1) == found.group(3), line
-    return found.group(2), int(found.group(3)), found.group(4)
-
-
 @pytest.mark.slurm
 @pytest.mark.apptainer
 def test_under_slurm_a_serving_stack_is_up_reachable_and_scancel_ends_it_as_a_success(cluster_project):  # noqa: F811 - the fixture
@@ -240,12 +235,13 @@ def test_under_slurm_a_serving_stack_is_up_reachable_and_scancel_ends_it_as_a_su
     with killed_at_the_end(start_on_slurm(project, image, "srvscancel")) as run:
         up = wait_for_file(project / "results/srvscancel/up.json", run)
         up_after = time.monotonic() - started
-        host, port, node = tunnel_target(up["services"]["web"]["tunnel"])
+        target, node = tunnel_target(up["services"]["web"]["tunnel"])
         job = up_job(project)
         assert node == job_node(job)  # the tunnel goes to the node the service runs on
+        # the stack's private network (the default): the target is the service's owner-only socket
+        assert target.startswith("/") and target.endswith("/web.sock"), target
         # the printed line's target, from the node (the test cluster's node is this machine)
-        with urllib.request.urlopen(f"http://{host}:{port}/hello", timeout=10) as answer:
-            assert json.load(answer)["served"] == "hello"
+        assert ask_json(target, "/hello")["served"] == "hello"
         cancelled = time.monotonic()
         subprocess.run(["scancel", job], check=True, timeout=30)
         marker = wait_for_file(project / "results/srvscancel/result.json", run, timeout=60)

@@ -43,10 +43,13 @@ def test_the_decision_record_says_none_and_not_in_slurm_in_words(project):
 
 def test_a_local_runs_page_is_a_plain_url_and_status_picks_the_one_live_run(project):
     """A finished run's records beside a live one: status.py without --run shows the live one; --url prints the
-    page's address alone (the stack runs on this machine: no SSH tunnel), and so does the coordinator's log."""
+    page's address alone (the stack runs on this machine's own network, network.isolation none: no SSH tunnel), and
+    so does the coordinator's log. In the stack's private network (the default) the page is an owner-only socket,
+    named with its SSH line: tests/test_private_network.py."""
     finished = snakemake(project, "--cores", "4")
     assert finished.returncode == 0, (finished.stdout + finished.stderr)[-3000:]
     config = slow_run(project, "live", tasks=16, seconds=0.5)
+    config.write_text(config.read_text() + "network: {isolation: none}\n")
     proc = start(project, config)
     env = {"TMPDIR": str(project / "tmp")}
     try:

@@ -24,7 +24,8 @@ def test_dry_run_as_typed_shows_the_stack(project):
              if len(line.split()) == 2 and line.split()[1].isdigit() and not line.endswith(":")
              and not line.split()[0].endswith(":")}
     assert table == {"validate_inputs": "1", "serve_coordinator": "1", "await_readiness": "1", "run_worker": "2",
-                     "open_stack": "1", "collect_results": "1", "verify_results": "1", "all": "1", "total": "9"}
+                     "open_stack": "1", "stack_network": "1", "collect_results": "1", "verify_results": "1", "all": "1",
+                     "total": "10"}
     # the decision record is reviewable before anything runs
     assert "decisions: allocation: scheduler policy; startup order: launch script" in done.stdout
     assert "service" in done.stdout  # the coordinator is marked as a service
@@ -115,7 +116,9 @@ def test_crashed_coordinator_fails_the_run_and_leaves_nothing(project):
     journal = project / "state/crash/journal.jsonl"
     while (not journal.exists() or journal.read_text().count('"result"') < 2) and time.monotonic() < deadline:
         time.sleep(0.1)
-    [coordinator] = [pid for pid in pids_mentioning(str(project)) if b"coordinator.py" in Path(f"/proc/{pid}/cmdline").read_bytes()]
+    # the program itself (python3 .../coordinator.py), not launch.py, whose command line names it too
+    [coordinator] = [pid for pid in pids_mentioning(str(project))
+                     if [*Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0"), b""][1].endswith(b"/coordinator.py")]
     os.kill(coordinator, signal.SIGKILL)
     output, _ = proc.communicate(timeout=120)
     assert proc.returncode != 0

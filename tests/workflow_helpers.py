@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import contextlib
+import http.client
 import json
 import os
+import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import textwrap
@@ -130,3 +133,43 @@ def project_for_another_user(prefix: str) -> tuple[Path, Path, Path]:
     home = base / "home"
     home.mkdir()
     return base, project, home
+
+
+def tunnel_target(line: str) -> tuple[str, str]:
+    """``ssh [-J hop] -N -L LOCAL:TARGET user@NODE`` -> (TARGET, NODE): TARGET the service's owner-only socket in the
+    stack's private network (the default), ``127.0.0.1:PORT`` on the node's own (network.isolation none)."""
+    found = re.search(r"-N -L (\d+):(\S+) \S+@(\S+)$", line)
+    assert found, line
+    return found.group(2), found.group(3)
+
+
+class _UnixHTTPConnection(http.client.HTTPConnection):
+    """HTTP over a Unix socket (a service's owner-only socket: what ``ssh -L PORT:SOCKET`` forwards to)."""
+
+    def __init__(self, path: str, timeout: float) -> None:
+        super().__init__("localhost", timeout=timeout)
+        self.socket_path = path
+
+    def connect(self) -> None:
+        self.sock = socket.socket(socket.AF_UNIX)
+        self.sock.settimeout(self.timeout)
+        self.sock.connect(self.socket_path)
+
+
+def ask_json(target: str, path: str, payload: dict | None = None, timeout: float = 30) -> dict:
+    """A service at ``target`` (a tunnel line's: its socket's path, or ``HOST:PORT``): a JSON POST of ``payload`` to
+    ``path``, or a GET; the answer's JSON (a status other than 2xx fails the test)."""
+    if target.startswith("/"):
+        connection: http.client.HTTPConnection = _UnixHTTPConnection(target, timeout)
+    else:
+        connection = http.client.HTTPConnection(target, timeout=timeout)
+    try:
+        body = None if payload is None else json.dumps(payload).encode()
+        connection.request("GET" if body is None else "POST", path, body=body,
+                           headers={"Content-Type": "application/json"})
+        answer = connection.getresponse()
+        data = answer.read()
+    finally:
+        connection.close()
+    assert 200 <= answer.status < 300, (answer.status, data[:500])
+    return json.loads(data)

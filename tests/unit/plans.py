@@ -34,10 +34,19 @@ def configured(text: str = "") -> dict[str, Any]:
     return merged(base, yaml.safe_load(text) or {})
 
 
+#: What a node that can give the stack its own network (the default, config network.isolation: private) has:
+#: unprivileged user namespaces and pasta on PATH.
+NAMESPACES = {"user.max_user_namespaces": "96553"}.get
+PASTA = {"pasta": "/usr/bin/pasta"}
+
+
 def world(**facts: Any) -> plan.Facts:
-    """The empty world (no Slurm, nothing on PATH) in the project's directory, with ``facts`` changed."""
+    """The empty world (no Slurm, nothing on PATH but pasta, user namespaces allowed) in the project's directory,
+    with ``facts`` changed."""
     facts.setdefault("cwd", str(ROOT))
     facts.setdefault("is_file", lambda path: (ROOT / path).is_file())
+    facts.setdefault("sysctl", NAMESPACES)
+    facts.setdefault("which", PASTA.get)
     return plan.Facts(**facts)
 
 

@@ -399,7 +399,8 @@ def test_an_init_job_runs_once_and_its_record_is_the_gate_of_what_waits_for_it(w
 
 
 def test_without_services_an_init_jobs_record_is_a_plain_input_of_the_workers(workdir):
-    planned = plan_of(OWN_STACK + "services: {migrate: {command: [python3, migrate.py]}}\ninit_jobs: [migrate]\n")
+    planned = plan_of(OWN_STACK + "services: {migrate: {command: [python3, migrate.py]}}\ninit_jobs: [migrate]\n"
+                      "network: {isolation: none}\n")
     assert not planned.in_group and planned.service_dependencies(planned.run, "migrate") == []
     assert planned.worker_inputs(planned.run) == [planned.layout.init_record("migrate")]
 

@@ -16,6 +16,8 @@ from allocstack.launch.stacknet import Held, default_route_interface, join_prefi
 from .plans import SCRIPTS, plan_of, refusal
 
 PRIVATE = "network: {isolation: private}\n"
+#: The node's own network (a center without user namespaces; the default is private).
+NONE = "network: {isolation: none}\n"
 #: A node that lets users make user namespaces, with pasta on PATH.
 ABLE = {"sysctl": {"user.max_user_namespaces": "96553"}.get, "which": {"pasta": "/usr/bin/pasta"}.get}
 
@@ -56,7 +58,7 @@ def test_every_component_but_the_network_itself_is_entered_into_it():
 
 
 def test_with_isolation_none_nothing_changes():
-    plan = plan_of("", **ABLE)
+    plan = plan_of(NONE, **ABLE)
     assert not plan.private_network and plan.stack_network("baseline") == []
     assert "--network-namespace" not in plan.launch("coordinator", run="baseline")
 
@@ -133,7 +135,7 @@ def test_a_stack_without_services_runs_as_one_group_in_its_private_network():
     and whatever waits for an init job wait for the records themselves."""
     own = ("tasks: null\nexpected: null\nworker: {mode: long-running, command: [w]}\nverify: {command: [c]}\n"
            "init_jobs: [setup]\nservices: {setup: {command: [s]}}\n")
-    private, shared = plan_of(own + PRIVATE, **ABLE), plan_of(own, **ABLE)
+    private, shared = plan_of(own + PRIVATE, **ABLE), plan_of(own + NONE, **ABLE)
     assert private.in_group and not shared.in_group
     assert private.check_inputs("r") == [] and private.init_inputs("r") == []
     assert private.service_dependencies("r", "setup") == [] and private.stack_network("r")  # the network holds it
@@ -161,10 +163,10 @@ def test_open_stack_starts_with_every_service_the_stack_s_group_has():
     plan, files = plan_of(own + PRIVATE, **ABLE), plan_of(own + PRIVATE, **ABLE).files("r")
     assert plan.stack_services("r") == [files.stack_network, files.service_file("db"), files.service_file("cache"),
                                         files.replica_file("cache", 2)]
-    builtin = plan_of("", **ABLE)
+    builtin = plan_of(NONE, **ABLE)
     assert builtin.stack_services("r") == [builtin.files("r").coordinator_service]
     bare = plan_of("tasks: null\nexpected: null\nworker: {mode: long-running, command: [w]}\n"
-                   "verify: {command: [c]}\n", **ABLE)
+                   "verify: {command: [c]}\n" + NONE, **ABLE)
     assert not bare.in_group and bare.stack_services("r") == []
 
 

@@ -188,10 +188,11 @@ def validated_plan(config: dict[str, Any], project_dir: Path) -> plan.Plan:
         spec["command"] = spec["command"] or SUPPLIED
     # The world the config is written for: its images switched on (--sdm apptainer, or runtime charliecloud),
     # their runtime there, each ${env:NAME} set (the import read it from this environment), each bind source
-    # there (a missing one is a gap the import names).
+    # there (a missing one is a gap the import names), a node that lets users make the stack's own network (the
+    # run refuses it in one line where its node does not: network.isolation).
     world = plan.Facts(cwd=str(project_dir), deployment=frozenset({"apptainer"}), which=lambda program: program,
                        environ={name: "set" for spec in programs for name in env_references(spec)},
-                       exists=lambda path: True)
+                       exists=lambda path: True, sysctl={"user.max_user_namespaces": "1"}.get)
     return plan.load(supplied, world)
 
 
