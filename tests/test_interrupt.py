@@ -220,10 +220,14 @@ def fresh_state(monkeypatch):
 
 def test_the_first_sigint_passes_on_and_stops_scheduling_the_next_ones_only_say_so(fresh_state):
     interrupt = fresh_state
-    job = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"],  # SIGINT not ignored, as a job's
-                           preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    job = subprocess.Popen([sys.executable, "-c", "import time; print('ready', flush=True); time.sleep(60)"],
+                           preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),  # not ignored, as a job's
+                           stdout=subprocess.PIPE, text=True)
     stopped, written = threading.Event(), []
     try:
+        # past Python's start: a SIGINT while it imports its site module is a fatal error (exit 1), not SIGINT's death
+        # (CI, under load: ci-68)
+        assert job.stdout.readline() == "ready\n"
         snakemake = interrupt.Snakemake(jobs=lambda: [job.pid, 999_999_999], scheduling=lambda: True,
                                         stop=stopped.set, local=lambda: True)
         on_sigint = interrupt.handler(snakemake, write=lambda fd, data: written.append(data) or len(data),
@@ -244,6 +248,7 @@ def test_the_first_sigint_passes_on_and_stops_scheduling_the_next_ones_only_say_
     finally:
         job.kill()
         job.wait()
+        job.stdout.close()
 
 
 def test_sigterm_is_the_same_interruption_with_its_own_line_and_exit_143(fresh_state):

@@ -461,9 +461,10 @@ def in_a_node_without_user_namespaces(*argv: str) -> list[str]:
 
 
 def test_where_user_namespaces_are_off_private_is_refused_up_front_and_none_names_what_listens(project):
-    """Point 5: ``network.isolation: private`` is one line before anything runs; with ``none`` the stack runs on the
-    node's network, and the service it finds listening on every address is named in a warning and in the decision
-    record (the server binds 0.0.0.0 inside the test's own network namespace: nothing of it is open here)."""
+    """Point 5: the default, ``network.isolation: private``, is one line before anything runs; with ``none`` (set by
+    the user) the stack runs on the node's network, and the service it finds listening on every address is named in a
+    warning and in the decision record (the server binds 0.0.0.0 inside the test's own network namespace: nothing of
+    it is open here)."""
     from test_exposure import EVERYWHERE, SERVER
 
     stack = (f"run: nons\ntasks: null\nexpected: null\nworkers: 1\n"
@@ -471,7 +472,7 @@ def test_where_user_namespaces_are_off_private_is_refused_up_front_and_none_name
              f"services:\n  kv: {{command: [{PYTHON}, -c, {json.dumps(SERVER)}, \"{EVERYWHERE}\"], "
              "readiness: {mode: tcp}}\n"
              f"verify: {{command: [{PYTHON}, -c, pass]}}\n")
-    (project / "config/off.yaml").write_text(stack + "network: {isolation: private}\n")
+    (project / "config/off.yaml").write_text(stack)  # the default: private
     (project / "config/on-the-node.yaml").write_text(stack + "network: {isolation: none}\n")
 
     def run(*args: str) -> subprocess.CompletedProcess:
