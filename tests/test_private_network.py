@@ -39,6 +39,7 @@ from conftest import OTHER_USER, local_user, make_tasks, pids_mentioning, wait_f
 from real_parts import require_apptainer, require_charliecloud_squashfs, require_multinode, require_slurm, unavailable
 from workflow_helpers import (
     SNAKEMAKE,
+    ask,
     copy_project,
     killed_at_the_end,
     project_for_another_user,
@@ -343,19 +344,6 @@ def test_under_the_slurm_profile_in_images_no_user_or_multinode_node_gets_in(pro
 EVERY_ADDRESS_WEB = WEB.replace("http.server.HTTPServer(('127.0.0.1', port), H)", "http.server.HTTPServer(('0.0.0.0', port), H)")
 
 
-def get_through_socket(path: str, page: str = "/hello") -> tuple[int, bytes]:
-    """An HTTP/1.0 GET of ``page`` through the Unix socket ``path``: its status code and body."""
-    with socket.socket(socket.AF_UNIX) as client:
-        client.settimeout(10)
-        client.connect(path)
-        client.sendall(f"GET {page} HTTP/1.0\r\nHost: localhost\r\n\r\n".encode())
-        answer = b""
-        while chunk := client.recv(65536):
-            answer += chunk
-    head, _, body = answer.partition(b"\r\n\r\n")
-    return int(head.split()[1]), body
-
-
 def test_a_serving_stack_is_reached_through_its_owner_only_socket_and_by_no_one_else(project, other_user_name):
     """Serve mode in the stack's private network: the UP line names each service's socket in the run's 0700
     scratch and the SSH line that forwards a port to it; through it the owner gets the page; a second user cannot
@@ -375,7 +363,7 @@ web:
         assert Path(sock).name == "web.sock" and Path(sock).stat().st_mode & 0o777 == 0o600, line
         assert Path(sock).parent.stat().st_mode & 0o777 == 0o700 and Path(sock).parent.stat().st_uid == os.getuid()
         assert "-L " in line and f":{sock} " in line, line  # ssh -N -L PORT:SOCKET NODE
-        assert get_through_socket(sock) == (200, b'{"status": "ok", "served": "hello"}')
+        assert ask(sock, "/hello") == (200, b'{"status": "ok", "served": "hello"}')
         port = int(json.loads((project / "results/srvpriv/up.json").read_text())["services"]["web"]["url"]
                    .rsplit(":", 1)[1])
         for address in node_addresses():

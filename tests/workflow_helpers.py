@@ -156,9 +156,9 @@ class _UnixHTTPConnection(http.client.HTTPConnection):
         self.sock.connect(self.socket_path)
 
 
-def ask_json(target: str, path: str, payload: dict | None = None, timeout: float = 30) -> dict:
+def ask(target: str, path: str, payload: dict | None = None, timeout: float = 30) -> tuple[int, bytes]:
     """A service at ``target`` (a tunnel line's: its socket's path, or ``HOST:PORT``): a JSON POST of ``payload`` to
-    ``path``, or a GET; the answer's JSON (a status other than 2xx fails the test)."""
+    ``path``, or a GET; the answer's status code and body."""
     if target.startswith("/"):
         connection: http.client.HTTPConnection = _UnixHTTPConnection(target, timeout)
     else:
@@ -171,5 +171,11 @@ def ask_json(target: str, path: str, payload: dict | None = None, timeout: float
         data = answer.read()
     finally:
         connection.close()
-    assert 200 <= answer.status < 300, (answer.status, data[:500])
+    return answer.status, data
+
+
+def ask_json(target: str, path: str, payload: dict | None = None, timeout: float = 30) -> dict:
+    """:func:`ask`, the answer's JSON (a status other than 2xx fails the test)."""
+    status, data = ask(target, path, payload, timeout)
+    assert 200 <= status < 300, (status, data[:500])
     return json.loads(data)

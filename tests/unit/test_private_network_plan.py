@@ -4,7 +4,6 @@ The real namespace, its probes and its way out: tests/test_private_network.py.""
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pytest
@@ -13,7 +12,7 @@ from allocstack.common.endpoint import write_endpoint
 from allocstack.launch.portsockets import SUN_PATH, socket_path, target
 from allocstack.launch.stacknet import Held, default_route_interface, join_prefix, pasta_argv
 
-from .plans import SCRIPTS, plan_of, refusal
+from .plans import plan_of, refusal
 
 PRIVATE = "network: {isolation: private}\n"
 #: The node's own network (a center without user namespaces; the default is private).
@@ -171,8 +170,7 @@ def test_open_stack_starts_with_every_service_the_stack_s_group_has():
 
 
 def test_the_stack_job_record_names_the_slurm_node_where_there_is_one():
-    sys.path.insert(0, str(SCRIPTS))
-    from stack_job import stack_job
+    from stack_job import stack_job  # workflow/scripts is on sys.path (tests/unit/plans.py)
 
     inside = stack_job({"SLURMD_NODENAME": "node07", "SLURM_JOB_ID": "42"}, 2, "node07.cluster", 5.0)
     assert (inside["node"], inside["slurmJob"], inside["cpusSeen"], inside["startedAt"]) == ("node07", "42", 2, 5.0)

@@ -106,7 +106,7 @@ def parse_args(argv: list[str] | None):
     parser.add_argument("--inputs-summary", type=Path, required=True, help="validate_inputs summary (digests)")
     parser.add_argument("--events-out", type=Path, required=True, help="merged event log to write")
     parser.add_argument("--provenance-out", type=Path, required=True, help="provenance record to write")
-    parser.add_argument("--stack-job", type=Path,
+    parser.add_argument("--stack-job", type=Path, required=True,
                         help="where the stack's group of jobs started (stack_job.py's record): kept in provenance")
     parser.add_argument("--timeline-out", type=Path, help="the run's timeline to draw (SVG)")
     parser.add_argument("--service", action="append", default=[], help="one of your services (repeatable)")
@@ -144,7 +144,7 @@ def main(argv: list[str] | None = None) -> int:
             record = args.decision_record.read_text(encoding="utf-8")
             atomic_write_text(args.decision_record, with_seen(record, summary_lines(events)), 0o644)
         summary = read_json(args.inputs_summary, "inputs summary", diag="prerequisite")
-        started = read_json(args.stack_job, "the stack's start record", diag="prerequisite") if args.stack_job else None
+        started = read_json(args.stack_job, "the stack's start record", diag="prerequisite")
         job = os.environ.get("SLURM_JOB_ID")
         slurm_version, steps, runtime = cluster_facts(job, summary)
         atomic_write_json(args.provenance_out, {

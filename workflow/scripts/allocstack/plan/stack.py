@@ -414,10 +414,15 @@ class Plan:
             return [files.worker_record(worker, step.name) for step in self.steps for worker in step.workers]
         return [files.worker_record(worker) for worker in self.workers]
 
+    def held_services(self, run: str) -> list[str]:
+        """The coordinator's service file (the built-in one) and your services' (their replicas' too) on the first
+        node: what a job consumes to keep them up while it runs."""
+        coordinator = [self.files(run).coordinator_service] if self.builtin_coordinator else []
+        return coordinator + self.service_files(run)
+
     def worker_inputs(self, run: str) -> list[str]:
         """What keeps the services alive while a worker runs: the coordinator's and your services' files."""
-        coordinator = [self.files(run).coordinator_service] if self.builtin_coordinator else []
-        return coordinator + self.service_files(run) + self.instance_files(run) + self.init_inputs(run)
+        return self.held_services(run) + self.instance_files(run) + self.init_inputs(run)
 
     def check_inputs(self, run: str) -> list[str]:
         """run_check consumes your services' files (they stay up while it runs) and waits for the workers
@@ -434,8 +439,7 @@ class Plan:
         """Every service file of the stack on its first node (its private network's, the coordinator's, your
         services'): what rule open_stack consumes to start with the stack's group of jobs, and end at once
         (workflow/scripts/stack_job.py says why). None when nothing holds the stack as a group."""
-        coordinator = [self.files(run).coordinator_service] if self.builtin_coordinator else []
-        return [*self.stack_network(run), *coordinator, *self.service_files(run)]
+        return [*self.stack_network(run), *self.held_services(run)]
 
     def stack_network(self, run: str, node: int = 0) -> list[str]:
         """The service file of the stack's private network on ``node`` (0 = the first; config network.isolation:
