@@ -23,6 +23,8 @@ PYTHON = sys.executable
 
 from make_tasks import expected_for, make_tasks  # noqa: E402, F401  (the users' command makes the tests' tasks too)
 
+from real_parts import multinode_set  # noqa: E402
+
 
 @pytest.fixture(autouse=True)
 def signal_handlers_as_they_were():
@@ -49,36 +51,38 @@ def supervisor_in_this_process(monkeypatch):
         signal.signal(signum, handler)
 
 
-def together_with_the_multinode_tests(nodeid: str) -> bool:
-    """The multi-node tests share three nodes that each of them needs idle (and some crash one): under ``pytest
-    -n`` (make test) they run one after another on one process, beside the rest. They are told by their id
-    (the process that hands out the tests sees ids only): their file or their name says ``multinode``."""
-    return "multinode" in nodeid.split("[", 1)[0]
+def multinode_scope(nodeid: str) -> str | None:
+    """The scope a multi-node test runs in, None for any other test. The multi-node tests need their nodes idle
+    (and some crash one): under ``pytest -n`` (make test) each set of namespaced nodes has one scope, whose tests run
+    one after another on one process, beside the rest (real_parts.multinode_set says which set). They are told by
+    their id (the process that hands out the tests sees ids only): their file or their name says ``multinode``."""
+    if "multinode" not in nodeid.split("[", 1)[0]:
+        return None
+    return f"multinode-{multinode_set(nodeid)}"
 
 
 def pytest_collection_modifyitems(config, items):
     """A test marked multinode whose id does not say so would run beside the others: refused."""
-    strays = [item.nodeid for item in items
-              if item.get_closest_marker("multinode") and not together_with_the_multinode_tests(item.nodeid)]
+    strays = [item.nodeid for item in items if item.get_closest_marker("multinode") and not multinode_scope(item.nodeid)]
     if strays:
         raise pytest.UsageError(f"marked multinode but 'multinode' is not in its file or name: {strays[0]}")
-    # The longest work first, so that none of it is left to run alone at the end (pytest-xdist hands the scopes out
-    # in this order): the multi-node tests' one scope, then the tests marked slow, then the rest as collected.
-    items.sort(key=lambda item: (not together_with_the_multinode_tests(item.nodeid),
-                                 item.get_closest_marker("slow") is None))
+    # The multi-node scopes first (the suite's longest chains), then the rest as collected: the runs under Slurm stay
+    # mixed with the local tests. "Slowest first" was measured and left (ci-71: the Slurm runs all at once queued on
+    # the test node's 8 CPUs while the machine's CPUs were 20-60 % busy for 13 minutes).
+    items.sort(key=lambda item: multinode_scope(item.nodeid) is None)
 
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config, log):
     """pytest-xdist's loadgroup reads its groups into the tests' ids, which pytest 9 no longer lets it change:
-    load scheduling, the multi-node tests as one scope (one process, one after another)."""
+    load scheduling, each set of multi-node tests as one scope (one process, one after another)."""
     if config.getvalue("dist") not in ("load", "loadgroup"):
         return None  # a distribution asked for by name: xdist's own
     from xdist.scheduler import LoadScopeScheduling
 
     class MultinodeTogether(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
-            return "multinode" if together_with_the_multinode_tests(nodeid) else nodeid
+            return multinode_scope(nodeid) or nodeid
 
     return MultinodeTogether(config, log)
 

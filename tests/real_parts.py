@@ -63,19 +63,36 @@ def require_charliecloud() -> str:
 
 
 SLURM_STATE = os.environ.get("ALLOCSTACK_SLURM_STATE", "/var/lib/allocstack-slurm")
+#: How tests/cluster/prepare.sh starts the namespaced nodes: two sets of three (:func:`multinode_set`).
+MULTINODE_START = ("--nodes", "6", "--sets", "2")
+
+
+def multinode_set(nodeid: str) -> int:
+    """Which set of namespaced nodes (a partition of its own) a multi-node test runs on: 1 for the tests of
+    test_multinode.py, 2 for the others (pure; the split of the suite's longest chain in two about equal halves, each
+    one after another on one process, the two side by side: tests/conftest.py)."""
+    return 1 if nodeid.split("::", 1)[0].endswith("test_multinode.py") else 2
 
 
 def require_multinode(nodes: int = 3) -> dict:
-    """The namespaced nodes of ``tests/cluster/slurm.sh start --nodes N`` (its layout file), all usable."""
+    """The namespaced nodes of ``tests/cluster/slurm.sh start --nodes N --sets S`` (its layout file) of the running
+    test's set (:func:`multinode_set`), all usable: the layout with that set's partition, nodes and scratch."""
     require_slurm()
     try:
         with open(os.path.join(SLURM_STATE, "multi", "layout.json"), encoding="utf-8") as handle:
             layout = json.load(handle)
     except (OSError, ValueError):
-        unavailable("no multi-node test cluster (as root: tests/cluster/slurm.sh start --nodes 3)")
+        unavailable(f"no multi-node test cluster (as root: tests/cluster/slurm.sh start {' '.join(MULTINODE_START)})")
+    test = os.environ.get("PYTEST_CURRENT_TEST", "").rsplit(" ", 1)[0]
+    wanted = multinode_set(test)
+    sets = layout.get("sets", [layout])
+    if len(sets) < wanted:
+        unavailable(f"the test cluster has {len(sets)} set(s) of namespaced nodes, this test runs on set {wanted} "
+                    f"(as root: tests/cluster/slurm.sh start {' '.join(MULTINODE_START)})")
+    layout = {**layout, **sets[wanted - 1]}
     if len(layout["nodes"]) < nodes:
-        unavailable(f"the test cluster has {len(layout['nodes'])} namespaced nodes, not {nodes} "
-                    f"(tests/cluster/slurm.sh start --nodes {nodes})")
+        unavailable(f"the test cluster's node set {wanted} has {len(layout['nodes'])} namespaced nodes, not {nodes} "
+                    f"(as root: tests/cluster/slurm.sh start {' '.join(MULTINODE_START)})")
     states = subprocess.run(["sinfo", "--noheader", "--Node", f"--partition={layout['partition']}", "--format=%N %T"],
                             capture_output=True, text=True, timeout=20, check=False).stdout.split("\n")
     usable = {line.split()[0] for line in states if line.split()[1:2] and line.split()[1] in ("idle", "mixed", "allocated")}

@@ -205,7 +205,6 @@ def elapsed_seconds(job: str) -> int:
     return int(line[0]) if line else -1
 
 
-@pytest.mark.slow
 @pytest.mark.slurm
 def test_retries_under_slurm_do_not_repeat_a_failure_they_cannot_change(tmp_path, broken_root):
     """config scratch on a read-only filesystem, the profile's 3 retries: the first allocation fails with the

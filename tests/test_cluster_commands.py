@@ -100,7 +100,6 @@ def assert_the_image_is_recorded(project: Path, run: str, output: str) -> None:
         in record
 
 
-@pytest.mark.slow
 def test_the_readmes_cluster_commands_as_written_record_the_image(cluster_project):  # noqa: F811
     project, image = cluster_project
     with_the_image(project, image)

@@ -7,6 +7,7 @@ The whole first start (every script from nothing, after ``prepare.sh purge``) is
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -34,6 +35,36 @@ def test_the_configuration_digest_of_a_first_start_is_taken_before_any_configura
     second = run_sourced("slurm.sh", "conf_digest", tmp_path)
     assert second.returncode == 0, second.stderr
     assert second.stdout != first.stdout
+
+
+def test_six_namespaced_nodes_in_two_sets_are_two_partitions_and_two_sets_in_the_layout(tmp_path):
+    """`start --nodes 6 --sets 2` (what prepare.sh starts): slurmctld's configuration has every node and one
+    partition per set of three, and the layout file the tests read names each set's partition, nodes and scratch,
+    with the first set's at the top and the arguments of `start` that bring it all back."""
+    result = run_sourced("slurm.sh", 'mkdir -p "$MULTI_DIR"; write_layout 6 2; multi_node_lines 6 2 | '
+                                     'tee "$CONTROLLER_CONF"', tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert [line for line in result.stdout.splitlines() if line.startswith("PartitionName=")] == [
+        "PartitionName=multi Nodes=mn1,mn2,mn3 MaxTime=INFINITE State=UP",
+        "PartitionName=multi2 Nodes=mn4,mn5,mn6 MaxTime=INFINITE State=UP"]
+    assert sum(line.startswith("NodeName=mn") for line in result.stdout.splitlines()) == 6
+    layout = json.loads((tmp_path / "multi" / "layout.json").read_text())
+    assert layout["start"] == ["--nodes", "6", "--sets", "2"]
+    assert [(part["partition"], sorted(part["nodes"])) for part in layout["sets"]] == [
+        ("multi", ["mn1", "mn2", "mn3"]), ("multi2", ["mn4", "mn5", "mn6"])]
+    assert layout["sets"][1]["nodes"]["mn5"] == "10.254.1.15"
+    assert layout["sets"][1]["scratchDirs"]["mn4"] == str(tmp_path / "multi" / "mn4" / "scratch")
+    assert (layout["partition"], layout["nodes"]) == ("multi", layout["sets"][0]["nodes"])
+    partitions = run_sourced("slurm.sh", "multi_partitions", tmp_path)
+    assert partitions.stdout == "multi,multi2\n", partitions.stderr
+
+
+def test_sets_of_unequal_size_are_refused_in_one_line(tmp_path):
+    result = subprocess.run(["bash", str(CLUSTER / "slurm.sh"), "start", "--nodes", "5", "--sets", "2"],
+                            capture_output=True, text=True, timeout=30, check=False)
+    assert result.returncode != 0
+    assert result.stderr.strip().splitlines()[-1] == ("slurm.sh: error: --nodes 5 --sets 2: each set needs the same "
+                                                      "number of nodes, at least 2")
 
 
 def test_missing_packages_are_named_and_installed_ones_are_not(tmp_path):

@@ -1,9 +1,10 @@
 """One allocation, three nodes: the stack across the namespaced nodes of the test cluster.
 
-`tests/cluster/slurm.sh start --nodes 3` gives three real slurmd, each in its own network
+`tests/cluster/slurm.sh start --nodes 6 --sets 2` gives two sets of three real slurmd, each in its own network
 and UTS namespace (hostname mnK, address on a bridge): a worker on mn2 cannot reach mn1's
 loopback, so what works here works over the allocation's network. Each test is one real
-`snakemake --profile profiles/slurm` run in partition `multi`, inside Apptainer.
+`snakemake --profile profiles/slurm` run in partition `multi` (this file's set, real_parts.multinode_set), inside
+Apptainer.
 """
 
 from __future__ import annotations
@@ -196,7 +197,8 @@ def test_node_local_scratch_with_an_image_is_made_and_removed_on_each_node(multi
     project, image, layout = multinode_project
     if "scratch" not in layout:
         from real_parts import unavailable
-        unavailable("the multi-node test cluster has no node-local scratch (tests/cluster/slurm.sh start --nodes 3)")
+        unavailable("the multi-node test cluster has no node-local scratch (tests/cluster/slurm.sh start --nodes 6 "
+                    "--sets 2)")
     config = [f"scratch={layout['scratch']}"]
     if runtime == "charliecloud":
         image = require_charliecloud()
@@ -281,7 +283,7 @@ def test_a_node_lost_mid_run_loses_nothing_and_does_nothing_twice(multinode_proj
         output, _ = run.communicate(timeout=600)
     finally:
         if how == "crashed":  # bring the node back for the other tests
-            subprocess.run(["bash", str(SLURM_SH), "start", "--nodes", str(len(layout["nodes"]))],
+            subprocess.run(["bash", str(SLURM_SH), "start", *layout["start"]],
                            capture_output=True, timeout=300, check=True)
     assert run.returncode == 0, output[-4000:]
     marker = json.loads((project / f"results/{run_name}/result.json").read_text())  # verified: each task once
@@ -623,7 +625,7 @@ def test_a_node_of_a_step_lost_mid_run_records_its_workers_killed_and_loses_noth
         subprocess.run(["bash", str(SLURM_SH), "crash", lost], check=True, timeout=30)
         output, _ = run.communicate(timeout=600)
     finally:  # bring the node back for the other tests
-        subprocess.run(["bash", str(SLURM_SH), "start", "--nodes", str(len(layout["nodes"]))],
+        subprocess.run(["bash", str(SLURM_SH), "start", *layout["start"]],
                        capture_output=True, timeout=300, check=True)
     assert run.returncode == 0, output[-4000:]
     marker = json.loads((project / "results/lost-step/result.json").read_text())

@@ -65,7 +65,7 @@ def test_a_global_service_runs_once_on_each_node_and_each_nodes_workers_use_thei
     output = done.stdout + done.stderr
     assert done.returncode == 0, output[-4000:]
     assert json.loads((project / "results/percache/result.json").read_text())["status"] == "success"
-    nodes = sorted(layout["nodes"])  # mn1 mn2 mn3
+    nodes = sorted(layout["nodes"])  # the three nodes of its set
     job = submitted_job(output)
     instances = {"cache": nodes[0], "cache-node-2": nodes[1], "cache-node-3": nodes[2]}
     gates = {f"{name}-readiness": node for name, node in instances.items()}

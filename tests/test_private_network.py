@@ -318,8 +318,8 @@ def test_under_the_slurm_profile_in_images_no_user_or_multinode_node_gets_in(pro
                                                                               runtime):
     """The same stack under the Slurm profile, every component a job step in the image (Apptainer, or ch-run)
     entered into the stack's namespace: root, a second user and a second node of the cluster (its probes to this
-    node's address on the cluster's bridge) never connect. With the multi-node tests (its probe runs on their node
-    mn1, where their checks for leftovers look: CI of 753db33)."""
+    node's address on the cluster's bridge) never connect. With the multi-node tests (its probe runs on the first node
+    of their set, where their checks for leftovers look: CI of 753db33)."""
     require_slurm()
     layout = require_multinode(1)
     image = require_apptainer() if runtime == "apptainer" else require_charliecloud_squashfs()

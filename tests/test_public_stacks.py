@@ -56,8 +56,6 @@ from conftest import ROOT, pids_of_run, run_script
 from real_parts import require_apptainer, require_slurm, unavailable
 from workflow_helpers import ask_json, snakemake, tunnel_target
 
-#: Minutes each (images, Celery, the upstream's own tests): started first (tests/conftest.py).
-pytestmark = pytest.mark.slow
 
 @dataclass(frozen=True)
 class PublicStack:

@@ -258,7 +258,6 @@ def test_under_slurm_a_serving_stack_is_up_reachable_and_scancel_ends_it_as_a_su
           "scancel")
 
 
-@pytest.mark.slow
 @pytest.mark.slurm
 @pytest.mark.apptainer
 def test_under_slurm_the_time_limit_ends_a_serving_stack_as_a_success(cluster_project):  # noqa: F811 - the fixture

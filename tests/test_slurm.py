@@ -122,7 +122,6 @@ def test_baseline_is_one_sbatch_job_with_a_step_per_component(cluster_project):
     print(f"submission to success: {elapsed:.1f} s, sbatch jobs: 1")
 
 
-@pytest.mark.slow
 def test_time_limit_is_reported_nothing_is_left_and_a_rerun_succeeds(cluster_project):
     project, image = cluster_project
     tasks = make_tasks(240)  # 240 s of work for 2 workers: far beyond a 1-minute limit, even enforced late
@@ -172,7 +171,6 @@ sys.stdout.write(payload["message"] * payload["repeat"])
 """
 
 
-@pytest.mark.slow
 def test_work_longer_than_one_allocation_finishes_in_one_command(cluster_project):
     """runtime 1 minute, 2.75 minutes of work (165 one-second tasks, 3 workers): one snakemake command.
 

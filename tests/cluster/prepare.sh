@@ -13,9 +13,9 @@
 #   tests/cluster/prepare.sh purge --all   the same, and the image cache too
 #
 # start:
-#   1. the Slurm test cluster with its three namespaced nodes beside the default one
-#      (tests/cluster/slurm.sh start --nodes 3: the single-node tests keep the default node
-#      and partitions, the multinode tests use partition `multi`),
+#   1. the Slurm test cluster with six namespaced nodes beside the default one, two sets of three
+#      (tests/cluster/slurm.sh start --nodes 6 --sets 2: the single-node tests keep the default node
+#      and partitions; the multinode tests use partition `multi` or `multi2`, two of them at once),
 #   2. the Apptainer toolbox (tests/cluster/apptainer.sh install),
 #   3. the test image, built from container/test.def and cached by its hash, and the stack images
 #      (container/stacks/NAME.def with NAME.oci.json: Redis, a Python application, the app images of the real
@@ -57,7 +57,7 @@ fi
 
 start() {
   local started=$SECONDS
-  bash "$here/slurm.sh" start --nodes 3
+  bash "$here/slurm.sh" start --nodes 6 --sets 2
   echo "prepare: Slurm test cluster (and 3 namespaced nodes) up after $((SECONDS - started)) s"
   bash "$here/apptainer.sh" install
   echo "prepare: Apptainer toolbox ready after $((SECONDS - started)) s"

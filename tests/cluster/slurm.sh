@@ -8,6 +8,10 @@
 #   tests/cluster/slurm.sh start --nodes 3    the same plus 3 namespaced nodes mn1..mn3 in
 #                                             partition `multi`, beside the unchanged default
 #                                             node and partitions
+#   tests/cluster/slurm.sh start --nodes 6 --sets 2
+#                                             6 namespaced nodes in 2 partitions of 3: `multi`
+#                                             (mn1..mn3) and `multi2` (mn4..mn6), so that two
+#                                             tests that each need their nodes idle run at once
 #   tests/cluster/slurm.sh stop               cancel jobs, stop the daemons this script started
 #   tests/cluster/slurm.sh purge              stop, then remove every piece of state and the
 #                                             packages `start` installed, so that the next
@@ -38,7 +42,7 @@
 #    controller's address on the bridge instead of 127.0.0.1, their own spool, PID and log
 #    files; and an /etc/hosts naming every node, bind-mounted the same way;
 #  - adding or removing nodes restarts slurmctld only (running jobs survive; nothing is
-#    cancelled). Going back to one node is refused while jobs run in partition `multi`.
+#    cancelled). Going back to one node is refused while jobs run in a multi-node partition.
 #
 # Written for Debian 12 as root with no systemd and no cgroups (see
 # shared/notes/slurm.md): apt does not start daemons here, so this script starts
@@ -92,7 +96,8 @@ readonly HOST
 # Set by cmd_start: one deadline (bash's SECONDS) for all of its waits.
 DEADLINE=0
 
-# The namespaced nodes (start --nodes N): names mn1..mnN, partition `multi`.
+# The namespaced nodes (start --nodes N [--sets S]): names mn1..mnN, in S partitions of N/S
+# nodes each: `multi`, `multi2`, ... (set_partition).
 readonly NODE_PREFIX=mn
 readonly MULTI_PARTITION=multi
 readonly MAX_NODES=9
@@ -503,6 +508,23 @@ node_names() { # node_names N: mn1 .. mnN
 
 node_addr() { echo "$NET.1${1#"$NODE_PREFIX"}"; } # mn3 -> 10.254.1.13
 
+# set_partition K: the partition of node set K (1-based): multi, multi2, multi3 ...
+set_partition() { if (($1 == 1)); then echo "$MULTI_PARTITION"; else echo "$MULTI_PARTITION$1"; fi; }
+
+# set_nodes N S K: the names of set K's nodes when N nodes make S sets.
+set_nodes() {
+    local size=$(($1 / $2)) i
+    for ((i = ($3 - 1) * size + 1; i <= $3 * size; i++)); do
+        echo "$NODE_PREFIX$i"
+    done
+}
+
+# multi_partitions: every multi-node partition slurmctld knows (comma-separated; empty if none).
+multi_partitions() {
+    [[ -f $CONTROLLER_CONF ]] || return 0
+    sed -n "s/^PartitionName=\(${MULTI_PARTITION}[0-9]*\) .*/\1/p" "$CONTROLLER_CONF" | paste -sd,
+}
+
 # How many namespaced nodes the running slurmctld manages (0: the single-node layout).
 running_node_count() {
     local pid
@@ -519,12 +541,31 @@ running_node_count() {
 # whose slurmd stops answering (the node-loss tests kill everything in one) is DOWN after
 # 30 s instead of Slurm's 300; the single-node configuration keeps the default.
 multi_node_lines() {
-    local name
+    local n=$1 sets=$2 name k
     echo "SlurmdTimeout=30"
-    for name in $(node_names "$1"); do
+    for name in $(node_names "$n"); do
         echo "NodeName=$name NodeHostname=$name NodeAddr=$(node_addr "$name") CPUs=16 RealMemory=8000 State=UNKNOWN"
     done
-    echo "PartitionName=$MULTI_PARTITION Nodes=${NODE_PREFIX}[1-$1] MaxTime=INFINITE State=UP"
+    for ((k = 1; k <= sets; k++)); do
+        echo "PartitionName=$(set_partition "$k") Nodes=$(set_nodes "$n" "$sets" "$k" | paste -sd,) MaxTime=INFINITE State=UP"
+    done
+}
+
+# layout_set N S K: set K's part of the layout file (JSON): its partition, nodes and their scratch.
+layout_set() {
+    local separator="" name
+    printf '{"partition": "%s", "nodes": {' "$(set_partition "$3")"
+    for name in $(set_nodes "$@"); do
+        printf '%s"%s": "%s"' "$separator" "$name" "$(node_addr "$name")"
+        separator=", "
+    done
+    printf '}, "scratchDirs": {'
+    separator=""
+    for name in $(set_nodes "$@"); do
+        printf '%s"%s": "%s"' "$separator" "$name" "$(node_scratch_dir "$name")"
+        separator=", "
+    done
+    printf '}}'
 }
 
 # write_in_place PATH: stdin into PATH, only if changed, keeping PATH's inode (the nodes
@@ -542,8 +583,27 @@ write_in_place() {
     rm -f "$tmp"
 }
 
+# write_layout N S: the layout file for the tests and benchmarks (JSON): the first set's partition,
+# nodes and scratch at the top (what a one-set layout always had), every set under "sets", and
+# the arguments of `start` that bring the layout back.
+write_layout() {
+    local n=$1 sets=$2 k
+    {
+        printf '{"bridge": "%s", "controller": {"name": "%s", "address": "%s"}, "scratch": "%s", ' \
+            "$BRIDGE" "$HOST" "$BRIDGE_ADDR" "$NODE_SCRATCH"
+        printf '"start": ["--nodes", "%s", "--sets", "%s"], ' "$n" "$sets"
+        layout_set "$n" "$sets" 1 | sed -e 's/^{//' -e 's/}$//'
+        printf ', "sets": ['
+        for ((k = 1; k <= sets; k++)); do
+            ((k == 1)) || printf ', '
+            layout_set "$n" "$sets" "$k"
+        done
+        printf ']}\n'
+    } | write_in_place "$LAYOUT_FILE"
+}
+
 write_multi_confs() {
-    local n=$1 name
+    local n=$1 sets=$2 name
     mkdir -p "$MULTI_DIR"
     for name in $(node_names "$n"); do
         mkdir -p "$MULTI_DIR/$name/spool"
@@ -551,23 +611,23 @@ write_multi_confs() {
     done
     install -d -m 1777 "$NODE_SCRATCH" # the mount point; on the host itself an empty directory
     {
-        echo "# allocstack test cluster: $CONF_MARKER (start --nodes $n). What slurmctld"
+        echo "# allocstack test cluster: $CONF_MARKER (start --nodes $n --sets $sets). What slurmctld"
         echo "# reads: the single-node configuration every client reads, plus $n namespaced nodes."
         echo "Include $SLURM_CONF"
         echo "# The namespaced nodes read their own view of it (node-slurm.conf): no log line for that."
         echo "DebugFlags=NO_CONF_HASH"
-        multi_node_lines "$n"
+        multi_node_lines "$n" "$sets"
     } | install_conf "$CONTROLLER_CONF" 644
     # What the namespaced slurmds and their job steps read (bind-mounted over $SLURM_CONF):
     # what the host reaches on 127.0.0.1, a node reaches on the bridge.
     {
-        echo "# allocstack test cluster: $CONF_MARKER (start --nodes $n). The namespaced nodes' view."
+        echo "# allocstack test cluster: $CONF_MARKER (start --nodes $n --sets $sets). The namespaced nodes' view."
         sed -e "s|127\.0\.0\.1|$BRIDGE_ADDR|g" \
             -e "s|^SlurmdSpoolDir=.*|SlurmdSpoolDir=$MULTI_DIR/%n/spool|" \
             -e "s|^SlurmdPidFile=.*|SlurmdPidFile=$MULTI_DIR/%n/slurmd.pid|" \
             -e "s|^SlurmdLogFile=.*|SlurmdLogFile=$LOG_DIR/slurmd-%n.log|" "$SLURM_CONF"
         echo "DebugFlags=NO_CONF_HASH"
-        multi_node_lines "$n"
+        multi_node_lines "$n" "$sets"
     } | write_in_place "$NODE_CONF"
     {
         echo "127.0.0.1 localhost"
@@ -576,22 +636,7 @@ write_multi_confs() {
             echo "$(node_addr "$name") $name"
         done
     } | write_in_place "$NODE_HOSTS"
-    {
-        printf '{"partition": "%s", "bridge": "%s", "controller": {"name": "%s", "address": "%s"}, "nodes": {' \
-            "$MULTI_PARTITION" "$BRIDGE" "$HOST" "$BRIDGE_ADDR"
-        local separator=""
-        for name in $(node_names "$n"); do
-            printf '%s"%s": "%s"' "$separator" "$name" "$(node_addr "$name")"
-            separator=", "
-        done
-        printf '}, "scratch": "%s", "scratchDirs": {' "$NODE_SCRATCH"
-        separator=""
-        for name in $(node_names "$n"); do
-            printf '%s"%s": "%s"' "$separator" "$name" "$(node_scratch_dir "$name")"
-            separator=", "
-        done
-        printf '}}\n'
-    } | write_in_place "$LAYOUT_FILE"
+    write_layout "$n" "$sets"
 }
 
 ensure_bridge() {
@@ -672,28 +717,34 @@ stop_nodes_from() {
     done
 }
 
-# Removing nodes kills what runs on them: refuse while partition `multi` has jobs.
+# Removing nodes kills what runs on them: refuse while a multi-node partition has jobs.
 refuse_if_multi_jobs() {
-    local jobs
-    jobs=$(squeue -h -p "$MULTI_PARTITION" -o %A -t PENDING,RUNNING,SUSPENDED,COMPLETING 2>/dev/null || true)
+    local jobs partitions
+    partitions=$(multi_partitions)
+    [[ -n $partitions ]] || return 0
+    jobs=$(squeue -h -p "$partitions" -o %A -t PENDING,RUNNING,SUSPENDED,COMPLETING 2>/dev/null || true)
     if [[ -n $jobs ]]; then
-        die "jobs ${jobs//$'\n'/ } are in partition $MULTI_PARTITION: removing its nodes would kill them; wait for them (or scancel them yourself), then rerun"
+        die "jobs ${jobs//$'\n'/ } are in partition(s) $partitions: removing their nodes would kill them; wait for them (or scancel them yourself), then rerun"
     fi
 }
 
-# A batch job on the first namespaced node runs one step on every node: proves the nodes
-# reach the controller, each other and accounting, each under its own hostname.
+# A batch job in each set's partition runs one step on every node of the set: proves the
+# nodes reach the controller, each other and accounting, each under its own hostname.
 smoke_test_multi() {
-    local n=$1 job out
-    out=$MULTI_DIR/smoke.out
-    rm -f "$out"
-    job=$(sbatch --parsable --account="$ACCOUNT" --partition="$MULTI_PARTITION" --nodes="$n" \
-        --ntasks="$n" --job-name=allocstack-smoke-multi --time=1 --output="$out" \
-        --wrap='srun hostname | sort | tr "\n" " "')
-    await_completed "$job" "multi-node smoke job" "$out and $LOG_DIR/slurmd-${NODE_PREFIX}1.log"
-    [[ $(<"$out") == "$(node_names "$n" | tr '\n' ' ')" ]] ||
-        die "multi-node smoke job $job ran on '$(<"$out")', not once on every node"
-    info "multi-node smoke job $job COMPLETED on $(<"$out")"
+    local n=$1 sets=$2 size=$(($1 / $2)) k job out partition expected
+    for ((k = 1; k <= sets; k++)); do
+        partition=$(set_partition "$k")
+        out=$MULTI_DIR/smoke-$partition.out
+        rm -f "$out"
+        job=$(sbatch --parsable --account="$ACCOUNT" --partition="$partition" --nodes="$size" \
+            --ntasks="$size" --job-name=allocstack-smoke-multi --time=1 --output="$out" \
+            --wrap='srun hostname | sort | tr "\n" " "')
+        expected=$(set_nodes "$n" "$sets" "$k" | sort | tr '\n' ' ')
+        await_completed "$job" "multi-node smoke job" "$out and $LOG_DIR/slurmd-$(set_nodes "$n" "$sets" "$k" | head -1).log"
+        [[ $(<"$out") == "$expected" ]] ||
+            die "multi-node smoke job $job ran on '$(<"$out")', not once on every node of partition $partition"
+        info "multi-node smoke job $job COMPLETED on $(<"$out")(partition $partition)"
+    done
 }
 
 # Bring the namespaced nodes to $WANT_NODES (1: none), restarting slurmctld only when the
@@ -704,7 +755,7 @@ apply_layout() {
     if ((WANT_NODES > 1)); then
         ((have <= WANT_NODES)) || refuse_if_multi_jobs
         ensure_bridge
-        write_multi_confs "$WANT_NODES"
+        write_multi_confs "$WANT_NODES" "$WANT_SETS"
         stop_nodes_from $((WANT_NODES + 1))
         ((have == WANT_NODES)) || restart_slurmctld
         for name in $(node_names "$WANT_NODES"); do
@@ -771,7 +822,7 @@ cmd_start() {
         reconfigure_if_changed "$before"
         ensure_accounting
         ensure_slurmd_under_tini
-        ((WANT_NODES < 2)) || smoke_test_multi "$WANT_NODES"
+        ((WANT_NODES < 2)) || smoke_test_multi "$WANT_NODES" "$WANT_SETS"
         cmd_status
         return 0
     fi
@@ -788,14 +839,14 @@ cmd_start() {
     start_slurmdbd
     ensure_accounting
     if ((WANT_NODES > 1)); then
-        write_multi_confs "$WANT_NODES"
+        write_multi_confs "$WANT_NODES" "$WANT_SETS"
     fi
     start_slurmctld
     start_slurmd
     apply_layout
     [[ $before == started ]] || reconfigure_if_changed "$before"
     smoke_test
-    ((WANT_NODES < 2)) || smoke_test_multi "$WANT_NODES"
+    ((WANT_NODES < 2)) || smoke_test_multi "$WANT_NODES" "$WANT_SETS"
     info "cluster up in ${SECONDS}s (state $STATE)"
 }
 
@@ -918,12 +969,14 @@ cmd_crash() {
 }
 
 usage() {
-    echo "usage: $PROG start [--nodes N] | stop | purge | status | exec NODE CMD... | crash NODE" >&2
+    echo "usage: $PROG start [--nodes N [--sets S]] | stop | purge | status | exec NODE CMD... | crash NODE" >&2
     exit 64
 }
 
-# start's layout: 1 = the single node only; N > 1 adds N namespaced nodes.
+# start's layout: 1 = the single node only; N > 1 adds N namespaced nodes, in WANT_SETS
+# partitions of N / WANT_SETS nodes each.
 WANT_NODES=1
+WANT_SETS=1
 # Set when this run restarted slurmctld (it then read every configuration file anew).
 RESTARTED=0
 
@@ -933,10 +986,16 @@ main() {
     shift
     case $command in
         start)
-            if (($# == 2)) && [[ $1 == --nodes && $2 =~ ^[1-9]$ ]]; then
+            if (($# == 2 || $# == 4)) && [[ $1 == --nodes && $2 =~ ^[1-9]$ ]]; then
                 WANT_NODES=$2
             elif (($# != 0)); then
                 usage
+            fi
+            if (($# == 4)); then
+                [[ $3 == --sets && $4 =~ ^[1-9]$ ]] || usage
+                WANT_SETS=$4
+                ((WANT_NODES % WANT_SETS == 0 && WANT_NODES / WANT_SETS >= 2)) ||
+                    die "--nodes $WANT_NODES --sets $WANT_SETS: each set needs the same number of nodes, at least 2"
             fi
             ;;
         stop | purge | status) (($# == 0)) || usage ;;
