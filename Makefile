@@ -21,14 +21,11 @@ STAMP := $(VENV)/.installed
 run: $(STAMP)
 	$(VENV)/bin/snakemake --cores 4
 
-# The suite on $(TEST_PROCESSES) processes, then the tests that change what the whole machine shares
-# (marker `serial`), alone; pytest's exit code 5 says there were none.
+# The suite on $(TEST_PROCESSES) processes (the order they get the tests in: tests/conftest.py).
 test: $(STAMP) lint
 	bash tests/cluster/prepare.sh
 	. tests/cluster/env.sh && $(VENV)/bin/pytest -c tests/pytest.ini -n $(TEST_PROCESSES) --dist load \
-		-m "not serial" --durations=40 tests
-	. tests/cluster/env.sh && $(VENV)/bin/pytest -c tests/pytest.ini -m serial tests; code=$$?; \
-		[ $$code -eq 0 ] || [ $$code -eq 5 ]
+		--durations=40 tests
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

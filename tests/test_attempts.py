@@ -23,7 +23,7 @@ from allocstack.common import attempts
 from allocstack.common.attempts import COMMAND_ENV, Command
 from conftest import SCRIPTS, write_json
 from conftest import wait_for as poll
-from real_parts import require_slurm
+from real_parts import require_multinode, require_slurm
 from workflow_helpers import SNAKEMAKE, copy_project, snakemake
 
 # -- the records, with real processes --------------------------------------------------------------------
@@ -240,16 +240,20 @@ def job_span(job: str) -> tuple[str, str, str]:
 
 
 @pytest.mark.slurm
-@pytest.mark.serial
-def test_two_slurm_jobs_on_one_node_with_the_same_tmpdir_keep_to_their_own_scratch(tmp_path):
-    """Two clones, each its own sbatch job, on the test cluster's one node at the same time, both with the same
-    $TMPDIR (a node's shared /var/tmp): the run name is the same, the scratch is not. Serial: each job asks for 3
-    of the node's 8 CPUs, so beside another test's job Slurm ran them one after the other (CI, stop 35)."""
-    require_slurm()
+@pytest.mark.multinode
+def test_two_slurm_jobs_on_one_multinode_node_with_the_same_tmpdir_keep_to_their_own_scratch(tmp_path):
+    """Two clones, each its own sbatch job, on one node of the test cluster at the same time, both with the same
+    $TMPDIR (a node's shared /var/tmp): the run name is the same, the scratch is not. On a namespaced node of the
+    multi-node tests' (16 CPUs, idle while this test runs: their chain runs one test at a time): on the default node
+    another test's job made Slurm run the two one after the other (CI, stop 35), so it ran alone after the suite."""
+    layout = require_multinode()
+    node = min(layout["nodes"])
+    on_the_node = [*SLURM_ARGS[:SLURM_ARGS.index("--config")], f"slurm_partition={layout['partition']}",
+                   f"slurm_extra='--no-kill --nodelist={node}'", *SLURM_ARGS[SLURM_ARGS.index("--config"):]]
     shared = Path(tempfile.mkdtemp(prefix="allocstack-shared-tmp-", dir="/var/tmp"))
     try:
         clones = [copy_project(tmp_path / f"clone-{n}") for n in (1, 2)]
-        runs = [start(clone, "--configfile", slow_config(clone, 2.0), *SLURM_ARGS, env={"TMPDIR": str(shared)})
+        runs = [start(clone, "--configfile", slow_config(clone, 2.0), *on_the_node, env={"TMPDIR": str(shared)})
                 for clone in clones]
         outputs = [run.communicate(timeout=600)[0] for run in runs]
         for run, output in zip(runs, outputs, strict=True):
@@ -257,7 +261,7 @@ def test_two_slurm_jobs_on_one_node_with_the_same_tmpdir_keep_to_their_own_scrat
             assert "allocstack: run baseline VERIFIED: 4 of 4 tasks correct" in output
         jobs = [submitted(output)[0] for output in outputs]
         spans = [job_span(job) for job in jobs]
-        assert spans[0][2] == spans[1][2]  # one node
+        assert spans[0][2] == spans[1][2] == node  # one node
         assert spans[0][0] < spans[1][1] and spans[1][0] < spans[0][1], spans  # at the same time
         used = [scratch_used(clone) for clone in clones]
         assert [path.parent for path in used] == [shared / f"allocstack-{os.getuid()}"] * 2

@@ -58,7 +58,7 @@ fi
 start() {
   local started=$SECONDS
   bash "$here/slurm.sh" start --nodes 6 --sets 2
-  echo "prepare: Slurm test cluster (and 3 namespaced nodes) up after $((SECONDS - started)) s"
+  echo "prepare: Slurm test cluster (and 6 namespaced nodes in 2 partitions) up after $((SECONDS - started)) s"
   bash "$here/apptainer.sh" install
   echo "prepare: Apptainer toolbox ready after $((SECONDS - started)) s"
   # The test image and the stack images are built side by side (each mostly waits for downloads and dpkg):

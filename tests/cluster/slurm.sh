@@ -708,11 +708,16 @@ start_node() {
     wait_for "$daemon" "sinfo to show node $name idle" node_named_usable "$name"
 }
 
-# stop_nodes_from K: stop the namespaced nodes mnK..mn$MAX_NODES that run.
+# stop_nodes_from K: stop the namespaced nodes mnK..mn$MAX_NODES that run, all at once (a
+# slurmd takes about 2 s to end).
 stop_nodes_from() {
-    local i
+    local i stopping=()
     for ((i = $1; i <= MAX_NODES; i++)); do
-        stop_daemon "slurmd-$NODE_PREFIX$i"
+        stop_daemon "slurmd-$NODE_PREFIX$i" &
+        stopping+=("$!")
+    done
+    wait "${stopping[@]}" # these alone: daemons this shell started run in the background too
+    for ((i = $1; i <= MAX_NODES; i++)); do
         ip link del "h-$NODE_PREFIX$i" >/dev/null 2>&1 || true
     done
 }
