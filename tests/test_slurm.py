@@ -220,7 +220,7 @@ def test_more_workers_than_the_node_has_cpus_is_refused_up_front(cluster_project
     (["slurm_account=allocstack-other"], "slurm_account=allocstack-other: the account exists but user"),
     (["slurm_partition=allocstack-no-such"], "slurm_partition=allocstack-no-such: there is no such partition"),
     (["slurm_partition=short", "runtime=10"], "runtime=10: above the 5-minute MaxTime of partition short"),
-    (["mem_mb=3000"], "mem_mb=3000 x 4 components running at once = 12000 MB in one allocation, above the"),
+    (["mem_mb=5000"], "mem_mb=5000 x 4 components running at once = 20000 MB in one allocation, above the 16000 MB"),
 ])
 def test_wrong_cluster_settings_are_refused_before_anything_is_submitted(cluster_project, settings, words):
     """The test cluster has account allocstack-other (root has no association) and partition short (5 minutes)."""
