@@ -20,6 +20,11 @@ ROOT = Path(__file__).resolve().parents[1]
 SCRIPTS = ROOT / "workflow" / "scripts"
 sys.path.insert(0, str(SCRIPTS))
 PYTHON = sys.executable
+# The runs' Python processes (Snakemake's jobs, launchers, gates: about 30 in a run) write their bytecode into the
+# project, a throwaway copy, as a user's usually do. An environment that says not to (this machine's CI does) makes
+# each of them compile allocstack's modules again: 13 % of a baseline run's CPU, measured (issue 29). The
+# components in images keep their own setting (workflow/scripts/launch.py).
+os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
 
 from make_tasks import expected_for, make_tasks  # noqa: E402, F401  (the users' command makes the tests' tasks too)
 

@@ -148,8 +148,28 @@ unpack_sif() {
   rm -f -- "$dir.sqfs"
 }
 
+# Stack image SIF $1 with its image config $2 as the directory $3, its cache key $4; this checkout's top-level
+# directory $5 as a mount point.
+make_stack_image() {
+  local sif=$1 config=$2 target=$3 key=$4 top=$5 tmp="$3.partial"
+  rm -rf -- "$tmp" "$tmp.rootfs"
+  unpack_sif "$sif" "$tmp.rootfs"
+  python3 "$ROOT/container/oci.py" charliecloud "$tmp.rootfs" "$config" "$tmp"
+  rm -rf -- "$tmp.rootfs"
+  [[ -d $tmp$top ]] || mkdir -m 0755 -- "$tmp$top"
+  chmod -R a+rX -- "$tmp"
+  rm -rf -- "$target" "$target.sha256"
+  mv -T -- "$tmp" "$target"
+  python3 "$ROOT/workflow/scripts/image_digest.py" "$target" >/dev/null
+  echo "$key" >"$target.key"
+  log "stack image $target made from $sif"
+}
+
+# Each stack image not current is made side by side with the others (unpacking, copying and hashing a tree each:
+# 33 s one after another on 2 CPUs for the four).
 cmd_stacks() {
-  local dir=$1 sif name config key target tmp top started=$SECONDS
+  local dir=$1 sif name config key target top pid failed=0 started=$SECONDS
+  local -A making=()
   [[ $EUID -eq 0 ]] || { echo "$PROG: must run as root" >&2; exit 2; }
   command -v apptainer >/dev/null || die "apptainer not on PATH (tests/cluster/apptainer.sh install)"
   ensure_packages
@@ -167,19 +187,13 @@ cmd_stacks() {
       log "stack image $target is current"
       continue
     fi
-    tmp="$target.partial"
-    rm -rf -- "$tmp" "$tmp.rootfs"
-    unpack_sif "$sif" "$tmp.rootfs"
-    python3 "$ROOT/container/oci.py" charliecloud "$tmp.rootfs" "$config" "$tmp"
-    rm -rf -- "$tmp.rootfs"
-    [[ -d $tmp$top ]] || mkdir -m 0755 -- "$tmp$top"
-    chmod -R a+rX -- "$tmp"
-    rm -rf -- "$target" "$target.sha256"
-    mv -T -- "$tmp" "$target"
-    python3 "$ROOT/workflow/scripts/image_digest.py" "$target" >/dev/null
-    echo "$key" >"$target.key"
-    log "stack image $target made from $sif"
+    make_stack_image "$sif" "$config" "$target" "$key" "$top" &
+    making[$!]=$target
   done
+  for pid in "${!making[@]}"; do
+    wait "$pid" || { log "error: making stack image ${making[$pid]} failed (its error above)"; failed=1; }
+  done
+  ((failed == 0)) || exit 1
   log "stack images ready in $STACK_IMAGES after $((SECONDS - started)) s"
 }
 

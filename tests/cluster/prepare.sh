@@ -95,9 +95,12 @@ start() {
   echo "prepare: test image $image ready after $((SECONDS - started)) s"
   echo "prepare: stack images in $stack_images ready after $((SECONDS - started)) s"
   PATH="$apptainer_home/bin:$PATH" bash "$here/charliecloud.sh" install "$image"
-  PATH="$apptainer_home/bin:$PATH" bash "$here/charliecloud.sh" stacks "$stack_images"
-  echo "prepare: Charliecloud and its test image ready after $((SECONDS - started)) s"
+  # The stack images' conversion uses no apt: the last packages are installed meanwhile.
+  PATH="$apptainer_home/bin:$PATH" bash "$here/charliecloud.sh" stacks "$stack_images" &
+  pid=$!
   packages_install prepare chromium tcpdump tmux redis-server passt
+  wait "$pid" || { echo "prepare: error: Charliecloud's stack images failed (above)" >&2; exit 1; }
+  echo "prepare: Charliecloud and its test image ready after $((SECONDS - started)) s"
   tun_for_users
   echo "prepare: $(chromium --version), $(tcpdump --version 2>&1 | head -1), $(tmux -V), $(redis-server --version | cut -d' ' -f1-3), pasta ready after $((SECONDS - started)) s"
 }
