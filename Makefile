@@ -12,7 +12,7 @@ BENCH_ARGS ?=
 # Test processes: most of the suite waits (for Slurm's status checks, a time limit, a gate),
 # so more processes than CPUs; the multi-node tests run as two chains (one per set of the test
 # cluster's namespaced nodes), each one after another on one of them.
-TEST_PROCESSES ?= 5
+TEST_PROCESSES ?= 6
 VENV := .venv
 STAMP := $(VENV)/.installed
 

@@ -191,8 +191,13 @@ def test_two_clones_at_once_each_use_their_own_scratch_and_both_succeed(tmp_path
 
 # -- the Slurm test cluster --------------------------------------------------------------------------------
 
-SLURM_ARGS = ["--profile", "profiles/slurm", "--default-resources", "slurm_account=allocstack",
-              "slurm_partition=debug", "mem_mb=300", "runtime=10", "--config", "image=null"]
+def slurm_args(partition: str = "debug", *resources: str) -> list[str]:
+    """The Slurm profile's run on the test cluster's ``partition``, with more default ``resources``."""
+    return ["--profile", "profiles/slurm", "--default-resources", "slurm_account=allocstack",
+            f"slurm_partition={partition}", "mem_mb=300", "runtime=10", *resources, "--config", "image=null"]
+
+
+SLURM_ARGS = slurm_args()
 
 
 def submitted(output: str) -> list[str]:
@@ -248,8 +253,7 @@ def test_two_slurm_jobs_on_one_multinode_node_with_the_same_tmpdir_keep_to_their
     another test's job made Slurm run the two one after the other (CI, stop 35), so it ran alone after the suite."""
     layout = require_multinode()
     node = min(layout["nodes"])
-    on_the_node = [*SLURM_ARGS[:SLURM_ARGS.index("--config")], f"slurm_partition={layout['partition']}",
-                   f"slurm_extra='--no-kill --nodelist={node}'", *SLURM_ARGS[SLURM_ARGS.index("--config"):]]
+    on_the_node = slurm_args(layout["partition"], f"slurm_extra='--no-kill --nodelist={node}'")
     shared = Path(tempfile.mkdtemp(prefix="allocstack-shared-tmp-", dir="/var/tmp"))
     try:
         clones = [copy_project(tmp_path / f"clone-{n}") for n in (1, 2)]

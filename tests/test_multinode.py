@@ -196,9 +196,9 @@ def test_node_local_scratch_with_an_image_is_made_and_removed_on_each_node(multi
     node's last step of the run removes it there."""
     project, image, layout = multinode_project
     if "scratch" not in layout:
-        from real_parts import unavailable
-        unavailable("the multi-node test cluster has no node-local scratch (tests/cluster/slurm.sh start --nodes 6 "
-                    "--sets 2)")
+        from real_parts import MULTINODE_START, unavailable
+        unavailable("the multi-node test cluster has no node-local scratch (tests/cluster/slurm.sh start "
+                    f"{' '.join(MULTINODE_START)})")
     config = [f"scratch={layout['scratch']}"]
     if runtime == "charliecloud":
         image = require_charliecloud()

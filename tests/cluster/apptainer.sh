@@ -2,7 +2,10 @@
 # Install, check or remove a real Apptainer for allocstack's cluster tests.
 #
 #   tests/cluster/apptainer.sh install|status|uninstall|purge
+#   tests/cluster/apptainer.sh prerequisites
 #
+# prerequisites: the host packages install needs (mmdebstrap), alone: the rest of install uses the
+# host's apt no more (mmdebstrap has its own, in the toolbox), so it may run beside another install.
 # purge: uninstall, then remove the packages install added (mmdebstrap), so that the next
 # install is a first install (.ci/run starts from it).
 #
@@ -54,7 +57,7 @@ log() {
 }
 
 usage() {
-  echo "usage: $PROG install|status|uninstall|purge" >&2
+  echo "usage: $PROG install|prerequisites|status|uninstall|purge" >&2
   exit 2
 }
 
@@ -297,6 +300,11 @@ EOF
 }
 
 # Idempotent: an existing, working toolbox is kept; only a changed wrapper is rewritten.
+cmd_prerequisites() {
+  require_root
+  [[ -d $ROOTFS ]] || ensure_mmdebstrap
+}
+
 cmd_install() {
   require_root
   if [[ ! -d $ROOTFS ]]; then
@@ -351,6 +359,7 @@ main() {
   (($# == 1)) || usage
   case $1 in
     install) cmd_install ;;
+    prerequisites) cmd_prerequisites ;;
     status) cmd_status ;;
     uninstall) cmd_uninstall ;;
     purge) cmd_purge ;;

@@ -16,7 +16,7 @@
 #   1. the Slurm test cluster with six namespaced nodes beside the default one, two sets of three
 #      (tests/cluster/slurm.sh start --nodes 6 --sets 2: the single-node tests keep the default node
 #      and partitions; the multinode tests use partition `multi` or `multi2`, two of them at once),
-#   2. the Apptainer toolbox (tests/cluster/apptainer.sh install),
+#   2. the Apptainer toolbox (tests/cluster/apptainer.sh install), built while 1 starts,
 #   3. the test image, built from container/test.def and cached by its hash, and the stack images
 #      (container/stacks/NAME.def with NAME.oci.json: Redis, a Python application, the app images of the real
 #      public stacks fastapi-celery and flask-celery with their pinned packages; built as Docker Hub gives images,
@@ -24,8 +24,8 @@
 #      cached the same way,
 #   4. Charliecloud's ch-run and the same images as directories (the test image also as a SquashFS
 #      file) (charliecloud.sh),
-#   5. Debian's chromium, for the live status page test; tmux, a real terminal for the tests of
-#      what a run prints on one; tcpdump, for the capture on the multi-node cluster's bridge;
+#   5. (while 4 makes the stack images) Debian's chromium, for the live status page test; tmux, a
+#      real terminal for the tests of what a run prints on one; tcpdump, for the capture on the multi-node cluster's bridge;
 #      redis-server, the broker of the real public stacks run with their programs on the host
 #      (tests/test_public_stacks.py: allocstack starts it as the stack's service; the system's
 #      own redis service is not started here); passt (pasta), the way out of a stack's private network
@@ -56,17 +56,31 @@ if [[ $(id -u) -ne 0 && ${1:-start} == start ]]; then
 fi
 
 start() {
-  local started=$SECONDS
-  bash "$here/slurm.sh" start --nodes 6 --sets 2
+  local started=$SECONDS toolbox logs
+  logs=$(mktemp -d)
+  # The Apptainer toolbox is built beside Slurm's start: past its prerequisites it uses no host apt (mmdebstrap
+  # has its own, in the toolbox), and both mostly wait for downloads and dpkg. Its output is printed once it ended.
+  bash "$here/apptainer.sh" prerequisites
+  bash "$here/apptainer.sh" install >"$logs/toolbox" 2>&1 &
+  toolbox=$!
+  if ! bash "$here/slurm.sh" start --nodes 6 --sets 2; then
+    pkill -TERM -P "$toolbox" || true
+    kill -TERM "$toolbox" 2>/dev/null || true
+    exit 1
+  fi
   echo "prepare: Slurm test cluster (and 6 namespaced nodes in 2 partitions) up after $((SECONDS - started)) s"
-  bash "$here/apptainer.sh" install
+  if ! wait "$toolbox"; then
+    cat "$logs/toolbox" >&2
+    echo "prepare: error: the Apptainer toolbox failed (its output above)" >&2
+    exit 1
+  fi
+  cat "$logs/toolbox"
   echo "prepare: Apptainer toolbox ready after $((SECONDS - started)) s"
   # The test image and the stack images are built side by side (each mostly waits for downloads and dpkg):
   # each build's output goes to its own log, printed whole when it ends.
   packages_install prepare squashfs-tools
   mkdir -p "$stack_images"
-  local logs def name pid failed=0
-  logs=$(mktemp -d)
+  local def name pid failed=0
   local -A builds=()
   PATH="$apptainer_home/bin:$PATH" bash "$root/container/build.sh" \
     --cache-dir "$image_cache" "$root/container/test.def" "$image" >"$logs/test" 2>&1 &

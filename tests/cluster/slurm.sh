@@ -551,21 +551,24 @@ multi_node_lines() {
     done
 }
 
-# layout_set N S K: set K's part of the layout file (JSON): its partition, nodes and their scratch.
-layout_set() {
-    local separator="" name
-    printf '{"partition": "%s", "nodes": {' "$(set_partition "$3")"
-    for name in $(set_nodes "$@"); do
-        printf '%s"%s": "%s"' "$separator" "$name" "$(node_addr "$name")"
+# json_map FUNCTION NAME...: a JSON object of each NAME -> FUNCTION's output for it.
+json_map() {
+    local function=$1 separator="" name
+    shift
+    printf '{'
+    for name in "$@"; do
+        printf '%s"%s": "%s"' "$separator" "$name" "$("$function" "$name")"
         separator=", "
     done
-    printf '}, "scratchDirs": {'
-    separator=""
-    for name in $(set_nodes "$@"); do
-        printf '%s"%s": "%s"' "$separator" "$name" "$(node_scratch_dir "$name")"
-        separator=", "
-    done
-    printf '}}'
+    printf '}'
+}
+
+# layout_fields N S K: set K's members of the layout file (JSON, no braces): its partition, nodes and their scratch.
+layout_fields() {
+    local names=()
+    mapfile -t names < <(set_nodes "$@")
+    printf '"partition": "%s", "nodes": %s, "scratchDirs": %s' "$(set_partition "$3")" \
+        "$(json_map node_addr "${names[@]}")" "$(json_map node_scratch_dir "${names[@]}")"
 }
 
 # write_in_place PATH: stdin into PATH, only if changed, keeping PATH's inode (the nodes
@@ -592,11 +595,11 @@ write_layout() {
         printf '{"bridge": "%s", "controller": {"name": "%s", "address": "%s"}, "scratch": "%s", ' \
             "$BRIDGE" "$HOST" "$BRIDGE_ADDR" "$NODE_SCRATCH"
         printf '"start": ["--nodes", "%s", "--sets", "%s"], ' "$n" "$sets"
-        layout_set "$n" "$sets" 1 | sed -e 's/^{//' -e 's/}$//'
+        layout_fields "$n" "$sets" 1
         printf ', "sets": ['
         for ((k = 1; k <= sets; k++)); do
             ((k == 1)) || printf ', '
-            layout_set "$n" "$sets" "$k"
+            printf '{%s}' "$(layout_fields "$n" "$sets" "$k")"
         done
         printf ']}\n'
     } | write_in_place "$LAYOUT_FILE"
@@ -736,16 +739,17 @@ refuse_if_multi_jobs() {
 # A batch job in each set's partition runs one step on every node of the set: proves the
 # nodes reach the controller, each other and accounting, each under its own hostname.
 smoke_test_multi() {
-    local n=$1 sets=$2 size=$(($1 / $2)) k job out partition expected
+    local n=$1 sets=$2 size=$(($1 / $2)) k job out partition expected names=()
     for ((k = 1; k <= sets; k++)); do
         partition=$(set_partition "$k")
+        mapfile -t names < <(set_nodes "$n" "$sets" "$k")
         out=$MULTI_DIR/smoke-$partition.out
         rm -f "$out"
         job=$(sbatch --parsable --account="$ACCOUNT" --partition="$partition" --nodes="$size" \
             --ntasks="$size" --job-name=allocstack-smoke-multi --time=1 --output="$out" \
             --wrap='srun hostname | sort | tr "\n" " "')
-        expected=$(set_nodes "$n" "$sets" "$k" | sort | tr '\n' ' ')
-        await_completed "$job" "multi-node smoke job" "$out and $LOG_DIR/slurmd-$(set_nodes "$n" "$sets" "$k" | head -1).log"
+        expected=$(printf '%s\n' "${names[@]}" | sort | tr '\n' ' ')
+        await_completed "$job" "multi-node smoke job" "$out and $LOG_DIR/slurmd-${names[0]}.log"
         [[ $(<"$out") == "$expected" ]] ||
             die "multi-node smoke job $job ran on '$(<"$out")', not once on every node of partition $partition"
         info "multi-node smoke job $job COMPLETED on $(<"$out")(partition $partition)"
