@@ -695,7 +695,7 @@ def test_a_second_replicated_service_that_listens_for_nobody_keeps_its_replicas_
     assert len(refused) == 1 and refused[0].endswith(
         "compose.yaml: --scale redis=2: redis: it has port 6379: replicas only for a service with no port and no gate "
         "of its own (readiness.mode: started, nothing depends on it), since they share the node's one loopback and "
-        "would share its port (a network per replica is issue 32's)")
+        "would share its port; run one copy, or write each copy as a service of its own on a port of its own")
     document["services"]["mailer"]["healthcheck"] = {"test": ["CMD", "celery", "inspect", "ping"]}
     code, _, _ = import_document(tmp_path, document, env={}, monkeypatch=monkeypatch)
     assert code == 65 and ("services.mailer.deploy.replicas: mailer: it has a readiness gate (command)" in

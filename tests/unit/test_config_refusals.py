@@ -144,8 +144,8 @@ BAD = {
                                           ("services.db.replicas is 3, but db: it has a readiness gate (http): "
                                            "replicas only for a service with no port and no gate of its own "
                                            "(readiness.mode: started, nothing depends on it), since they share the "
-                                           "node's one loopback and would share its port (a network per replica is "
-                                           "issue 32's)")),
+                                           "node's one loopback and would share its port; run one copy, or write "
+                                           "each copy as a service of its own on a port of its own")),
     "replicas of a service others wait for healthy": (
         OWN + "services: {c: {command: [x], readiness: {mode: started}, replicas: 2}, "
               "api: {command: [y], depends_on: {c: service_healthy}}}",

@@ -67,6 +67,7 @@ from allocstack.common.endpoint import (
 from allocstack.common.errors import EXIT_IO, EXIT_TEMPFAIL, AllocstackError, report
 from allocstack.common.events import append_event
 from allocstack.common.jsonio import atomic_write_chunks, read_json
+from allocstack.common.loopsignals import ending_quietly
 from allocstack.common.names import COORDINATOR_PORT
 from allocstack.common.network import NetworkListener, plan_listener
 from allocstack.common.scratch import make_private, private_level
@@ -83,6 +84,8 @@ from allocstack.launch import stacknet
 from allocstack.launch.lifeline import launcher_alive, launcher_pid
 from allocstack.status.stackevents import EventTail
 
+#: What stops the coordinator (it drains, then writes its outcome).
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 #: Seconds between housekeeping ticks (lease expiry, progress samples, own bounds).
 TICK_SECONDS = 0.25
 #: Seconds between redraws of the live line.
@@ -255,7 +258,7 @@ class Coordinator:
 
     async def run(self) -> int:
         loop = asyncio.get_running_loop()
-        for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        for signum in STOP_SIGNALS:
             loop.add_signal_handler(signum, self.stop, f"signal:{signal.Signals(signum).name}")
         network_url = self.network_url
         port = await self.server.start("127.0.0.1", 0)
@@ -479,7 +482,8 @@ def main(argv: list[str] | None = None) -> int:
         return startup_failed(settings, error)
     except OSError as exc:  # what the system refused where no step expected it: still one line, and the record
         return startup_failed(settings, AllocstackError("io", f"the coordinator cannot start: {exc}"))
-    return eventloop.run(serve(Coordinator(settings, board, journal, input_sha256, network, about)))
+    return eventloop.run(ending_quietly(serve(Coordinator(settings, board, journal, input_sha256, network, about)),
+                                        STOP_SIGNALS))
 
 
 if __name__ == "__main__":

@@ -17,7 +17,11 @@ from pathlib import Path
 
 from allocstack.common.cli import ArgumentParser, run
 from allocstack.common.errors import EXIT_OK
+from allocstack.common.loopsignals import ending_quietly
 from allocstack.launch import portsockets
+
+#: What stops it.
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
 
 def inbound(text: str) -> tuple[str, tuple[str, int]]:
@@ -45,14 +49,14 @@ def main(argv: list[str] | None = None) -> int:
         task = asyncio.ensure_future(portsockets.serve(args.scratch, args.publish,
                                                        lambda: print("ready", flush=True), dict(args.inbound)))
         loop = asyncio.get_running_loop()
-        for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        for signum in STOP_SIGNALS:
             loop.add_signal_handler(signum, task.cancel)
         try:
             await task
         except asyncio.CancelledError:
             pass
 
-    asyncio.run(until_stopped())
+    asyncio.run(ending_quietly(until_stopped(), STOP_SIGNALS))
     return EXIT_OK
 
 

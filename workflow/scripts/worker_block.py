@@ -43,6 +43,7 @@ from allocstack.common.cli import (
 from allocstack.common.endpoint import Endpoint, read_endpoint, read_view_token, write_endpoint
 from allocstack.common.errors import AllocstackError, report
 from allocstack.common.jsonio import atomic_write_json
+from allocstack.common.loopsignals import ending_quietly
 from allocstack.launch.lifeline import ENV as LIFELINE_ENV
 from allocstack.launch.lifeline import FORWARDED_SIGNALS, watch_launcher
 from allocstack.launch.program import await_dependencies
@@ -238,7 +239,7 @@ def main(argv: list[str] | None = None) -> int:
         return report(AllocstackError("io", f"{args.step}: cannot make {exc.filename}: {exc.strerror}"))
     step = Step(args, endpoint, lambda message: log(message if message.startswith(args.step) else
                                                     f"{args.step}: {message}"))
-    return asyncio.run(step.run())
+    return asyncio.run(ending_quietly(step.run(), (signal.SIGCHLD, *FORWARDED_SIGNALS)))
 
 
 if __name__ == "__main__":

@@ -198,7 +198,7 @@ def refuse_bad_restarts(config: Mapping[str, Any], spelled: Mapping[str, str]) -
 def replicas_refusal(name: str, config: Mapping[str, Any]) -> str | None:
     """Why services.<name> may not have more than one replica, or None. Each replica is its own program on the first
     node's ONE loopback, so only a service that listens for nobody may be copied: ready once started, no port, nothing
-    depends on it (a second kind of Celery or RQ consumer). A network per replica is issue 32's."""
+    depends on it (a second kind of Celery or RQ consumer). A network of its own per replica is not built yet."""
     spec = config["services"][name]
     users = {user: depends.conditions(other["depends_on"])[name] for user, other in config["services"].items()
              if name in depends.conditions(other["depends_on"])}
@@ -217,8 +217,8 @@ def replicas_refusal(name: str, config: Mapping[str, Any]) -> str | None:
     else:
         return None
     return (f"{why}: replicas only for a service with no port and no gate of its own (readiness.mode: started, "
-            "nothing depends on it), since they share the node's one loopback and would share its port (a network "
-            "per replica is issue 32's)")
+            "nothing depends on it), since they share the node's one loopback and would share its port; run one "
+            "copy, or write each copy as a service of its own on a port of its own")
 
 
 def refuse_bad_replicas(config: Mapping[str, Any], spelled: Mapping[str, str]) -> None:
