@@ -56,8 +56,9 @@ if [[ $(id -u) -ne 0 && ${1:-start} == start ]]; then
 fi
 
 start() {
-  local started=$SECONDS toolbox logs
+  local started=$SECONDS toolbox
   logs=$(mktemp -d)
+  trap 'rm -rf -- "$logs"' EXIT # the steps' own logs: printed as each ends, removed however this ends
   # The Apptainer toolbox is built beside Slurm's start: past its prerequisites it uses no host apt (mmdebstrap
   # has its own, in the toolbox), and both mostly wait for downloads and dpkg. Its output is printed once it ended.
   bash "$here/apptainer.sh" prerequisites
@@ -102,7 +103,6 @@ start() {
     fi
     unset "builds[$pid]"
   done
-  rm -rf -- "$logs"
   ((failed == 0)) || exit 1
   # Images no start used for a week (build.sh touches what it takes from the cache): recipes since changed.
   find "$image_cache" -maxdepth 1 -name '*.sif*' -mtime +7 -delete
