@@ -55,7 +55,7 @@ from typing import Any
 
 from allocstack.common import identity as identities
 from allocstack.common import storage
-from allocstack.common.cli import echo, run, runtime_facts, silence_stdout
+from allocstack.common.cli import ENDING_SIGNALS, echo, run, runtime_facts, silence_stdout
 from allocstack.common.endpoint import (
     TUNNEL_PORT,
     needs_tunnel,
@@ -84,8 +84,6 @@ from allocstack.launch import stacknet
 from allocstack.launch.lifeline import launcher_alive, launcher_pid
 from allocstack.status.stackevents import EventTail
 
-#: What stops the coordinator (it drains, then writes its outcome).
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 #: Seconds between housekeeping ticks (lease expiry, progress samples, own bounds).
 TICK_SECONDS = 0.25
 #: Seconds between redraws of the live line.
@@ -258,7 +256,7 @@ class Coordinator:
 
     async def run(self) -> int:
         loop = asyncio.get_running_loop()
-        for signum in STOP_SIGNALS:
+        for signum in ENDING_SIGNALS:  # it drains, then writes its outcome
             loop.add_signal_handler(signum, self.stop, f"signal:{signal.Signals(signum).name}")
         network_url = self.network_url
         port = await self.server.start("127.0.0.1", 0)
@@ -483,7 +481,7 @@ def main(argv: list[str] | None = None) -> int:
     except OSError as exc:  # what the system refused where no step expected it: still one line, and the record
         return startup_failed(settings, AllocstackError("io", f"the coordinator cannot start: {exc}"))
     return eventloop.run(ending_quietly(serve(Coordinator(settings, board, journal, input_sha256, network, about)),
-                                        STOP_SIGNALS))
+                                        ENDING_SIGNALS))
 
 
 if __name__ == "__main__":

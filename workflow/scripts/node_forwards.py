@@ -21,7 +21,7 @@ import sys
 import threading
 from pathlib import Path
 
-from allocstack.common.cli import ArgumentParser, run
+from allocstack.common.cli import ENDING_SIGNALS, ArgumentParser, run
 from allocstack.common.errors import EXIT_OK, AllocstackError
 from allocstack.launch.tunnel import forward
 
@@ -39,7 +39,7 @@ def parse_args(argv: list[str] | None):
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     stopped = threading.Event()
-    for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+    for signum in ENDING_SIGNALS:
         signal.signal(signum, lambda *_: stopped.set())
 
     def one(name: str) -> None:

@@ -11,17 +11,13 @@ address and port) until SIGTERM.
 from __future__ import annotations
 
 import asyncio
-import signal
 import sys
 from pathlib import Path
 
-from allocstack.common.cli import ArgumentParser, run
+from allocstack.common.cli import ENDING_SIGNALS, ArgumentParser, run
 from allocstack.common.errors import EXIT_OK
 from allocstack.common.loopsignals import ending_quietly
 from allocstack.launch import portsockets
-
-#: What stops it.
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
 
 def inbound(text: str) -> tuple[str, tuple[str, int]]:
@@ -49,14 +45,14 @@ def main(argv: list[str] | None = None) -> int:
         task = asyncio.ensure_future(portsockets.serve(args.scratch, args.publish,
                                                        lambda: print("ready", flush=True), dict(args.inbound)))
         loop = asyncio.get_running_loop()
-        for signum in STOP_SIGNALS:
+        for signum in ENDING_SIGNALS:
             loop.add_signal_handler(signum, task.cancel)
         try:
             await task
         except asyncio.CancelledError:
             pass
 
-    asyncio.run(ending_quietly(until_stopped(), STOP_SIGNALS))
+    asyncio.run(ending_quietly(until_stopped(), ENDING_SIGNALS))
     return EXIT_OK
 
 

@@ -28,7 +28,7 @@ from pathlib import Path
 
 from allocstack import SCHEMA_VERSION
 from allocstack.common import names, slurm
-from allocstack.common.cli import ArgumentParser, add_gate_arguments, run
+from allocstack.common.cli import ENDING_SIGNALS, ArgumentParser, add_gate_arguments, run
 from allocstack.common.endpoint import (
     needs_tunnel,
     published_socket,
@@ -42,7 +42,6 @@ from allocstack.common.jsonio import atomic_write_json, read_json
 
 #: A SIGTERM this close to the allocation's end (or after it) is the time limit's.
 TIME_LIMIT_SLACK = 5.0
-SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
 
 class Ended(Exception):
@@ -121,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     started = time.time()
     caught: list[int] = []
-    for signum in SIGNALS:
+    for signum in ENDING_SIGNALS:
         signal.signal(signum, lambda number, frame: caught.append(number))
     log = lambda message: print(f"serve: {message}", file=sys.stderr, flush=True)  # noqa: E731
 

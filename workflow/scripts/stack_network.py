@@ -36,7 +36,7 @@ import threading
 import time
 from pathlib import Path
 
-from allocstack.common.cli import ArgumentParser, run
+from allocstack.common.cli import ENDING_SIGNALS, ArgumentParser, run
 from allocstack.common.errors import EXIT_OK, AllocstackError, report
 from allocstack.common.network import bind_address
 from allocstack.launch import portsockets, stacknet, tunnel
@@ -45,7 +45,6 @@ from allocstack.launch.supervise import die_with_parent
 
 #: How long pasta may take to configure the namespace (it writes its pid file when it has).
 PASTA_SECONDS = 20.0
-ENDING_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
 
 def fork_holder() -> tuple[int, int]:

@@ -14,6 +14,9 @@ from typing import Any, NoReturn, TypeVar
 from . import names
 from .errors import EXIT_USAGE, AllocstackError, report
 
+#: What Slurm, Snakemake or a user sends to end a component (the job's end or scancel, Ctrl-C, a closed session).
+ENDING_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+
 _Json = TypeVar("_Json", list[Any], dict[str, Any])
 
 

@@ -26,13 +26,15 @@ import threading
 import time
 from collections.abc import Callable
 
+from ..common.cli import ENDING_SIGNALS
+
 ENV = "ALLOCSTACK_LAUNCHER_PID"
 #: The file whose creation asks the supervisor to stop its program (set by launch.py for a service in a job step).
 STOP_ENV = "ALLOCSTACK_STOP_REQUEST"
 #: Seconds between two looks for that file: a stat of a node-local path.
 STOP_REQUEST_CHECK = 0.1
-#: What Slurm, Snakemake or a user sends to end a job: passed on to the supervised child.
-FORWARDED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+#: Passed on to the supervised child.
+FORWARDED_SIGNALS = ENDING_SIGNALS
 
 
 def launcher_alive(pid: int) -> bool:
