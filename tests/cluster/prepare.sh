@@ -25,7 +25,8 @@
 #   4. Charliecloud's ch-run and the same images as directories (the test image also as a SquashFS
 #      file) (charliecloud.sh),
 #   5. (while 4 makes the stack images) Debian's chromium, for the live status page test; tmux, a
-#      real terminal for the tests of what a run prints on one; tcpdump, for the capture on the multi-node cluster's bridge;
+#      real terminal for the tests of what a run prints on one; tcpdump, for the capture on the
+#      multi-node cluster's bridge;
 #      redis-server, the broker of the real public stacks run with their programs on the host
 #      (tests/test_public_stacks.py: allocstack starts it as the stack's service; the system's
 #      own redis service is not started here); passt (pasta), the way out of a stack's private network
@@ -55,8 +56,20 @@ if [[ $(id -u) -ne 0 && ${1:-start} == start ]]; then
   exit 0
 fi
 
+# step_ended NAME WHAT CODE: a background step's output ($logs/NAME), whole, once it ended with CODE; when CODE
+# is not 0, on stderr with a line saying WHAT failed, and false.
+step_ended() {
+  if (($3 == 0)); then
+    cat "$logs/$1"
+    return 0
+  fi
+  cat "$logs/$1" >&2
+  echo "prepare: error: $2 failed (its output above)" >&2
+  return 1
+}
+
 start() {
-  local started=$SECONDS toolbox
+  local started=$SECONDS toolbox code
   logs=$(mktemp -d)
   trap 'rm -rf -- "$logs"' EXIT # the steps' own logs: printed as each ends, removed however this ends
   # The Apptainer toolbox is built beside Slurm's start: past its prerequisites it uses no host apt (mmdebstrap
@@ -70,12 +83,9 @@ start() {
     exit 1
   fi
   echo "prepare: Slurm test cluster (and 6 namespaced nodes in 2 partitions) up after $((SECONDS - started)) s"
-  if ! wait "$toolbox"; then
-    cat "$logs/toolbox" >&2
-    echo "prepare: error: the Apptainer toolbox failed (its output above)" >&2
-    exit 1
-  fi
-  cat "$logs/toolbox"
+  code=0
+  wait "$toolbox" || code=$?
+  step_ended toolbox "the Apptainer toolbox" "$code" || exit 1
   echo "prepare: Apptainer toolbox ready after $((SECONDS - started)) s"
   # The test image and the stack images are built side by side (each mostly waits for downloads and dpkg):
   # each build's output goes to its own log, printed whole when it ends.
@@ -93,12 +103,11 @@ start() {
     builds[$!]=$name
   done
   while ((${#builds[@]})); do
-    if wait -n -p pid "${!builds[@]}"; then
-      cat "$logs/${builds[$pid]}"
+    code=0
+    wait -n -p pid "${!builds[@]}" || code=$?
+    if step_ended "${builds[$pid]}" "building image ${builds[$pid]}" "$code"; then
       echo "prepare: image ${builds[$pid]} ready after $((SECONDS - started)) s"
     else
-      cat "$logs/${builds[$pid]}" >&2
-      echo "prepare: error: building image ${builds[$pid]} failed (its output above)" >&2
       failed=1
     fi
     unset "builds[$pid]"
