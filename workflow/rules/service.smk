@@ -112,9 +112,11 @@ if PLAN.global_services:
 
 # A service of more than one replica (services.<name>.replicas, Compose deploy.replicas / --scale):
 # the first is the service above; each further one (NAME-replica-K) is a service job and a job step
-# of its own, supervised as the service is (its log, restart policy and end record). The workers and
-# the check consume every replica's service file, so the stack stops them all as it stops a service.
-# Only a service with no port and no gate of its own may have replicas (plan/refusals.py).
+# of its own, supervised as the service is (its log, restart policy and end record), with a gate of
+# its own where the service has one: what depends on the service waits for every replica's. The
+# workers and the check consume every replica's service file, so the stack stops them all as it
+# stops a service. A service with a port runs each replica in a network of its own on that port,
+# reached in turn through the service's front there (plan/refusals.py says where it may).
 if PLAN.replicated:
 
     rule serve_replica:
@@ -143,3 +145,26 @@ if PLAN.replicated:
             args=args("replica"),
         shell:
             ": > {output.service}; exec {params.launch} {input.script} {params.args} > {log} 2>&1"
+
+    rule await_replica:
+        input:
+            network=network_held,
+            service=FILES.replica_file("{service}", "{replica}"),
+            script=script("readiness.py"),
+        output:
+            FILES.replica_gate("{service}", "{replica}"),
+        log:
+            "logs/await_service/{run}/{service}-replica-{replica}.log",
+        wildcard_constraints:
+            replica=r"[0-9]+",
+        retries: PLAN.retries
+        group:
+            "stack"
+        conda:
+            STACK_ENV
+        threads: 0
+        params:
+            launch=launch("replica_gate"),
+            args=args("replica_gate"),
+        shell:
+            "exec {params.launch} {input.script} {params.args} > {log} 2>&1"

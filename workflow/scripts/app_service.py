@@ -40,8 +40,12 @@ per-task workers): a replica is then supervised exactly as one service is, by th
 policy, stop request, end record, exposure watch), and Snakemake stops each as it stops a service; replicas are
 few (a consumer or two of another kind), a pool of thousands is what the workers are for. Each replica's
 program gets ``ALLOCSTACK_REPLICA`` (K) and ``ALLOCSTACK_REPLICAS`` (N), as a Compose replica tells itself apart
-by its hostname. Replicas share the node's loopback: the plan allows them only for a service with no port and no
-gate of its own (allocstack/plan/refusals.py).
+by its hostname. All replicas share one token (the first to start makes it: :func:`shared_token`), as their users
+get one. Replicas of a service with a port (``--own-network``, config ``network.isolation: private``) each run in a
+namespace of their own on that same port (launch.py ``--network-space``), reached through the service's front in the
+stack's namespace (allocstack/launch/portsockets.py): this supervisor carries the front's connections to its
+program there, and puts each service of the stack that it may use (``--forward NAME[=PORT]``) on its port there.
+Without a port they share the stack's namespace (nothing of theirs can collide).
 
 With ``--network-endpoint-file`` (config ``nodes`` above 1) the service still listens on
 127.0.0.1, and this supervisor also relays it to this node's network address over TLS
@@ -92,6 +96,7 @@ from allocstack.common.listening import process_start
 from allocstack.common.network import plan_listener
 from allocstack.common.scratch import make_private, private_level
 from allocstack.launch import exposure, stacknet
+from allocstack.launch.portsockets import serve_replica_network, target
 from allocstack.launch.program import (
     Placement,
     await_dependencies,
@@ -160,6 +165,40 @@ def replica_variables(replica: int, replicas: int) -> dict[str, str]:
     return {"ALLOCSTACK_REPLICA": str(replica), "ALLOCSTACK_REPLICAS": str(replicas)}
 
 
+def shared_token(directory: Path, name: str) -> str:
+    """The token every replica of service ``name`` publishes: made by the first to start (a file linked into place,
+    so that two starting at once agree), read by the others."""
+    path = directory / f"{name}.token"
+    token = secrets.token_urlsafe(32)
+    made = directory / f".{name}.token.{os.getpid()}"
+    made.write_text(token, encoding="ascii")
+    os.chmod(made, 0o600)
+    try:
+        os.link(made, path)
+    except FileExistsError:
+        token = path.read_text(encoding="ascii").strip()
+    finally:
+        made.unlink()
+    return token
+
+
+def forward_ports(scratch: Path, forwards: list[str]) -> dict[str, int]:
+    """``--forward NAME[=PORT]`` as each service's port: the plan's, else the one its endpoint names (a dependency:
+    it has started).
+
+    :raises AllocstackError: ``network`` for one that names none yet.
+    """
+    ports: dict[str, int] = {}
+    for spelled in forwards:
+        name, _, port = spelled.partition("=")
+        found = int(port) if port else (target(scratch, name) or (None, None))[1]
+        if found is None:
+            raise AllocstackError("network", f"service {name} has published no port yet: a replica in a network of its "
+                                             "own cannot be given its way to it")
+        ports[name] = found
+    return ports
+
+
 def end_status(outcome: Outcome) -> str:
     if outcome.stop_signal is None:
         return "exited"
@@ -186,6 +225,12 @@ def parse_args(argv: list[str] | None):
     parser.add_argument("--stop-grace", type=non_negative_float, default=10.0,
                         help="seconds it may take to stop after SIGTERM before it is killed")
     add_restart_arguments(parser)
+    parser.add_argument("--own-network", action="store_true",
+                        help="this replica runs in a namespace of its own (launch.py --network-space): carry its "
+                             "front's connections to its port there")
+    parser.add_argument("--forward", action="append", default=[], metavar="NAME[=PORT]",
+                        help="with --own-network: a service of the stack on its port in this replica's namespace "
+                             "(without PORT, the one its endpoint names; repeatable)")
     parser.add_argument("--service-file", type=Path, help="the Snakemake service output, written first thing")
     add_network_options(parser)
     args = parser.parse_args(argv)
@@ -250,7 +295,14 @@ def main(argv: list[str] | None = None) -> int:
         await_dependencies(args.gate_record, args.started, args.scratch, args.gate_timeout, log)
         placement = Placement.from_args(args)
         wanted = image_port(placement, name) if args.port_from_image else args.port
-        port, token = take_port(wanted), secrets.token_urlsafe(32)
+        port = take_port(wanted)
+        token = shared_token(published.parent, name) if args.replicas > 1 else secrets.token_urlsafe(32)
+        if args.own_network:
+            try:
+                serve_replica_network(args.scratch, files, port, forward_ports(args.scratch, args.forward))
+            except OSError as exc:
+                raise AllocstackError("network", f"{files}: its own network could not carry its port and the stack's "
+                                                 f"services ({exc.strerror or exc})") from exc
         relayed = relay_for_other_nodes(args, name, port, token)
         endpoint = f"http://{LOOPBACK}:{port}"
         stack = {**services_environment(args.scratch, args.uses), **service_variables(name, endpoint, token),

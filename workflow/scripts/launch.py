@@ -33,7 +33,8 @@ directory it is given), then runs and supervises::
 
 * ``--network-namespace`` (config ``network.isolation: private``): the component runs in the stack's private
   network on its node, entered with ``nsenter`` inside the job step and before the container runtime, once the job
-  stack_network has published its holder in ``SCRATCH/network.json`` (allocstack/launch/stacknet.py).
+  stack_network has published its holder in ``SCRATCH/network.json`` (allocstack/launch/stacknet.py); with
+  ``--network-space NAME``, in the namespace of its own that replica NAME of a service that listens runs in.
 
 A step on another node writes its output on that node, into a file beside this
 launcher's log (``srun --output=LOG-STEM.%N.log``, on the filesystem the nodes share),
@@ -493,6 +494,9 @@ def parse_args(argv: list[str] | None):
     parser.add_argument("--network-namespace", action="store_true",
                         help="run the component in the stack's private network on its node (config network.isolation: "
                              "private): wait for SCRATCH/network.json, then enter it with nsenter")
+    parser.add_argument("--network-space", default="", metavar="NAME",
+                        help="with --network-namespace: the namespace of replica NAME of a service that listens (its "
+                             "own, beside the stack's), not the stack's")
     parser.add_argument("--hosts-name", action="append", default=[], metavar="SERVICE=NAME,...",
                         help="a service of the stack and its other names (Compose hostname, aliases): written into "
                              "the stack's hosts file, bound at /etc/hosts in the image (repeatable)")
@@ -567,7 +571,7 @@ def main(argv: list[str] | None = None) -> int:
             from allocstack.launch import stacknet
 
             if not off_node(args, env):  # off it, node_scratch.py enters that node's own, on that node
-                join = stacknet.join_prefix(stacknet.await_held(scratch, args.component))
+                join = stacknet.join_prefix(stacknet.await_held(scratch, args.component, space=args.network_space))
             env[names.NETWORK_ENV] = "private"
         command = build_argv(args, scratch, env, mount_tree, step_dirs, join)
         check_programs(command, args.runtime, args.runtime_hint)

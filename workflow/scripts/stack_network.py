@@ -20,8 +20,12 @@ keeps it up while any of them runs and stops it (SIGTERM) once the last one is d
    (allocstack/launch/tunnel.py), so the gateway carries bytes it cannot read to programs that check who sent them;
 5. with ``--forward NAME`` (a node other than the first), starts node_forwards.py in the namespace: each service
    of yours on its own port at the namespace's loopback, carried through its keyed TLS tunnel to the first node;
-6. waits for SIGTERM (the stack is done), SIGINT or SIGHUP, or for the holder or pasta to end by themselves
-   (the stack's network is gone: one [network] line, exit 69), then stops both and removes the record.
+6. with ``--replica-space NAME`` (a replica of a service that listens, config ``services.<name>.replicas``), one
+   more holder and pasta for each: a namespace beside the stack's, published as ``network-HOST.NAME.json``, in
+   which that replica alone runs (launch.py ``--network-space``); ``--front PORT=NAME,...`` is that service's port
+   in the stack's namespace, carried to its replicas in turn (port_sockets.py);
+7. waits for SIGTERM (the stack is done), SIGINT or SIGHUP, or for the holder or pasta to end by themselves
+   (the stack's network is gone: one [network] line, exit 69), then stops them all and removes the records.
 """
 
 from __future__ import annotations
@@ -118,9 +122,12 @@ def start_gateway(scratch: Path, listening: dict[str, socket.socket]) -> None:
     del servers  # they serve until this process ends
 
 
-def start_pasta(pasta: str, holder: int, scratch: Path, template: tuple[str, str] | None) -> subprocess.Popen[bytes]:
-    """pasta attached to ``holder``'s namespace; returned once it has configured it (its pid file written)."""
-    pid_file = scratch / f"pasta-{socket.gethostname()}.pid"  # one a node: the scratch may be shared
+def start_pasta(pasta: str, holder: int, scratch: Path, template: tuple[str, str] | None,
+                space: str = "") -> subprocess.Popen[bytes]:
+    """pasta attached to ``holder``'s namespace (``space``: a replica's); returned once it has configured it (its
+    pid file written)."""
+    # one a node (the scratch may be shared), and one a replica's namespace
+    pid_file = scratch / f"pasta-{socket.gethostname()}{f'.{space}' if space else ''}.pid"
     pid_file.unlink(missing_ok=True)
     argv = stacknet.pasta_argv(pasta, holder, os.getuid(), pid_file, template)
     print(f"stack_network: {' '.join(argv)}", flush=True)
@@ -162,13 +169,15 @@ def echo(proc: subprocess.Popen[str]) -> None:
 
 
 def start_port_sockets(held: stacknet.Held, scratch: Path, published: list[str],
-                       address: str) -> subprocess.Popen[str] | None:
-    """port_sockets.py in the namespace: each published port as an owner-only socket in scratch, and the way in of
-    each of ``held.inbound`` (to ``address`` and its port there); returned once its sockets exist."""
-    if not published and not held.inbound:
+                       address: str, fronts: list[str]) -> subprocess.Popen[str] | None:
+    """port_sockets.py in the namespace: each published port as an owner-only socket in scratch, the way in of
+    each of ``held.inbound`` (to ``address`` and its port there) and the front of each service whose replicas listen
+    in namespaces of their own (``fronts``: ``PORT=NAME,...``); returned once its sockets exist."""
+    if not published and not held.inbound and not fronts:
         return None
     options = [f"--scratch={scratch}", *(f"--publish={name}" for name in published),
-               *(f"--inbound={name}={address}:{port}" for name, port in held.inbound.items())]
+               *(f"--inbound={name}={address}:{port}" for name, port in held.inbound.items()),
+               *(f"--front={front}" for front in fronts)]
     return start_helper(held, "port_sockets.py", options,
                         f"the stack's published ports could not be made sockets in {scratch}")
 
@@ -199,25 +208,53 @@ def parse_args(argv: list[str] | None):
     parser.add_argument("--publish", action="append", default=[], metavar="NAME",
                         help="a port published to its owner as SCRATCH/ports/NAME.sock (coordinator: the status page; "
                              "else a service of yours; repeatable)")
+    parser.add_argument("--replica-space", action="append", default=[], metavar="NAME",
+                        help="a replica of a service that listens (NAME, NAME-replica-2, ...): a namespace of its own "
+                             "beside the stack's, with its own pasta (repeatable)")
+    parser.add_argument("--front", action="append", default=[], metavar="PORT=NAME,...",
+                        help="the port of a service whose replicas listen in namespaces of their own, in the stack's "
+                             "namespace: each connection carried to the next replica in turn (repeatable)")
     return parser.parse_args(argv)
+
+
+def stop(proc: subprocess.Popen | None) -> None:
+    """SIGKILL ``proc`` (pasta), if it still runs, and reap it."""
+    if proc is not None:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait()
+
+
+def kill_holder(pid: int) -> None:
+    try:
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+    except (ProcessLookupError, ChildProcessError):
+        pass
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     scratch = Path(os.environ[SCRATCH_ENV])
-    stacknet.record_path(scratch).unlink(missing_ok=True)  # an earlier attempt's
+    spaces = ["", *args.replica_space]  # the stack's namespace, then each replica's
+    for space in spaces:  # an earlier attempt's
+        stacknet.record_path(scratch, space=space).unlink(missing_ok=True)
     ending: list[int] = []
     for signum in ENDING_SIGNALS:
         signal.signal(signum, lambda signum, _frame: ending.append(signum))
     started = time.monotonic()
-    holder, said = fork_holder()
-    pasta = sockets = forwards = None
+    holders: dict[str, int] = {}
+    pastas: dict[str, subprocess.Popen[bytes]] = {}
+    sockets = forwards = None
     try:
-        answer = holder_said(said)
-        if answer != "ok":
-            raise AllocstackError("network", f"the stack's private network could not be made on this node "
-                                             f"({answer}); where the center disables unprivileged user namespaces, "
-                                             "set network.isolation: none")
+        for space in spaces:
+            holder, said = fork_holder()
+            holders[space] = holder
+            answer = holder_said(said)
+            if answer != "ok":
+                raise AllocstackError("network", f"the stack's private network could not be made on this node "
+                                                 f"({answer}); where the center disables unprivileged user namespaces, "
+                                                 "set network.isolation: none")
         # The node's address: the other nodes' way in, and the interface the namespace copies (pasta's template)
         # where the listeners for them bind it in there (network.interface may not be the default route's), or
         # where the node has no default route (compute nodes often have none; pasta needs a template then)
@@ -226,29 +263,38 @@ def main(argv: list[str] | None = None) -> int:
         template = stacknet.template_interface(address) if address else None
         listening = listen_for_other_nodes(address, args.inbound)
         inbound = {name: sock.getsockname()[1] for name, sock in listening.items()}
-        pasta = start_pasta(args.pasta, holder, scratch, template if template and template[0] != routed else None)
-        held = stacknet.Held(holder, stacknet.started_at(holder) or 0, user=os.getuid() != 0, inbound=inbound)
-        sockets = start_port_sockets(held, scratch, args.publish, address)
+        for space, holder in holders.items():
+            pastas[space] = start_pasta(args.pasta, holder, scratch,
+                                        template if template and template[0] != routed else None, space)
+        held = {space: stacknet.Held(holder, stacknet.started_at(holder) or 0, user=os.getuid() != 0,
+                                     inbound=inbound if not space else {}) for space, holder in holders.items()}
+        sockets = start_port_sockets(held[""], scratch, args.publish, address, args.front)
         start_gateway(scratch, listening)
-        forwards = start_forwards(held, scratch, args.published, args.forward)
-        stacknet.publish(scratch, held)
+        forwards = start_forwards(held[""], scratch, args.published, args.forward)
+        for space in reversed(spaces):  # the stack's last: what waits for it finds the replicas' too
+            stacknet.publish(scratch, held[space], space)
         forwarded = "".join(f"; {name} reached by the other nodes at {address}:{port}" for name, port in inbound.items())
+        replicas = "".join(f"; replica {space}: holder {holders[space]}, pasta {pastas[space].pid}" for space in spaces[1:])
         print(f"stack_network: the stack's private network is up after {time.monotonic() - started:.3f} s "
-              f"(holder {holder}, pasta {pasta.pid}{forwarded})", flush=True)
+              f"(holder {holders['']}, pasta {pastas[''].pid}{forwarded}{replicas})", flush=True)
         while not ending:
             for helper, what in ((sockets, "the stack's published ports' sockets"), (forwards, "the forwarders")):
                 if helper is not None and helper.poll() is not None:
                     raise AllocstackError("network", f"{what} ended (exit {helper.returncode})")
-            if pasta.poll() is not None or os.waitpid(holder, os.WNOHANG) != (0, 0):
-                raise AllocstackError("network", "the stack's private network ended before the stack did "
-                                                 f"({'pasta' if pasta.poll() is not None else 'its holder'} exited)")
+            for space, holder in holders.items():
+                whose = f"replica {space}'s network" if space else "the stack's private network"
+                if pastas[space].poll() is not None or os.waitpid(holder, os.WNOHANG) != (0, 0):
+                    raise AllocstackError("network", f"{whose} ended before the stack did "
+                                                     f"({'pasta' if pastas[space].poll() is not None else 'its holder'} "
+                                                     "exited)")
             time.sleep(0.2)
         print(f"stack_network: stopping ({signal.Signals(ending[0]).name})", flush=True)
         return EXIT_OK
     except AllocstackError as error:
         return report(error)
     finally:
-        stacknet.record_path(scratch).unlink(missing_ok=True)
+        for space in spaces:
+            stacknet.record_path(scratch, space=space).unlink(missing_ok=True)
         for helper in (sockets, forwards):
             if helper is not None and helper.poll() is None:
                 helper.terminate()
@@ -256,17 +302,10 @@ def main(argv: list[str] | None = None) -> int:
                     helper.wait(timeout=5)
                 except subprocess.TimeoutExpired:
                     helper.kill()
-        for proc_pid in ([pasta.pid] if pasta is not None and pasta.poll() is None else []) + [holder]:
-            try:
-                os.kill(proc_pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        if pasta is not None:
-            pasta.wait()
-        try:
-            os.waitpid(holder, 0)
-        except ChildProcessError:
-            pass
+        for pasta in pastas.values():
+            stop(pasta)
+        for holder in holders.values():
+            kill_holder(holder)
 
 
 if __name__ == "__main__":

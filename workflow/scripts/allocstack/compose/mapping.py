@@ -1029,10 +1029,11 @@ def import_stack(compose: dict[str, Any], compose_dir: Path, project_dir: Path, 
 
 def service_replicas(config: dict[str, Any], counts: dict[str, int], scaled: set[str], report: Report) -> None:
     """A replicated service other than the workers (``deploy.replicas``, ``scale:``, ``--scale NAME=N``): its
-    ``replicas`` where the plan allows copies of it (no port, no gate of its own, nothing waits for it), else the
-    plan's own refusal (allocstack/plan/refusals.py), at the key that asked for them."""
+    ``replicas`` where the plan allows copies of it (not main, an init job or global; with a port, each in a network
+    of its own: the stack's private network, one node), else the plan's own refusal (allocstack/plan/refusals.py), at the key that asked for them."""
     services, base = config["services"], service_defaults()
-    view = {"main": config.get("main"), "init_jobs": config.get("init_jobs", []),
+    view = {"main": config.get("main"), "init_jobs": config.get("init_jobs", []), "nodes": config.get("nodes", 1),
+            "network": {"isolation": (config.get("network") or {}).get("isolation", "private")},
             "services": {name: {**base, **spec, "readiness": {**base["readiness"], **(spec.get("readiness") or {})}}
                          for name, spec in services.items()}}
     for name, spec in services.items():
@@ -1044,7 +1045,9 @@ def service_replicas(config: dict[str, Any], counts: dict[str, int], scaled: set
             report.refuse(key, f"{name}: {why}")
             continue
         spec["replicas"] = counts[name]
-        report.notes.append(f"{name}: {counts[name]} replicas ({key}): each its own job step on the first node, "
+        listens = "" if spec.get("port") is None else (f", each on port {spec['port']} in a network of its own, reached "
+                                                        f"in turn through {name}:{spec['port']}")
+        report.notes.append(f"{name}: {counts[name]} replicas ({key}): each its own job step on the first node{listens}, "
                             "supervised as a service is, told $ALLOCSTACK_REPLICA (1..N) and $ALLOCSTACK_REPLICAS "
                             "(config services.<name>.replicas)")
 

@@ -11,6 +11,17 @@ connection comes (so a socket can be made before its service started, and follow
 From a laptop, OpenSSH forwards a local port to it: ``ssh -N -L 8888:SCRATCH/ports/NAME.sock NODE`` (OpenSSH 6.7
 and later); on the node itself, ``curl --unix-socket SCRATCH/ports/NAME.sock http://localhost/``.
 
+A service of more than one replica that listens runs each replica in a namespace of its own, on the service's own
+port there (allocstack/launch/stacknet.py). :func:`serve_front` is its port in the stack's namespace: each
+connection goes to the next replica in turn, through that replica's socket (``ports/NAME.sock``,
+``ports/NAME-replica-K.sock``), which :func:`serve_carrier` (its supervisor, in the replica's namespace) carries to
+the port there. The carrier first connects to the replica's program and answers one byte (:data:`ACCEPTED`) once
+it has: a replica that is not listening (starting, restarting, ended) is then skipped for the next one, as a Unix
+socket would accept the connection whatever the program behind it does. Compose's own replicas are reached the same
+way, by one name, in turn (its DNS round-robin). In the replica's namespace, :func:`serve_replica_network` also puts
+each service of the stack the replica may use on its own port there, carried through that service's published
+socket to the stack's namespace: ``NAME:PORT`` works in a replica as it does in the stack.
+
 With more than one node the same way in carries the other nodes' connections (:func:`inbound_name`): the first
 node's listeners for them (the coordinator's TLS listener, each service's keyed TLS relay) each get a socket too,
 carried to that listener's address and port in the namespace; stack_network.py's gateway, outside the namespace,
@@ -23,13 +34,16 @@ import asyncio
 import contextlib
 import functools
 import hashlib
+import itertools
 import os
 import stat
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from urllib.parse import urlsplit
 
 from ..common import names
+from ..common.endpoint import LOOPBACK
 from .tunnel import relay
 
 PORTS_DIR = names.PORTS
@@ -108,9 +122,10 @@ def _always(where: tuple[str, int]) -> Callable[[], tuple[str, int]]:
 
 
 async def serve(scratch: Path, published: list[str], ready: Callable[[], None] = lambda: None,
-                inbound: dict[str, tuple[str, int]] | None = None) -> None:
-    """A socket for each of ``published`` (0600 in a 0700 directory), carried to its port, and one for each
-    listener of ``inbound`` (name -> its address and port), carried there, until cancelled."""
+                inbound: dict[str, tuple[str, int]] | None = None, fronts: dict[int, list[str]] | None = None) -> None:
+    """A socket for each of ``published`` (0600 in a 0700 directory), carried to its port, one for each
+    listener of ``inbound`` (name -> its address and port), carried there, and the front of each service whose
+    replicas listen in namespaces of their own (``fronts``: its port -> its replicas), until cancelled."""
     targets: dict[str, Callable[[], tuple[str, int] | None]] = {
         name: functools.partial(target, scratch, name) for name in published}
     targets.update({inbound_name(name): _always(where) for name, where in (inbound or {}).items()})
@@ -125,6 +140,8 @@ async def serve(scratch: Path, published: list[str], ready: Callable[[], None] =
             servers.append(await asyncio.start_unix_server(functools.partial(_carry, where), path=str(path)))
         finally:
             os.umask(old)
+    for port, instances in (fronts or {}).items():
+        servers.append(await serve_front(scratch, port, instances))
     ready()
     try:
         await asyncio.Event().wait()
@@ -136,3 +153,102 @@ async def serve(scratch: Path, published: list[str], ready: Callable[[], None] =
                 socket_path(scratch, name).unlink()
             with contextlib.suppress(OSError):  # the directory in /tmp once empty (the scratch's goes with it)
                 socket_path(scratch, name).parent.rmdir()
+
+
+#: The byte a replica's carrier answers once its program took the connection (:func:`serve_carrier`).
+ACCEPTED = b"\x01"
+#: Seconds the front waits for that byte before it tries the next replica.
+ACCEPT_SECONDS = 10.0
+
+
+async def _to_program(port: int, writer: asyncio.StreamWriter) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    """A connection to the program at ``port`` on this namespace's loopback, :data:`ACCEPTED` said to the front."""
+    connection = await asyncio.open_connection(LOOPBACK, port)
+    writer.write(ACCEPTED)
+    return connection
+
+
+def replica_socket(instance: str) -> str:
+    """The socket name of replica ``instance``'s way in from its front (``replica-NAME``, ``replica-NAME-replica-2``:
+    ``NAME`` is the service's published port's)."""
+    return f"replica-{instance}"
+
+
+async def serve_carrier(scratch: Path, instance: str, port: int) -> asyncio.AbstractServer:
+    """A replica's way in from the front: the owner-only socket ``ports/replica-INSTANCE.sock``, each connection
+    carried to ``port`` on this namespace's loopback once the program accepted it (closed unanswered when it does
+    not)."""
+    path = socket_path(scratch, replica_socket(instance))
+    private_directory(path.parent)
+    path.unlink(missing_ok=True)
+
+    async def carry(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await relay(reader, writer, asyncio.ensure_future(_to_program(port, writer)))
+
+    old = os.umask(0o177)
+    try:
+        return await asyncio.start_unix_server(carry, path=str(path))
+    finally:
+        os.umask(old)
+
+
+async def _accepting(paths: list[Path], first: int) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    """A connection to the first replica, from ``first`` on in turn, whose carrier says its program accepted it.
+
+    :raises ConnectionRefusedError: when none does.
+    """
+    for offset in range(len(paths)):
+        try:
+            reader, writer = await asyncio.open_unix_connection(str(paths[(first + offset) % len(paths)]))
+        except OSError:
+            continue
+        try:
+            if await asyncio.wait_for(reader.readexactly(1), ACCEPT_SECONDS) == ACCEPTED:
+                return reader, writer
+        except (OSError, asyncio.IncompleteReadError):  # TimeoutError is an OSError
+            pass
+        writer.close()
+    raise ConnectionRefusedError(f"no replica accepts ({', '.join(path.name for path in paths)})")
+
+
+async def serve_front(scratch: Path, port: int, instances: list[str]) -> asyncio.AbstractServer:
+    """The port of a service whose replicas each listen in a namespace of their own: ``port`` on this namespace's
+    loopback, each connection carried to the next of ``instances`` (its replicas, by name) that accepts it."""
+    paths = [socket_path(scratch, replica_socket(instance)) for instance in instances]
+    turns = itertools.count()
+
+    async def carry(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await relay(reader, writer, asyncio.ensure_future(_accepting(paths, next(turns) % len(paths))))
+
+    return await asyncio.start_server(carry, LOOPBACK, port)
+
+
+async def serve_forward(scratch: Path, name: str, port: int) -> asyncio.AbstractServer:
+    """Service ``name`` in a replica's namespace: ``port`` on its loopback, each connection carried through the
+    service's published socket (``ports/NAME.sock``) to where it listens in the stack's namespace."""
+
+    async def carry(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        path = str(socket_path(scratch, name))
+        await relay(reader, writer, asyncio.ensure_future(asyncio.open_unix_connection(path)))
+
+    return await asyncio.start_server(carry, LOOPBACK, port)
+
+
+def serve_replica_network(scratch: Path, instance: str, port: int, forwards: dict[str, int]) -> None:
+    """In replica ``instance``'s own namespace, for as long as this process runs (a thread of its own): its way in
+    from the front (:func:`serve_carrier`, to ``port``) and each of ``forwards`` (a service of the stack -> its port)
+    on its own port (:func:`serve_forward`).
+
+    :raises OSError: when one of them cannot listen.
+    """
+
+    async def listen() -> list[asyncio.AbstractServer]:
+        servers = [await serve_carrier(scratch, instance, port)]
+        for name, at in forwards.items():
+            servers.append(await serve_forward(scratch, name, at))
+        return servers
+
+    loop = asyncio.new_event_loop()
+    servers = loop.run_until_complete(listen())
+    threading.Thread(target=loop.run_forever, name=f"allocstack-replica-{instance}", daemon=True).start()
+    del servers  # they serve until this process ends

@@ -9,6 +9,12 @@ component of the stack on the node is started through ``nsenter`` into it (:func
 its job step, before the container runtime): whatever a program binds there, ``0.0.0.0`` included, is reachable by
 the stack alone, neither by another user of the node nor by another node.
 
+A service of more than one replica that listens (config ``services.<name>.replicas`` and ``port``) gets one
+namespace more per replica, made the same way by the same holder job beside the stack's (a sibling, published as
+``SCRATCH/network-HOST.NAME-replica-K.json``, its own pasta as its way out): each replica listens on the service's
+own port in its own namespace, as each Compose replica does in its own container, and the stack reaches them all
+through one front on that port in the stack's namespace (allocstack/launch/portsockets.py ``serve_front``).
+
 pasta forwards no port either way (``--tcp-ports none`` ...: its default, ``auto``, would publish every port a
 program binds, which is what the namespace is there to prevent); a program reaches servers outside the stack
 through it as the user's own connections (the default gateway's address is the node's own loopback, pasta's
@@ -116,12 +122,13 @@ def make_namespace() -> None:
         fcntl.ioctl(probe, SIOCSIFFLAGS, struct.pack("16sh", b"lo", flags | IFF_UP))
 
 
-def record_path(scratch: Path, host: str | None = None) -> Path:
+def record_path(scratch: Path, host: str | None = None, space: str = "") -> Path:
     """Where node ``host``'s holder (None: this node's) is published in the run's scratch: one file a node, as the
-    scratch may be on a filesystem the nodes share."""
+    scratch may be on a filesystem the nodes share. ``space``: the namespace of a replica of a service that listens
+    (its own, beside the stack's: the module's docstring), not the stack's."""
     from ..common.names import NETWORK
 
-    return scratch / f"{NETWORK}-{host or socket.gethostname()}.json"
+    return scratch / f"{NETWORK}-{host or socket.gethostname()}{f'.{space}' if space else ''}.json"
 
 
 def holder_name(node_index: int) -> str:
@@ -129,14 +136,15 @@ def holder_name(node_index: int) -> str:
     return HOLDER if node_index == 0 else f"{HOLDER}-node-{node_index + 1}"
 
 
-def publish(scratch: Path, held: Held) -> None:
-    jsonio.atomic_write_json(record_path(scratch), held.document())
+def publish(scratch: Path, held: Held, space: str = "") -> None:
+    jsonio.atomic_write_json(record_path(scratch, space=space), held.document())
 
 
-def read_held(scratch: Path) -> Held | None:
-    """The node's namespace as its record says, if its holder still runs (an earlier attempt's is not)."""
+def read_held(scratch: Path, space: str = "") -> Held | None:
+    """The node's namespace (``space``: a replica's) as its record says, if its holder still runs (an earlier
+    attempt's is not)."""
     try:
-        document = json.loads(record_path(scratch).read_bytes())
+        document = json.loads(record_path(scratch, space=space).read_bytes())
         held = Held(int(document["pid"]), int(document["startedAt"]), bool(document["user"]),
                     {str(name): int(port) for name, port in document.get("inbound", {}).items()})
     except (OSError, ValueError, KeyError, TypeError):
@@ -145,13 +153,13 @@ def read_held(scratch: Path) -> Held | None:
 
 
 def await_held(scratch: Path, component: str, holder: str = HOLDER, seconds: float = WAIT_SECONDS,
-               poll: float = 0.05) -> Held:
-    """This node's namespace, once its holder (the component ``holder``) published it; one [network] line after
-    ``seconds``."""
+               poll: float = 0.05, space: str = "") -> Held:
+    """This node's namespace (``space``: a replica's), once its holder (the component ``holder``) published it; one
+    [network] line after ``seconds``."""
     from ..common.names import component_ended
 
     deadline = time.monotonic() + seconds
-    while (held := read_held(scratch)) is None:
+    while (held := read_held(scratch, space)) is None:
         if (scratch / component_ended(holder)).exists():  # its launcher's note: it ended, it will not publish
             raise AllocstackError("network", f"{component}: the stack's private network on this node could not be "
                                              "made (the log of the job stack_network says why)")

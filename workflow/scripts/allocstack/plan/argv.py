@@ -94,6 +94,8 @@ def launched(plan: Plan, component: str, run: str, worker: str = "", service: st
             return Launched(service, config["services"][service]["cpus"])
         case "service_gate":
             return Launched(f"{service}-readiness")
+        case "replica_gate":  # a further replica's gate (in its network of its own, where it has one)
+            return Launched(f"{placement.replica_name(service, replica)}-readiness")
         case "instance":  # a global service's instance on node ``node`` (1-based, above 1)
             return Launched(placement.instance_name(service, node), config["services"][service]["cpus"],
                             node=int(node) - 1)
@@ -155,6 +157,8 @@ def launch(plan: Plan, component: str, run: str, gpus: int = 0, **wildcards: str
         # verify runs after the stack (and its network) ended: on the node's own network, reading files only.
         if plan.private_network and component not in ("network", "verify"):
             argv.append("--network-namespace")
+            argv += options(*each("--network-space", [space] if (space := network_space(plan, component, wildcards))
+                                  else []))
     if how.job_end_time:
         argv.append("--job-end-time")
     argv += options(*each("--tolerate-kill", how.tolerate_kill))
@@ -180,6 +184,17 @@ def launch(plan: Plan, component: str, run: str, gpus: int = 0, **wildcards: str
                         *each("--bind", [*bind_paths(plan, run), *how.binds]),
                         *each("--pass-env", programs.env_references(config["worker"])))
     return [*argv, "--"]
+
+
+def network_space(plan: Plan, component: str, wildcards: dict[str, str]) -> str:
+    """The network of its own a replica of a service that listens runs in, and its gate (:attr:`Plan.fronted`),
+    by the replica's name; "" for the stack's."""
+    service = wildcards.get("service", "")
+    if component in ("service", "service_gate"):
+        return plan.network_space(service)
+    if component in ("replica", "replica_gate"):
+        return plan.network_space(placement.replica_name(service, wildcards["replica"]))
+    return ""
 
 
 def hosts_names(plan: Plan) -> list[str]:
@@ -292,12 +307,26 @@ def service(plan: Plan, run: str, service: str, node: str = "", replica: str = "
     if spec["replicas"] > 1:  # $ALLOCSTACK_REPLICA, $ALLOCSTACK_REPLICAS
         own += [("--replica", replica or 1), ("--replicas", spec["replicas"])]
     relay = [] if service not in plan.relayed_services or replica else network(plan, files.shared_service_endpoint(service))
+    if service in plan.fronted:  # each replica in a network of its own, the stack's services put there
+        own += [*each("--forward", forwards(plan, service))]
     return [*options(*own, ("--name", service),
                      *programs.options(plan, spec), ("--environment-json", spec["environment"]),
                      *port, ("--gate-timeout", timeouts.start_bound(plan.config, service)),
                      ("--stop-grace", spec["stop_grace_period"]), *restart(spec),
-                     *waits(plan, run, spec), flags=("--port-from-image",) if from_image else ()),
+                     *waits(plan, run, spec),
+                     flags=(*(("--port-from-image",) if from_image else ()),
+                            *(("--own-network",) if service in plan.fronted else ()))),
             *relay]
+
+
+def forwards(plan: Plan, service: str) -> list[str]:
+    """app_service.py --forward: the stack's services a replica of ``service`` in a network of its own may use, on
+    their ports there: every other one with a port written (``NAME=PORT``), and those it depends on whose port is
+    chosen when they start (``NAME``: read from their endpoints, which exist by then)."""
+    fixed = {name: spec["port"] for name, spec in plan.services.items()
+             if name != service and isinstance(spec["port"], int)}
+    chosen = [name for name in plan.uses(plan.services[service]["depends_on"]) if name not in fixed]
+    return [*(f"{name}={port}" for name, port in fixed.items()), *chosen]
 
 
 service_args = service  # (the wildcard ``service`` hides the function in :func:`instance`)
@@ -318,11 +347,18 @@ def replica(plan: Plan, run: str, service: str, replica: str) -> list[str]:
     return service_args(plan, run, service, replica=replica)
 
 
-def service_gate(plan: Plan, run: str, service: str, node: str = "") -> list[str]:
-    """readiness.py: the gate of services.<service> (its readiness; ``node``: of its instance there)."""
+def replica_gate(plan: Plan, run: str, service: str, replica: str) -> list[str]:
+    """readiness.py: the gate of replica ``replica`` (2..) of services.<service>, as the service's own."""
+    return service_gate(plan, run, service, instance=placement.replica_name(service, replica))
+
+
+def service_gate(plan: Plan, run: str, service: str, node: str = "", instance: str = "") -> list[str]:
+    """readiness.py: the gate of services.<service> (its readiness; ``node``: of its instance there; ``instance``:
+    of that further replica)."""
     spec, files = plan.services[service], plan.files(run)
     ready = spec["readiness"]
-    pairs = [("--service", placement.instance_name(service, node) if node else service), ("--mode", ready["mode"]),
+    instance = instance or (placement.instance_name(service, node) if node else service)
+    pairs = [("--service", instance), ("--mode", ready["mode"]),
              ("--timeout", timeouts.gate_timeout(plan.config, service)),
              ("--interval", timeouts.gate_interval(plan.config, service)), ("--probe-timeout", ready["probe_timeout"]),
              ("--start-timeout", timeouts.start_bound(plan.config, service)),
@@ -333,7 +369,7 @@ def service_gate(plan: Plan, run: str, service: str, node: str = "") -> list[str
         pairs.append(("--ready-command-json", ready["command"]))
         # in the service's image, as Compose runs a healthcheck in the service's container
         pairs += [pair for pair in programs.options(plan, spec, with_command=False) if pair[0] != "--entrypoint-json"]
-    record = files.instance_gate(service, node) if node else files.service_gate(service)
+    record = files.instance_gate(service, node) if node else files.service_gate(instance)
     return options(*pairs, ("--record", record))
 
 
@@ -434,6 +470,7 @@ def gate_records(plan: Plan, run: str, node: int) -> list[str]:
     records = [files.coordinator_gate] if plan.builtin_coordinator else []
     records += [files.instance_gate(name, node + 1) if node > 0 and name in plan.global_services
                 else files.service_gate(name) for name in plan.gated] + plan.init_records(run)
+    records += [files.service_gate(name) for name in plan.gated_replicas]
     if node > 0:
         records.append(files.node_gate(node + 1))
     return records
@@ -493,7 +530,9 @@ def stack_network(plan: Plan, run: str, node: str = "") -> list[str]:
     coordinator = [names.COORDINATOR_PORT] if plan.builtin_coordinator else []
     published = coordinator + [name for name in plan.services if name not in plan.init_jobs]
     inbound = [] if plan.nodes == 1 else coordinator + plan.relayed_services
-    return options(*where, *each("--publish", published), *each("--inbound", inbound))
+    fronts = [f"{port}={','.join(plan.instances(name))}" for name, port in plan.fronted.items()]
+    return options(*where, *each("--publish", published), *each("--inbound", inbound),
+                   *each("--replica-space", plan.replica_spaces), *each("--front", fronts))
 
 
 def serve(plan: Plan, run: str) -> list[str]:
@@ -556,6 +595,7 @@ ARGS: dict[str, tuple[str, Callable[..., list[str]]]] = {
     "instance": ("app_service.py", instance),
     "replica": ("app_service.py", replica),
     "instance_gate": ("readiness.py", instance_gate),
+    "replica_gate": ("readiness.py", replica_gate),
     "serve": ("serve.py", serve),
     "network": ("stack_network.py", stack_network),
     "worker": ("worker.py", worker),  # replica.py for long-running workers: see :func:`script_of`

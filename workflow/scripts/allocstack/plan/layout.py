@@ -160,6 +160,10 @@ class Layout:
         """The service file of replica ``replica`` of service ``service`` (2..: the first is the service itself)."""
         return f"{self.results}/{SERVICES}/{replica_name(service, replica)}{SERVICE_SUFFIX}"
 
+    def replica_gate(self, service: str, replica: int | str) -> str:
+        """The gate record of replica ``replica`` (2..) of service ``service``."""
+        return self.service_gate(replica_name(service, replica))
+
     def instance_gate(self, service: str, node: int | str) -> str:
         """The gate record of global service ``service``'s instance on node ``node`` (1-based, above 1)."""
         return f"{self.results}/{SERVICES}/{service}-node-{node}-readiness.json"

@@ -197,28 +197,33 @@ def refuse_bad_restarts(config: Mapping[str, Any], spelled: Mapping[str, str]) -
 
 def replicas_refusal(name: str, config: Mapping[str, Any]) -> str | None:
     """Why services.<name> may not have more than one replica, or None. Each replica is its own program on the first
-    node's ONE loopback, so only a service that listens for nobody may be copied: ready once started, no port, nothing
-    depends on it (a second kind of Celery or RQ consumer). A network of its own per replica is not built yet."""
+    node. One with no port shares the stack's network (nothing of its can collide: a second kind of Celery or RQ
+    consumer, a service with a healthcheck command); one with a port listens on it in a network of its own (the
+    stack's private network, one node), reached through the service's front on that port, in turn."""
     spec = config["services"][name]
-    users = {user: depends.conditions(other["depends_on"])[name] for user, other in config["services"].items()
-             if name in depends.conditions(other["depends_on"])}
     if name == config["main"]:
         return "it is main: it runs once and its end ends the stack"
     if name in config["init_jobs"]:
         return "it is an init job: it runs once, before what depends on it"
     if spec["mode"] == "global":
         return "its mode is global: it has one instance on each node already"
-    if spec["port"] is not None:
-        why = f"it has port {spec['port']}"
-    elif spec["readiness"]["mode"] != "started":
-        why = f"it has a readiness gate ({spec['readiness']['mode']})"
-    elif users:
-        why = "{} waits for it ({})".format(*next(iter(sorted(users.items()))))
-    else:
+    mode = spec["readiness"]["mode"]
+    if spec["port"] == "image":
+        return (f"its port is image: its replicas' front listens on the port before any replica started; write the "
+                f"port it listens on (services.{name}.port)")
+    if spec["port"] is None and mode in ("http", "tcp"):
+        return (f"its readiness gate ({mode}) probes a port chosen when it starts (port: null): write the port it "
+                f"listens on (services.{name}.port), which each replica listens on in a network of its own")
+    if spec["port"] is None:
         return None
-    return (f"{why}: replicas only for a service with no port and no gate of its own (readiness.mode: started, "
-            "nothing depends on it), since they share the node's one loopback and would share its port; run one "
-            "copy, or write each copy as a service of its own on a port of its own")
+    if config["network"]["isolation"] != "private":
+        return (f"it has port {spec['port']}: each replica listens on it in a network of its own, which needs "
+                "network.isolation: private (else they would share the node's one loopback, and its port); run one "
+                "copy, or write each copy as a service of its own on a port of its own")
+    if config["nodes"] > 1:
+        return (f"it has port {spec['port']}: replicas of a service with a port run with nodes: 1 (each in a network "
+                "of its own on the first node; not built for the other nodes' relays)")
+    return None
 
 
 def refuse_bad_replicas(config: Mapping[str, Any], spelled: Mapping[str, str]) -> None:

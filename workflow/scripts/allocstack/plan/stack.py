@@ -201,14 +201,45 @@ class Plan:
 
     def gates(self, run: str, depends_on: Iterable[str] | Mapping[str, str]) -> list[str]:
         """The records waiting for a ``depends_on`` means (its edges that wait for more than the start): a service's
-        gate record, an init job's record."""
+        gate record (every replica's, as Compose waits for each), an init job's record."""
         files = self.files(run)
-        return [files.init_record(name) if name in self.init_jobs else files.service_gate(name)
-                for name in depends.gate_waits(depends_on)]
+        return [files.init_record(name) if name in self.init_jobs else files.service_gate(instance)
+                for name in depends.gate_waits(depends_on) for instance in self.instances(name)]
 
     def started(self, depends_on: Iterable[str] | Mapping[str, str]) -> list[str]:
-        """The services of a ``depends_on`` waited for only until they have started (``service_started``)."""
-        return depends.start_waits(depends_on)
+        """The services of a ``depends_on`` waited for only until they have started (``service_started``): each
+        replica of one."""
+        return [instance for name in depends.start_waits(depends_on) for instance in self.instances(name)]
+
+    def instances(self, name: str) -> list[str]:
+        """``name`` and its further replicas (``NAME-replica-2``...) by name; an init job is itself alone."""
+        if name not in self.services:
+            return [name]
+        return [name, *(placement.replica_name(name, k) for k in self.replicas(name)[1:])]
+
+    @property
+    def fronted(self) -> dict[str, int]:
+        """The services whose replicas each listen in a network of their own (more than one replica, and a port: the
+        plan allows them in the stack's private network alone), with that port: one front on it in the stack's
+        network carries each connection to the next replica (allocstack/launch/portsockets.py)."""
+        return {name: spec["port"] for name, spec in self.services.items()
+                if spec["replicas"] > 1 and isinstance(spec["port"], int)}
+
+    def network_space(self, service: str) -> str:
+        """The network of its own that ``service`` (a replica's name: ``NAME``, ``NAME-replica-K``) runs in, by that
+        name; "" for the stack's."""
+        base = service.rsplit("-replica-", 1)[0] if service not in self.services else service
+        return service if base in self.fronted else ""
+
+    @property
+    def replica_spaces(self) -> list[str]:
+        """Every replica with a network of its own, by name: what the stack's network job makes beside its own."""
+        return [instance for name in self.fronted for instance in self.instances(name)]
+
+    @property
+    def gated_replicas(self) -> list[str]:
+        """The further replicas (2..) of the gated services, by name: each has its own gate (rule await_replica)."""
+        return [instance for name in self.gated for instance in self.instances(name)[1:]]
 
     def uses(self, names: Iterable[str]) -> list[str]:
         """The services among ``names`` (a depends_on) whose variables a program gets (an init job has none)."""
@@ -396,9 +427,9 @@ class Plan:
         return found
 
     def service_gates(self, run: str) -> list[str]:
-        """Every service's gate record and every init job's record (collection needs them all)."""
-        return ([self.files(run).service_gate(name) for name in self.gated] + self.init_records(run)
-                + self.instance_gates(run))
+        """Every service's gate record (its replicas' too) and every init job's record (collection needs them all)."""
+        return ([self.files(run).service_gate(name) for name in [*self.gated, *self.gated_replicas]]
+                + self.init_records(run) + self.instance_gates(run))
 
     def worker_records(self, run: str) -> list[str]:
         """What the workers' jobs produce: each worker's record, or each job step's directory of them."""
