@@ -87,9 +87,6 @@ REFUSED = {
                                                           "target": "/var/run/docker.sock"}],
                           "services.db.volumes[0]: /run/podman/podman.sock is a container daemon's socket", True),
     "a privileged port": (("services", "db", "expose"), ["80"], "services.db: port 80 is privileged", True),
-    "replicas of a service that listens": (("services", "db", "deploy"), {"replicas": 2},
-                                           ("services.db.deploy.replicas: db: it has port 5000: replicas only for a "
-                                            "service with no port and no gate of its own"), False),
     "an unset variable": (("services", "db", "command"), "db --port ${PORT}",
                           ("services.db.command: variable PORT is not set (in .env, an --env-file or the environment) "
                            "and has no default"), False),
@@ -655,11 +652,11 @@ def test_compose_ups_own_flags_exit_code_from_scale_and_profile(tmp_path, capsys
     assert code == 65 and "--exit-code-from nope: nope is not a service here" in capsys.readouterr().err
 
 
-def test_a_second_replicated_service_that_listens_for_nobody_keeps_its_replicas_and_one_that_listens_is_refused(
-        tmp_path, capsys, monkeypatch):
-    """Replicas of a service other than the workers (issue 25): a second kind of consumer (no port, no healthcheck,
-    nothing waits for it) imports with services.<name>.replicas, from deploy.replicas, scale: or --scale; the same
-    for a service with a port, a healthcheck or one others wait for is ONE refusal naming it and why."""
+def test_a_second_replicated_service_keeps_its_replicas_whether_it_listens_or_not(tmp_path, capsys, monkeypatch):
+    """Replicas of a service other than the workers (issue 25): a second kind of consumer (no port, nothing waits for
+    it) imports with services.<name>.replicas, from deploy.replicas, scale: or --scale; so does one with a port (each
+    replica in a network of its own) or a healthcheck (a gate each). The plan's refusals (main, an init job, global,
+    a port without the stack's private network): tests/unit/test_config_refusals.py."""
     document = {"services": {
         "redis": {"image": "redis:7", "command": ["redis-server"], "expose": ["6379"]},
         "worker": {"image": "app:1", "command": ["python3", "w.py"], "depends_on": ["redis"],
@@ -689,17 +686,17 @@ def test_a_second_replicated_service_that_listens_for_nobody_keeps_its_replicas_
     assert code == 0 and config["services"]["mailer"]["replicas"] == 2  # scale:
     capsys.readouterr()
     (tmp_path / "stack.yaml").unlink()
-    code, _, output = import_document(tmp_path, document, "--scale", "redis=2", env={}, monkeypatch=monkeypatch)
-    refused = [line for line in capsys.readouterr().err.splitlines() if line.startswith("allocstack: error [compose]")]
-    assert code == 65 and not output.exists()
-    assert len(refused) == 1 and refused[0].endswith(
-        "compose.yaml: --scale redis=2: redis: it has port 6379: replicas only for a service with no port and no gate "
-        "of its own (readiness.mode: started, nothing depends on it), since they share the node's one loopback and "
-        "would share its port; run one copy, or write each copy as a service of its own on a port of its own")
+    code, config, _ = import_document(tmp_path, document, "--scale", "redis=2", env={}, monkeypatch=monkeypatch)
+    out = capsys.readouterr().out
+    assert code == 0 and config["services"]["redis"]["replicas"] == 2  # a service that listens: each in its own network
+    assert ("note: redis: 2 replicas (--scale redis=2): each its own job step on the first node, each on port 6379 in a "
+            "network of its own, reached in turn through redis:6379") in out
+    assert plans.load(config, world()).fronted == {"redis": 6379}
+    (tmp_path / "stack.yaml").unlink()
     document["services"]["mailer"]["healthcheck"] = {"test": ["CMD", "celery", "inspect", "ping"]}
-    code, _, _ = import_document(tmp_path, document, env={}, monkeypatch=monkeypatch)
-    assert code == 65 and ("services.mailer.deploy.replicas: mailer: it has a readiness gate (command)" in
-                           capsys.readouterr().err)
+    code, config, _ = import_document(tmp_path, document, env={}, monkeypatch=monkeypatch)
+    assert code == 0 and config["services"]["mailer"]["replicas"] == 2, capsys.readouterr().err  # a gate each
+    assert plans.load(config, world()).gated_replicas == ["mailer-replica-2"]
 
 
 def test_the_producer_beside_replicated_workers_is_recognised_as_main_where_unambiguous(tmp_path, capsys, monkeypatch):

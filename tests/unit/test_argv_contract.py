@@ -72,6 +72,13 @@ REPLICAS = ("tasks: null\nexpected: null\nverify: {command: [python3, c.py]}\nvo
             "  consumer: {command: [c], replicas: 3, depends_on: [db], readiness: {mode: started},"
             " restart: {condition: on-failure}, stop_grace_period: 4}\n")
 
+#: A web server of three replicas on one port, each in a network of its own, with a gate each; a store it uses.
+LISTENING_REPLICAS = ("tasks: null\nexpected: null\nverify: {command: [python3, c.py]}\n"
+                      "worker: {mode: long-running, command: [w]}\n"
+                      "services:\n"
+                      "  store: {command: [s], port: 8100, readiness: {mode: tcp}}\n"
+                      "  web: {command: [web], port: 8000, replicas: 3, depends_on: [store]}\n")
+
 #: name -> (config, facts): between them every option the plan can give.
 STACKS = {
     "restart policies": (RESTARTS, {}),
@@ -119,6 +126,8 @@ STACKS = {
         "services: {cache: {command: [cache], mode: global, readiness: {mode: tcp}}, api: {command: [api]}}\n"),
         {"environ": IN_STEP}),
     "a service of three replicas, in job steps": (REPLICAS, {"environ": IN_STEP}),
+    "a service that listens, of three replicas, each in a network of its own": (LISTENING_REPLICAS,
+                                                                              {"environ": IN_STEP}),
 }
 
 
@@ -126,6 +135,8 @@ def jobs(planned: plan.Plan) -> Iterator[tuple[str, dict[str, str]]]:
     """Every job of the run, as (component, wildcards)."""
     run = {"run": planned.run}
     yield "validate_inputs", run
+    if planned.private_network:
+        yield "network", run
     if planned.builtin_coordinator:
         yield "coordinator", run
         yield "readiness", run
@@ -140,6 +151,8 @@ def jobs(planned: plan.Plan) -> Iterator[tuple[str, dict[str, str]]]:
                 yield "instance_gate", {**run, "service": service, "node": str(node)}
         for replica in planned.replicas(service)[1:]:
             yield "replica", {**run, "service": service, "replica": str(replica)}
+            if service in planned.gated:
+                yield "replica_gate", {**run, "service": service, "replica": str(replica)}
     for init in planned.init_jobs:
         yield "init", {**run, "service": init}
     if planned.main:
@@ -217,7 +230,8 @@ def test_every_entry_point_is_covered():
     started = {planned.script_of(component) for text, facts in STACKS.values()
                for planned in [plan_of(text, **facts)] for component, _ in jobs(planned)}
     assert started == {"validate_inputs.py", "coordinator.py", "readiness.py", "app_service.py", "worker.py",
-                       "replica.py", "main.py", "worker_block.py", "check.py", "serve.py", "collect.py", "verify.py"}
+                       "replica.py", "main.py", "worker_block.py", "check.py", "serve.py", "collect.py", "verify.py",
+                       "stack_network.py"}
 
 
 def test_the_end_of_run_summary_parses_with_status_pys_parser():
@@ -457,6 +471,28 @@ def test_the_workers_wait_for_the_start_of_each_service_no_gate_covers(workdir):
     assert parse("replica.py", daemons.args("worker", run=daemons.run, worker="worker-01")).started == ["sidecar"]
     gated = plan_of(stack.replace("readiness: {mode: started}", "readiness: {mode: tcp}"))
     assert parse("worker_block.py", gated.args("workers", run=gated.run, step=gated.step_names[0])).started == []
+
+
+def test_each_replica_of_a_service_that_listens_runs_and_is_gated_in_a_network_of_its_own(workdir):
+    """Its supervisor and its gate enter that replica's namespace (launch.py --network-space), the supervisor carries
+    the front's connections and is given the store's port there; the stack's network makes each namespace and the
+    front; the workers wait for every replica's gate."""
+    planned = plan_of(LISTENING_REPLICAS, environ=IN_STEP)
+    for k in ("2", "3"):
+        launched = parse("launch.py", [*planned.launch("replica_gate", run="baseline", service="web", replica=k)[2:], "x"])
+        assert (launched.component, launched.network_space) == (f"web-replica-{k}-readiness", f"web-replica-{k}")
+        gate = parse("readiness.py", planned.args("replica_gate", run="baseline", service="web", replica=k))
+        assert gate.service == f"web-replica-{k}" and str(gate.record).endswith(f"web-replica-{k}-readiness.json")
+        replica = parse("app_service.py", planned.args("replica", run="baseline", service="web", replica=k))
+        assert replica.own_network and replica.forward == ["store=8100"] and replica.port == 8000
+    network = parse("stack_network.py", planned.args("network", run="baseline"))
+    assert network.replica_space == ["web", "web-replica-2", "web-replica-3"]
+    assert network.front == ["8000=web,web-replica-2,web-replica-3"]
+    worker = parse("replica.py", planned.args("worker", run="baseline", worker="worker-01"))
+    assert {planned.layout.service_gate(name) for name in ("web", "web-replica-2", "web-replica-3")} <= {
+        str(record) for record in worker.gate_record}
+    store = parse("launch.py", [*planned.launch("service", run="baseline", service="store")[2:], "x"])
+    assert store.network_namespace and store.network_space == ""  # the stack's own
 
 
 def test_each_replica_of_a_service_is_its_own_supervised_step_told_which_one_it_is(workdir):

@@ -136,24 +136,20 @@ BAD = {
                                                     "when every worker ended")),
     "replicas zero": ("services: {c: {command: [x], readiness: {mode: started}, replicas: 0}}",
                       "services.c.replicas: 0 is less than the minimum of 1"),
-    "replicas of a service with a port": (OWN + "services: {db: {command: [x], port: 6379, readiness: {mode: started}, "
-                                                "replicas: 2}}",
-                                          ("services.db.replicas is 2, but db: it has port 6379: replicas only for a "
-                                           "service with no port and no gate of its own")),
-    "replicas of a service with a gate": (OWN + "services: {db: {command: [x], replicas: 3}}",
-                                          ("services.db.replicas is 3, but db: it has a readiness gate (http): "
-                                           "replicas only for a service with no port and no gate of its own "
-                                           "(readiness.mode: started, nothing depends on it), since they share the "
-                                           "node's one loopback and would share its port; run one copy, or write "
-                                           "each copy as a service of its own on a port of its own")),
-    "replicas of a service others wait for healthy": (
-        OWN + "services: {c: {command: [x], readiness: {mode: started}, replicas: 2}, "
-              "api: {command: [y], depends_on: {c: service_healthy}}}",
-        "services.c.replicas is 2, but c: api waits for it (service_healthy): replicas only for"),
-    "replicas of a service others wait for started": (
-        OWN + "services: {c: {command: [x], readiness: {mode: started}, replicas: 2}, "
-              "api: {command: [y], depends_on: {c: service_started}}}",
-        "services.c.replicas is 2, but c: api waits for it (service_started)"),
+    "replicas of a service with a port on the node's network": (
+        OWN + "network: {isolation: none}\nservices: {db: {command: [x], port: 6379, readiness: {mode: started}, "
+              "replicas: 2}}",
+        ("services.db.replicas is 2, but db: it has port 6379: each replica listens on it in a network of its own, "
+         "which needs network.isolation: private (else they would share the node's one loopback, and its port); run "
+         "one copy, or write each copy as a service of its own on a port of its own")),
+    "replicas of a service with a port on more than one node": (
+        "nodes: 2\nservices: {db: {command: [x], port: 6379, readiness: {mode: started}, replicas: 2}}",
+        "services.db.replicas is 2, but db: it has port 6379: replicas of a service with a port run with nodes: 1"),
+    "replicas of a service whose gate probes a port chosen when it starts": (
+        OWN + "services: {db: {command: [x], replicas: 3}}",
+        ("services.db.replicas is 3, but db: its readiness gate (http) probes a port chosen when it starts (port: "
+         "null): write the port it listens on (services.db.port), which each replica listens on in a network of its "
+         "own")),
     "replicas of main": (OWN + "services: {p: {command: [x], readiness: {mode: started}, replicas: 2}}\nmain: p",
                          "services.p.replicas is 2, but p: it is main: it runs once and its end ends the stack"),
     "replicas of an init job": (OWN + "services: {m: {command: [x], readiness: {mode: started}, replicas: 2}}\n"
@@ -261,3 +257,53 @@ def test_replicas_of_a_service_that_listens_for_nobody_are_planned():
                                                  planned.layout.replica_file("c", 3)]
     assert planned.shape.cpus == 3 + 2 and planned.shape.components == 2 + 2 + 4
     assert plan_of(OWN + "services: {db: {command: [x], port: 6379}}").replicated == []  # one: the default
+
+
+def test_replicas_of_a_service_that_listens_are_planned_each_in_a_network_of_its_own():
+    """A web server of three replicas on port 8000: each its own gate, in its own network (launch.py
+    --network-space), given the stack's services it may use; the front on 8000 in the stack's network; what depends
+    on it waits for every replica's gate, and its start for every replica's."""
+    from allocstack.plan import argv
+
+    planned = plan_of(OWN + "services: {store: {command: [s], port: 8100, readiness: {mode: tcp}}, "
+                            "web: {command: [w], port: 8000, depends_on: [store], replicas: 3}, "
+                            "api: {command: [a], depends_on: {web: service_started}}, "
+                            "ui: {command: [u], depends_on: [web]}}")
+    instances = ["web", "web-replica-2", "web-replica-3"]
+    assert planned.fronted == {"web": 8000} and planned.replica_spaces == instances
+    assert planned.gated_replicas == ["web-replica-2", "web-replica-3"]
+    assert planned.gates("r", ["web"]) == [planned.files("r").service_gate(name) for name in instances]
+    assert planned.started({"web": "service_started"}) == instances
+    assert set(planned.service_gates("r")) >= {planned.files("r").service_gate(name) for name in instances}
+    network = argv.stack_network(planned, "r")
+    assert "--front=8000=web,web-replica-2,web-replica-3" in network
+    assert [a for a in network if a.startswith("--replica-space")] == [f"--replica-space={n}" for n in instances]
+    assert "--network-space=web-replica-2" in argv.launch(planned, "replica", "r", service="web", replica="2")
+    assert "--network-space=web-replica-2" in argv.launch(planned, "replica_gate", "r", service="web", replica="2")
+    assert "--network-space=web" in argv.launch(planned, "service_gate", "r", service="web")
+    assert not [a for a in argv.launch(planned, "service", "r", service="api") if a.startswith("--network-space")]
+    replica = argv.replica(planned, "r", service="web", replica="3")
+    assert {"--own-network", "--forward=store=8100", "--instance=web-replica-3"} <= set(replica)
+    assert not [a for a in argv.service(planned, "r", service="store") if a.startswith(("--own", "--forward"))]
+    assert "--record=" + planned.files("r").service_gate("web-replica-3") in argv.replica_gate(
+        planned, "r", service="web", replica="3")
+
+
+def test_replicas_of_a_service_whose_port_is_its_images_are_refused():
+    """Its front listens on the port before any replica started: the port must be written."""
+    refused = refusal(OWN_COMMANDS.replace("port: image}", "port: image, replicas: 2}"),
+                      deployment=frozenset({"apptainer"}), which=lambda program: f"/usr/bin/{program}")
+    assert refused.message == ("services.db.replicas is 2, but db: its port is image: its replicas' front listens on "
+                               "the port before any replica started; write the port it listens on (services.db.port)")
+
+
+def test_replicas_of_a_service_with_a_gate_and_no_port_share_the_stacks_network():
+    """No port: nothing of theirs can collide; each replica has its own gate (its healthcheck command), what
+    depends on the service waits for them all, and no replica gets a network of its own."""
+    from allocstack.plan import argv
+
+    planned = plan_of(OWN + "network: {isolation: none}\nservices: {c: {command: [x], readiness: {mode: command, "
+                            "command: [ok]}, replicas: 2}, api: {command: [y], depends_on: {c: service_healthy}}}")
+    assert planned.fronted == {} and planned.gated_replicas == ["c-replica-2"]
+    assert "--gate-record=" + planned.files("r").service_gate("c-replica-2") in argv.service(planned, "r", service="api")
+    assert not [a for a in argv.launch(planned, "replica", "r", service="c", replica="2") if "network-space" in a]

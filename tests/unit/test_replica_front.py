@@ -1,0 +1,83 @@
+"""The front of a service whose replicas listen in networks of their own (allocstack/launch/portsockets.py), with
+real sockets in one process: each replica's carrier on its owner-only Unix socket, the front on a loopback port.
+In a run each replica's program listens on the SAME port in its own namespace; here they share one, so each gets a
+port of its own, which is all the carriers see of it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import stat
+from pathlib import Path
+
+from allocstack.common.endpoint import write_endpoint
+from allocstack.launch import portsockets
+
+
+async def answering(word: bytes) -> asyncio.AbstractServer:
+    """A program: answers ``word`` to every connection, then closes it."""
+
+    async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        writer.write(word)
+        await writer.drain()
+        writer.close()
+
+    return await asyncio.start_server(answer, "127.0.0.1", 0)
+
+
+async def ask(port: int) -> bytes:
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        return await asyncio.wait_for(reader.read(), 10)
+    finally:
+        writer.close()
+
+
+def test_the_front_takes_the_replicas_in_turn_and_skips_those_not_listening(tmp_path: Path):
+    """Three replicas: the first two listening, the third's carrier not there yet; connections go to 1, 2, 1, 1 (the
+    third skipped: its turn goes to the next in line, the first). Replica 2's program stops: its carrier answers no byte, so it is skipped too; with no replica
+    listening a connection is closed without a byte."""
+
+    async def scenario() -> list[bytes]:
+        one, two = await answering(b"one"), await answering(b"two")
+        carriers = [await portsockets.serve_carrier(tmp_path, "web", one.sockets[0].getsockname()[1]),
+                    await portsockets.serve_carrier(tmp_path, "web-replica-2", two.sockets[0].getsockname()[1])]
+        front = await portsockets.serve_front(tmp_path, 0, ["web", "web-replica-2", "web-replica-3"])
+        port = front.sockets[0].getsockname()[1]
+        answers = [await ask(port) for _ in range(4)]
+        two.close()
+        await two.wait_closed()
+        answers += [await ask(port) for _ in range(3)]
+        one.close()
+        await one.wait_closed()
+        answers.append(await ask(port))
+        for server in (front, *carriers):
+            server.close()
+        return answers
+
+    assert asyncio.run(scenario()) == [b"one", b"two", b"one", b"one", b"one", b"one", b"one", b""]
+    carrier = portsockets.socket_path(tmp_path, portsockets.replica_socket("web-replica-2"))
+    assert carrier.name == "replica-web-replica-2.sock" and stat.S_IMODE(carrier.stat().st_mode) == 0o600
+    assert stat.S_IMODE(carrier.parent.stat().st_mode) == 0o700  # the owner's alone
+
+
+def test_in_a_replicas_network_a_service_of_the_stack_is_on_its_own_port(tmp_path: Path):
+    """serve_forward: a connection to the service's port is carried through the service's published socket
+    (portsockets.serve, as the stack's network makes it) to where the service listens."""
+
+    async def scenario() -> bytes:
+        store = await answering(b"stored")
+        (tmp_path / "services").mkdir()
+        write_endpoint(tmp_path / "services/store.json", f"http://127.0.0.1:{store.sockets[0].getsockname()[1]}", "t",
+                       "v")
+        ready = asyncio.Event()
+        published = asyncio.ensure_future(portsockets.serve(tmp_path, ["store"], ready.set))
+        await ready.wait()
+        forward = await portsockets.serve_forward(tmp_path, "store", 0)
+        answer = await ask(forward.sockets[0].getsockname()[1])
+        published.cancel()
+        for server in (forward, store):
+            server.close()
+        return answer
+
+    assert asyncio.run(scenario()) == b"stored"
