@@ -475,16 +475,21 @@ def task_result(target: str, task: dict, timeout: float = 180) -> dict:
 def test_fastapi_celery_served_under_the_slurm_profile_runs_a_task_through_its_tunnel_target_and_scancel_ends_it(
         project):
     """testdrivenio/fastapi-celery as `docker compose up` runs it (Redis, the API, a Celery worker, Flower; no
-    producer, so the import gives mode: serve) in its images through the Slurm profile: UP, a task POSTed to the API
-    at the printed tunnel line's target on the node is run by the Celery worker through Redis, then `scancel` ends
-    it as a success; nothing is left running."""
+    producer, so the import gives mode: serve) in its images through the Slurm profile, its API scaled to two
+    replicas (`--scale web=2`: each uvicorn on the same port in a network of its own, reached in turn through the
+    one published port): UP, a task POSTed to the API at the printed tunnel line's target on the node is run by the
+    Celery worker through Redis, and both replicas answered the task's polls (each reaching Redis by its name from
+    its own network); then `scancel` ends it as a success; nothing is left running."""
     require_slurm()
     stack, config = FASTAPI_CELERY, "config/fastapi-celery-serve.yaml"
     folder, ports = place_stack(project, stack)
     imported = run_script("import_compose.py", f"stacks/{stack.name}/docker-compose.yml",
-                          f"stacks/{stack.name}/compose.serve.yaml", "--output", config, cwd=project)
+                          f"stacks/{stack.name}/compose.serve.yaml", "--scale", "web=2", "--output", config,
+                          cwd=project)
     assert imported.returncode == 0, imported.stdout + imported.stderr
     assert "services redis, web, worker-service, dashboard; no (mode: serve) workers; 0 gap(s)" in imported.stdout
+    assert (f"web: 2 replicas (--scale web=2): each its own job step on the first node, each on port {ports['8000']} "
+            "in a network of its own") in imported.stdout
     assert "\nmode: serve\n" in (project / config).read_text()
     for name, source in stack.images:
         place_image(project, "apptainer", source, name)
@@ -522,8 +527,13 @@ def test_fastapi_celery_served_under_the_slurm_profile_runs_a_task_through_its_t
     written = [line for line in new_lines(stack, folder, stack.worker_log)
                if f"Task create_task[{status['task_id']}] succeeded in" in line]
     assert len(written) == 1 and written[0].endswith(": True"), written
+    # Both replicas of the API answered (uvicorn's access lines in each one's log): the front takes them in turn.
+    for replica in ("web", "web-replica-2"):
+        answered = (project / f"logs/serve_service/{stack.name}/{replica}.log").read_text()
+        assert re.search(r'"(POST|GET) /tasks\S* HTTP/1.1" 20[01]', answered), f"{replica} answered nothing"
     # Each program in its image, as its log says (a run ended by scancel collects no provenance).
     assert images_in_logs(project, stack.name) == {"redis": "redis-7", "web": "fastapi-celery-project",
+                                                   "web-replica-2": "fastapi-celery-project",
                                                    "worker-service": "fastapi-celery-project",
                                                    "dashboard": "fastapi-celery-project"}
     assert not any(listening(port) for port in ports.values()), ports

@@ -312,6 +312,14 @@ def test_programs_of_yours_run_in_their_images_and_their_supervisors_beside_them
     for component, wildcards in (("service", {"service": "redis"}), ("service_gate", {"service": "redis"}),
                                  ("worker", {"worker": "worker-01"}), ("check", {})):
         assert not any(part.startswith("--image") for part in planned.launch(component, run="r", **wildcards)), component
+    # allocstack's own components in ``image``: a replica's supervisor and its gate still run beside its image (as
+    # the service's do), on the host where its mounts' sources are
+    in_image = plan_of(IMAGES.replace("readiness: {mode: started}}", "readiness: {mode: tcp}, replicas: 2}")
+                       + "image: allocstack.sif\n", deployment=frozenset({"apptainer"}), **INSTALLED)
+    for component in ("service", "service_gate", "replica", "replica_gate"):
+        launched = in_image.launch(component, run="r", service="api", replica="2")
+        assert not any(part.startswith("--image") for part in launched), component
+    assert in_image.use_image  # (else nothing would run in ``image``, and the loop above would pass anyway)
     inputs = parse("validate_inputs.py", planned.args("validate_inputs", run="r"))
     assert {entry["what"]: (entry["image"], entry["command"], entry["port"]) for entry in inputs.program_images_json} == {
         "services.redis": ("images/redis-7.sif", False, True), "services.api": ("images/api.sif", False, False),

@@ -3,9 +3,10 @@ files the Compose file names: ``.env``, ``env_file``, whether a bind source exis
 through the function the caller passes).
 
 Roles: the service the check waits for with ``service_completed_successfully`` (or, without a check, the one
-replicated service) is the workers (``worker.mode: long-running``, ``deploy.replicas`` -> ``workers``); the
-service that waits for it is the check (``verify.command``); every other service is one of ``services`` (another
-replicated one with ``replicas``, where it has no port and no gate of its own: :func:`service_replicas`), gated
+replicated service that publishes no port) is the workers (``worker.mode: long-running``, ``deploy.replicas`` ->
+``workers``); the service that waits for it is the check (``verify.command``); every other service is one of
+``services`` (another replicated one with ``replicas``: :func:`service_replicas`; one with a port runs each replica
+in a network of its own), gated
 by its healthcheck (a command gate, ``interval`` x ``retries`` + ``start_period`` as its deadline), else by a TCP
 connection to its port (from ``ports``, ``expose``, ``name:PORT`` where others use it, or its image's EXPOSE),
 else, when nothing waits for it, by its start. Values are interpolated as Compose does
@@ -532,11 +533,20 @@ def replicas(spec: dict[str, Any], where: str, report: Report) -> int:
     return replicas_count
 
 
+def consumers(services: dict[str, dict[str, Any]], counts: dict[str, int]) -> list[str]:
+    """The replicated services that may be the workers: those that publish no port (``ports``, ``expose``). A
+    replicated web server or API is a service of replicas, each in a network of its own (:func:`service_replicas`),
+    as `docker compose up --scale web=3` runs three of it behind one name."""
+    return [name for name in services if counts[name] > 1
+            and not (services[name].get("ports") or services[name].get("expose"))]
+
+
 def producer_of(services: dict[str, dict[str, Any]], counts: dict[str, int], report: Report) -> str | None:
-    """Without ``--exit-code-from``, the shape that says it where it is unambiguous: one replicated service, no
-    service that waits for anything to complete (no check), and exactly one service that waits for the replicas to
-    start (``service_started``) and that nothing waits for: the producer beside the workers, config ``main``."""
-    replicated = [name for name in services if counts[name] > 1]
+    """Without ``--exit-code-from``, the shape that says it where it is unambiguous: one replicated service (that
+    publishes no port), no service that waits for anything to complete (no check), and exactly one service that
+    waits for the replicas to start (``service_started``) and that nothing waits for: the producer beside the
+    workers, config ``main``."""
+    replicated = consumers(services, counts)
     if len(replicated) != 1 or any(conditions(spec).get(replicated[0]) == COMPLETED for spec in services.values()):
         return None
     beside = [name for name, spec in services.items() if conditions(spec).get(replicated[0]) == "service_started"]
@@ -550,12 +560,13 @@ def producer_of(services: dict[str, dict[str, Any]], counts: dict[str, int], rep
 
 def workers_of(services: dict[str, dict[str, Any]], counts: dict[str, int], waits: dict[str, list[str]]
                ) -> str | None:
-    """The workers: the replicated service (the one waited for to complete, when several are); without one, the
-    service that only a service nothing depends on (the check) waits for to complete, where that is one service."""
-    replicated = [name for name in services if counts[name] > 1]
+    """The workers: the replicated service waited for to complete, else the first replicated one that publishes no
+    port (:func:`consumers`); without one, the service that only a service nothing depends on (the check) waits for to
+    complete, where that is one service."""
     waited = [d for name in services for d in waits[name]]
+    replicated = [name for name in services if counts[name] > 1 and name in waited] + consumers(services, counts)
     if replicated:
-        return next((name for name in replicated if name in waited), replicated[0])
+        return replicated[0]
     depended = {d for spec in services.values() for d in conditions(spec)}
     only_by_leaves = [d for d in dict.fromkeys(waited)
                       if all(name not in depended and not long_running(services[name])
@@ -586,7 +597,7 @@ def assign_roles(services: dict[str, dict[str, Any]], counts: dict[str, int], re
                                                              "out by its profiles)")
     waits = {name: [d for d, c in conditions(spec).items() if c == COMPLETED and d in services]
              for name, spec in services.items()}
-    replicated = [name for name in services if counts[name] > 1]
+    replicated = consumers(services, counts)
     workers = workers_of(services, counts, waits)
     checks = [name for name, waited in waits.items() if workers is not None and workers in waited]
     check = checks[0] if checks else None

@@ -121,7 +121,7 @@ def options(plan: Plan, spec: Mapping[str, Any], with_command: bool = True) -> l
 def beside(plan: Plan, component: str, service: str = "") -> bool:
     """``component`` supervises a program of yours in an image: it runs beside that image, not in ``image``."""
     config = plan.config
-    if component in ("service", "service_gate", "init", "instance", "instance_gate"):
+    if component in ("service", "service_gate", "init", "instance", "instance_gate", "replica", "replica_gate"):
         return bool(program_image(config, plan.images_on, config["services"][service]))
     if component == "worker":
         return plan.long_running and bool(program_image(config, plan.images_on, config["worker"]))
