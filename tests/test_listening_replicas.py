@@ -4,6 +4,9 @@ the SAME port (8000) as each Compose replica is in its own container, each in a 
 them by the service's name and port through one front, in turn; each replica reaches the service it depends on
 (``store:8100``) by its name from its own network; every replica has its own gate, and the worker starts only once
 all three passed. A real Snakemake run, real processes, real namespaces and HTTP on their loopbacks.
+
+Under the Slurm profile and in images: tests/test_public_stacks.py serves testdrivenio/fastapi-celery with its API
+scaled to two replicas (``--scale web=2``), each uvicorn in its Apptainer image in a network of its own.
 """
 
 from __future__ import annotations
@@ -13,9 +16,6 @@ import sys
 import textwrap
 from pathlib import Path
 
-import pytest
-
-from real_parts import require_slurm
 from workflow_helpers import snakemake
 
 PYTHON = json.dumps(sys.executable)
@@ -93,25 +93,3 @@ def test_three_replicas_on_one_port_each_in_its_own_network_answer_in_turn(proje
     output = done.stdout + done.stderr
     assert done.returncode == 0, output[-3000:]
     assert_each_replica_answered(project, "webreplicas")
-
-
-def test_the_dry_run_shows_each_replicas_gate(project):
-    (project / "config/web.yaml").write_text(stack("webdry"))
-    done = snakemake(project, "--dry-run", "--configfile", "config/web.yaml")
-    assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
-    jobs = done.stdout
-    assert "await_replica" in jobs and "serve_replica" in jobs, jobs[-3000:]
-
-
-SLURM = ["--profile", "profiles/slurm", "--default-resources", "slurm_account=allocstack", "slurm_partition=debug",
-         "mem_mb=300", "runtime=10", "--config", "image=null"]
-
-
-@pytest.mark.slurm
-def test_under_slurm_each_replica_is_a_job_step_in_its_own_network(project):
-    require_slurm()
-    (project / "config/web.yaml").write_text(stack("slurmweb"))
-    done = snakemake(project, "--cores", "4", "--configfile", "config/web.yaml", *SLURM)
-    output = done.stdout + done.stderr
-    assert done.returncode == 0, output[-4000:]
-    assert_each_replica_answered(project, "slurmweb")
