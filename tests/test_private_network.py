@@ -2,8 +2,9 @@
 ``0.0.0.0`` is reached by the stack alone.
 
 Real runs of a small stack of yours (`snakemake --cores 4`, and the Slurm profile with Apptainer and with
-Charliecloud): a queue service listening on every address at a fixed port, two long-running workers that reach it
-by its name from a URL in a file (the stack's hosts file), and a check. While it runs, probes outside the stack try
+Charliecloud): a queue service of two replicas, each listening on every address at the same fixed port in a network
+of its own (issue 25 point 4b), two long-running workers that reach it by its name from a URL in a file (the
+stack's hosts file) through its front, one worker each replica, and a check. While it runs, probes outside the stack try
 that port on every address of the node, as root, as a second real user of the node, and (under Slurm) from a second
 node of the test cluster: not one connects, while the workers get their answers. The same stack with
 ``isolation: none`` is the control: there the probes connect. The queue service also fetches a token from a server
@@ -79,7 +80,7 @@ class Queue(BaseHTTPRequestHandler):
         self.wfile.write(token)
 
     def log_message(self, *args):
-        pass
+        sys.stderr.write(f"queue replica {os.environ['ALLOCSTACK_REPLICA']} answered\\n")
 
 signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # a clean stop, as a queue server's own
 ThreadingHTTPServer(("0.0.0.0", int(os.environ["ALLOCSTACK_QUEUE_PORT"])), Queue).serve_forever()
@@ -112,6 +113,7 @@ services:
     command: [python3, {service}, "{outside}", {isolation}]
     port: {port}
     readiness: {{mode: tcp}}
+    replicas: {replicas}
 worker:
   mode: long-running
   command: [python3, {worker}, {url_file}, {outputs}]
@@ -161,6 +163,8 @@ class Outside:
 
 
 def write_stack(project: Path, run: str, isolation: str, outside: Outside, token: str, port: int = PORT) -> Path:
+    """The stack; in the private network its queue has two replicas (on the node's own network they would share its
+    port: one)."""
     programs = project / "programs"
     programs.mkdir(exist_ok=True)
     for name, text in (("service.py", SERVICE), ("worker.py", WORKER), ("check.py", CHECK)):
@@ -172,7 +176,8 @@ def write_stack(project: Path, run: str, isolation: str, outside: Outside, token
     config = project / "config" / f"{run}.yaml"
     config.write_text(CONFIG.format(run=run, isolation=isolation, service=programs / "service.py",
                                     outside=outside.port, port=port, worker=programs / "worker.py",
-                                    url_file=url_file, outputs=outputs, check=programs / "check.py", token=token))
+                                    url_file=url_file, outputs=outputs, check=programs / "check.py", token=token,
+                                    replicas=2 if isolation == "private" else 1))
     return config
 
 
@@ -221,6 +226,15 @@ def run_probed(project: Path, config: Path, run: str, args: tuple[str, ...], pro
                   for name, found in tries.items()}
 
 
+def assert_each_replica_answered(project: Path, run: str) -> None:
+    """The queue's two replicas each answered one worker (the front takes them in turn), each in a network of its
+    own that the stack's network job made."""
+    for name, k in (("queue", 1), ("queue-replica-2", 2)):
+        log = (project / f"logs/serve_service/{run}/{name}.log").read_text()
+        assert log.count(f"queue replica {k} answered") == 1, log[-2000:]
+        assert f"replica {name}: holder" in (project / f"logs/stack_network/{run}.log").read_text()
+
+
 def assert_verified(done, project: Path, run: str) -> str:
     output = done.stdout + done.stderr
     assert done.returncode == 0, output[-5000:]
@@ -265,6 +279,7 @@ def test_a_service_on_every_address_is_reached_by_the_stack_alone_and_by_no_one_
     config = write_stack(project, "private", "private", server, token)
     done, tries = run_probed(project, config, "private", ("--cores", "4"), probers)
     output = assert_verified(done, project, "private")
+    assert_each_replica_answered(project, "private")
     for name, found in tries.items():
         assert len(found) >= 20, (name, len(found))  # the probes ran while the queue served the workers
         assert not [one for one in found if one["connected"]], (name, [one for one in found if one["connected"]][:3])
@@ -302,6 +317,7 @@ def test_a_user_without_privileges_gets_the_same_private_network(outside, other_
         done, tries = run_probed(project, config, "mine", ("--cores", "4"), {"root": (node_addresses(), None, None)},
                                  env=env, runner=as_user)
         assert_verified(done, project, "mine")
+        assert_each_replica_answered(project, "mine")
         assert len(tries["root"]) >= 20 and not [one for one in tries["root"] if one["connected"]]
         assert (project / "results/mine/result.json").stat().st_uid == user.pw_uid
         outputs = list((project / "outputs/mine").iterdir())
@@ -333,6 +349,7 @@ def test_under_the_slurm_profile_in_images_no_user_or_multinode_node_gets_in(pro
                "another node": ([layout["controller"]["address"]], None, node)}
     done, tries = run_probed(project, config, "jobs", ("--profile", "profiles/slurm", *TEST_RESOURCES), probers)
     assert_verified(done, project, "jobs")
+    assert_each_replica_answered(project, "jobs")
     for name, found in tries.items():
         assert len(found) >= 10, (name, len(found))
         assert not [one for one in found if one["connected"]], name
