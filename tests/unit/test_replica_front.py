@@ -11,7 +11,7 @@ import stat
 from pathlib import Path
 
 from allocstack.common.endpoint import write_endpoint
-from allocstack.launch import portsockets
+from allocstack.launch import portsockets, tunnel
 
 
 async def answering(word: bytes) -> asyncio.AbstractServer:
@@ -81,3 +81,43 @@ def test_in_a_replicas_network_a_service_of_the_stack_is_on_its_own_port(tmp_pat
         return answer
 
     assert asyncio.run(scenario()) == b"stored"
+
+
+def test_a_relay_whose_client_closed_is_not_collected_while_the_other_side_is_still_open(tmp_path: Path, caplog):
+    """The client has its answer and closes; the program keeps its side open a moment longer. The relays (the
+    front's and the carrier's) still wait for it: held, they finish and close it; unheld (tunnel.RELAYING), the
+    garbage collector took them mid-way, each one an error line in the log ("Task was destroyed but it is pending!":
+    CI of this change, in port_sockets.py's log)."""
+    import gc
+
+    async def scenario() -> bytes:
+        closed = asyncio.Event()
+
+        async def program(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            await reader.readline()
+            writer.write(b"+PONG\r\n")
+            await writer.drain()
+            await asyncio.sleep(0.5)  # its side still open after the client closed
+            writer.close()
+            closed.set()
+
+        served = await asyncio.start_server(program, "127.0.0.1", 0)
+        carrier = await portsockets.serve_carrier(tmp_path, "web", served.sockets[0].getsockname()[1])
+        front = await portsockets.serve_front(tmp_path, 0, ["web"])
+        reader, writer = await asyncio.open_connection("127.0.0.1", front.sockets[0].getsockname()[1])
+        writer.write(b"PING\r\n")
+        answer = await reader.readline()
+        writer.close()
+        await asyncio.sleep(0.1)
+        gc.collect()
+        await asyncio.wait_for(closed.wait(), 5)
+        await asyncio.sleep(0.1)
+        for server in (front, carrier, served):
+            server.close()
+        return answer
+
+    with caplog.at_level("ERROR", logger="asyncio"):
+        answer = asyncio.run(scenario())
+    assert answer == b"+PONG\r\n"
+    assert not [record.getMessage() for record in caplog.records if record.name == "asyncio"]
+    assert not tunnel.RELAYING  # each relay let go of once it ended

@@ -73,6 +73,13 @@ async def _pump(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> b
     return False
 
 
+#: Every relay under way (its task), held: the event loop holds tasks only weakly, the server's protocol lets go of
+#: a connection's task once its client closed, and a stream the relay opened holds its reader only weakly, so a
+#: relay still draining the other side after its client closed was an unreachable cycle, collected mid-way
+#: ("Task was destroyed but it is pending!" in port_sockets.py's log, the other side closed by the collector).
+RELAYING: set[asyncio.Task] = set()
+
+
 async def relay(reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
                  connect: asyncio.Future | asyncio.Task) -> None:
     """Relay one accepted connection to the connection ``connect`` opens; close both at the end (also the
@@ -83,6 +90,10 @@ async def relay(reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
     where it cannot (TLS): a tunnel's connection is closed as soon as either of its programs is done with it, never
     left open between the nodes until the run ends.
     """
+    task = asyncio.current_task()
+    if task is not None:
+        RELAYING.add(task)
+        task.add_done_callback(RELAYING.discard)
     try:
         upstream_reader, upstream_writer = await connect
     except (ConnectionError, OSError, ssl.SSLError):
