@@ -516,10 +516,11 @@ EVERY_ADDRESS_WORDS = OWN_SERVICE.replace('serve("127.0.0.1", int(os.environ["AL
 def test_multinode_each_node_has_the_stacks_network_workers_reach_the_service_and_no_one_else_does(
         tmp_path, other_user_name):
     """Point 3: nodes: 3 under the Slurm profile, every component a job step in its image, each node's in a network
-    of the stack's own on that node. The service binds 0.0.0.0 at a fixed port on the first node; per-task workers on
-    all three nodes reach it at the address a settings file names, its alias and that port as written (off the first
-    node: that node's forwarder on the same port, through the run's keyed TLS tunnel and the first node's one way
-    in). Meanwhile a second user on the first node, and root on another node outside the stack, try that port on
+    of the stack's own on that node. The service, of two replicas (each in a network of its own: issue 25 point 4b),
+    binds 0.0.0.0 at a fixed port on the first node; per-task workers on all three nodes reach it at the address a
+    settings file names, its alias and that port as written (off the first node: that node's forwarder on the same
+    port, through the run's keyed TLS tunnel and the first node's one way in, to the replicas' front, relayed by the
+    stack's network job with the token both replicas share). Meanwhile a second user on the first node, and root on another node outside the stack, try that port on
     every address of the first node throughout the run: no try connects."""
     layout, image = require_multinode(), require_apptainer()
     assert EVERY_ADDRESS_WORDS != OWN_SERVICE
@@ -535,7 +536,7 @@ def test_multinode_each_node_has_the_stacks_network_workers_reach_the_service_an
         "run: mesh\ntasks: inputs/mesh.json\nexpected: expected/mesh.json\nsimulate: {task_seconds: 0.5}\n"
         "network: {isolation: private}\n"
         f"worker: {{batch: 2, command: [python3, apps/client.py, {project / 'apps/settings.ini'}]}}\n"
-        f"services: {{app: {{command: [python3, apps/service.py], port: {PORT}, hostnames: [shouter], "
+        f"services: {{app: {{command: [python3, apps/service.py], port: {PORT}, hostnames: [shouter], replicas: 2, "
         "readiness: {mode: http, path: /health, expect: {status: ok}}}}\n"
         f"apptainer: {{binds: [{project / 'apps'}]}}\n")
     (project / "outputs/mesh").mkdir(parents=True)  # run_probed's (its workers write no outputs of their own)
@@ -555,6 +556,10 @@ def test_multinode_each_node_has_the_stacks_network_workers_reach_the_service_an
         assert not [one for one in during if one["connected"]], name
     holder = (project / "logs/stack_network/mesh.log").read_text()
     assert re.search(rf"app reached by the other nodes at {re.escape(address)}:\d+", holder), holder
+    assert "port_sockets: the front of app relayed to the other nodes on https://" in holder, holder
+    ends = json.loads((project / "results/mesh/services.json").read_text())["services"]
+    assert {name: ends[name]["status"] for name in ("app", "app-replica-2")} == {"app": "stopped",
+                                                                                "app-replica-2": "stopped"}
     for node in (2, 3):
         log = "".join(path.read_text() for path in (project / "logs/stack_network/mesh").glob(f"node-{node}*.log"))
         assert "the stack's private network is up" in log and f"node_forwards: app on http://127.0.0.1:{PORT}" in log

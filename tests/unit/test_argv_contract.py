@@ -128,6 +128,9 @@ STACKS = {
     "a service of three replicas, in job steps": (REPLICAS, {"environ": IN_STEP}),
     "a service that listens, of three replicas, each in a network of its own": (LISTENING_REPLICAS,
                                                                               {"environ": IN_STEP}),
+    "a service that listens, of two replicas, on three nodes": (
+        "nodes: 3\nworkers: 6\nservices: {web: {command: [w], port: 8000, replicas: 2, readiness: {mode: tcp}}}",
+        {"environ": IN_STEP}),
 }
 
 

@@ -142,9 +142,6 @@ BAD = {
         ("services.db.replicas is 2, but db: it has port 6379: each replica listens on it in a network of its own, "
          "which needs network.isolation: private (else they would share the node's one loopback, and its port); run "
          "one copy, or write each copy as a service of its own on a port of its own")),
-    "replicas of a service with a port on more than one node": (
-        "nodes: 2\nservices: {db: {command: [x], port: 6379, readiness: {mode: started}, replicas: 2}}",
-        "services.db.replicas is 2, but db: it has port 6379: replicas of a service with a port run with nodes: 1"),
     "replicas of a service whose gate probes a port chosen when it starts": (
         OWN + "services: {db: {command: [x], replicas: 3}}",
         ("services.db.replicas is 3, but db: its readiness gate (http) probes a port chosen when it starts (port: "
@@ -287,6 +284,21 @@ def test_replicas_of_a_service_that_listens_are_planned_each_in_a_network_of_its
     assert not [a for a in argv.service(planned, "r", service="store") if a.startswith(("--own", "--forward"))]
     assert "--record=" + planned.files("r").service_gate("web-replica-3") in argv.replica_gate(
         planned, "r", service="web", replica="3")
+
+
+def test_on_more_than_one_node_the_front_of_a_service_s_replicas_is_relayed_to_the_other_nodes():
+    """The stack's network job relays the front (port_sockets.py --relay), published where a service's supervisor
+    publishes its relay; the replicas relay nothing themselves; the other nodes forward the service as any other."""
+    from allocstack.plan import argv
+
+    planned = plan_of("nodes: 3\nworkers: 6\nnetwork: {tls: false}\n"
+                      "services: {web: {command: [w], port: 8000, replicas: 2, readiness: {mode: tcp}}}")
+    network = argv.stack_network(planned, "r")
+    assert f"--relay=web={planned.files('r').shared_service_endpoint('web')}" in network and "--no-tls" in network
+    assert "--inbound=web" in network and "--front=8000=web,web-replica-2" in network
+    for args in (argv.service(planned, "r", service="web"), argv.replica(planned, "r", service="web", replica="2")):
+        assert not [a for a in args if a.startswith("--network-endpoint-file")]
+    assert "--forward=web" in argv.stack_network(planned, "r", node="2")
 
 
 def test_replicas_of_a_service_whose_port_is_its_images_are_refused():

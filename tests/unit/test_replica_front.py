@@ -121,3 +121,37 @@ def test_a_relay_whose_client_closed_is_not_collected_while_the_other_side_is_st
     assert answer == b"+PONG\r\n"
     assert not [record.getMessage() for record in caplog.records if record.name == "asyncio"]
     assert not tunnel.RELAYING  # each relay let go of once it ended
+
+
+def test_the_front_relayed_to_the_other_nodes_takes_the_replicas_shared_token_as_its_key(tmp_path: Path):
+    """port_sockets.py's relay of a front (more than one node): published where the other nodes look, with the token
+    the replicas share (made here first, taken by a replica after), letting in only connections that open with that
+    token's key; plain text here (network.tls: false), its TLS is the tunnel's own (tests/test_multinode.py)."""
+    import socket
+    import threading
+
+    import port_sockets
+
+    from allocstack.common.endpoint import read_endpoint, shared_token
+
+    with socket.create_server(("127.0.0.1", 0)) as program:
+        def answer() -> None:
+            conn, _ = program.accept()
+            with conn:
+                conn.sendall(b"+PONG\r\n" if conn.recv(64) == b"PING\r\n" else b"-ERR\r\n")
+
+        threading.Thread(target=answer, daemon=True).start()
+        published = tmp_path / "state" / "services" / "web.json"
+        published.parent.mkdir(parents=True, mode=0o700)
+        (tmp_path / "state").chmod(0o700)
+        port_sockets.relay_front(tmp_path, "web", published, ("127.0.0.1", 0), program.getsockname()[1], plain=True)
+        endpoint = read_endpoint(published)
+        token = shared_token(tmp_path / "services", "web")  # a replica starting after the relay: the same token
+        assert endpoint.token == token and endpoint.service_port == program.getsockname()[1]
+        port = int(endpoint.url.rsplit(":", 1)[1])
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as stranger:  # no key: closed unanswered
+            stranger.sendall(b"PING\r\n" + b"x" * 100)
+            assert stranger.recv(64) == b""
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as keyed:
+            keyed.sendall(tunnel.relay_key(token) + b"PING\r\n")
+            assert keyed.recv(64) == b"+PONG\r\n"

@@ -40,14 +40,16 @@ per-task workers): a replica is then supervised exactly as one service is, by th
 policy, stop request, end record, exposure watch), and Snakemake stops each as it stops a service; replicas are
 few (a consumer or two of another kind), a pool of thousands is what the workers are for. Each replica's
 program gets ``ALLOCSTACK_REPLICA`` (K) and ``ALLOCSTACK_REPLICAS`` (N), as a Compose replica tells itself apart
-by its hostname. All replicas share one token (the first to start makes it: :func:`shared_token`), as their users
+by its hostname. All replicas share one token (the first to make it: allocstack/common/endpoint.py
+``shared_token``), as their users
 get one. Replicas of a service with a port (``--own-network``, config ``network.isolation: private``) each run in a
 namespace of their own on that same port (launch.py ``--network-space``), reached through the service's front in the
 stack's namespace (allocstack/launch/portsockets.py): this supervisor carries the front's connections to its
 program there, and puts each service of the stack that it may use (``--forward NAME[=PORT]``) on its port there.
 Without a port they share the stack's namespace (nothing of theirs can collide).
 
-With ``--network-endpoint-file`` (config ``nodes`` above 1) the service still listens on
+With ``--network-endpoint-file`` (config ``nodes`` above 1; not for replicas in networks of their own, whose front
+port_sockets.py relays) the service still listens on
 127.0.0.1, and this supervisor also relays it to this node's network address over TLS
 with a certificate of its own (``allocstack.launch.tunnel``), published there for the workers
 on the other nodes: neither your service nor your workers' program changes.
@@ -86,6 +88,7 @@ from allocstack.common.endpoint import (
     service_endpoint_path,
     service_variables,
     services_environment,
+    shared_token,
     write_endpoint,
     write_service_file,
 )
@@ -163,23 +166,6 @@ def take_port(port: int, choices: range | None = None, tries: int = 64) -> int:
 def replica_variables(replica: int, replicas: int) -> dict[str, str]:
     """What each replica of a service is told: which one it is (1..N) and how many there are."""
     return {"ALLOCSTACK_REPLICA": str(replica), "ALLOCSTACK_REPLICAS": str(replicas)}
-
-
-def shared_token(directory: Path, name: str) -> str:
-    """The token every replica of service ``name`` publishes: made by the first to start (a file linked into place,
-    so that two starting at once agree), read by the others."""
-    path = directory / f"{name}.token"
-    token = secrets.token_urlsafe(32)
-    made = directory / f".{name}.token.{os.getpid()}"
-    made.write_text(token, encoding="ascii")
-    os.chmod(made, 0o600)
-    try:
-        os.link(made, path)
-    except FileExistsError:
-        token = path.read_text(encoding="ascii").strip()
-    finally:
-        made.unlink()
-    return token
 
 
 def forward_ports(scratch: Path, forwards: list[str]) -> dict[str, int]:

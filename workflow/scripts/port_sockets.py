@@ -6,7 +6,8 @@ makes ``SCRATCH/ports/NAME.sock`` for each NAME (``coordinator``: the built-in c
 service of yours), and with ``--inbound NAME=ADDRESS:PORT`` ``SCRATCH/ports/in-NAME.sock`` for each listener the other
 nodes use; prints ``ready`` once they all exist, and carries each connection to NAME's loopback port (or to that
 address and port) until SIGTERM. With ``--front PORT=REPLICA,...`` (a service whose replicas listen in namespaces of
-their own) it listens on that port and carries each connection to the next replica in turn.
+their own) it listens on that port and carries each connection to the next replica in turn; with ``--relay
+NAME=FILE`` (more than one node) it also relays that front to the other nodes over TLS, published in FILE.
 """
 
 from __future__ import annotations
@@ -15,10 +16,15 @@ import asyncio
 import sys
 from pathlib import Path
 
+from allocstack.common import names
 from allocstack.common.cli import ENDING_SIGNALS, ArgumentParser, run
-from allocstack.common.errors import EXIT_OK
+from allocstack.common.endpoint import shared_token, write_endpoint
+from allocstack.common.errors import EXIT_OK, AllocstackError, report
 from allocstack.common.loopsignals import ending_quietly
+from allocstack.common.network import plan_listener
+from allocstack.common.scratch import make_private, private_level
 from allocstack.launch import portsockets
+from allocstack.launch.tunnel import relay_key, relay_to_loopback
 
 
 def inbound(text: str) -> tuple[str, tuple[str, int]]:
@@ -38,6 +44,37 @@ def front(text: str) -> tuple[int, list[str]]:
     return int(port), instances.split(",")
 
 
+def relayed(text: str) -> tuple[str, Path]:
+    """``NAME=FILE`` as ``(NAME, FILE)``."""
+    name, _, path = text.partition("=")
+    if not name or not path:
+        raise ValueError(f"{text!r} is not NAME=FILE")
+    return name, Path(path)
+
+
+def relay_front(scratch: Path, name: str, published: Path, where: tuple[str, int], port: int, plain: bool) -> None:
+    """The other nodes' way to the front of ``name`` (its replicas, each in a network of its own): a TLS relay on
+    ``where`` (the address and port the gateway carries in) to ``port`` here, for connections that open with the
+    service's key, published in ``published`` for the other nodes, as a service's supervisor publishes its own
+    (app_service.py ``relay_for_other_nodes``); the token is the one its replicas share.
+
+    :raises AllocstackError: ``network`` when it cannot listen there.
+    """
+    services = scratch / names.SERVICES
+    make_private(services)
+    private_level(published.parent, "prerequisite")
+    published.unlink(missing_ok=True)
+    token = shared_token(services, name)
+    listener = plan_listener("", where[0], plain, services, name)
+    try:
+        listening = relay_to_loopback(listener.address, listener.tls, port, relay_key(token), where[1])
+    except OSError as exc:
+        raise AllocstackError("network", f"cannot relay the front of service {name} to {where[0]}: {exc}") from exc
+    write_endpoint(published, listener.url(listening), token, "", tls=listener.tls is not None,
+                   fingerprint=listener.fingerprint, service_port=port)
+    print(f"port_sockets: the front of {name} relayed to the other nodes on {listener.url(listening)}", flush=True)
+
+
 def parse_args(argv: list[str] | None):
     parser = ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--scratch", type=Path, required=True, help="the run's job-scoped scratch on this node")
@@ -47,11 +84,21 @@ def parse_args(argv: list[str] | None):
     parser.add_argument("--front", action="append", default=[], type=front, metavar="PORT=REPLICA,...",
                         help="a service whose replicas each listen in a namespace of their own: its port here, each "
                              "connection carried to the next replica in turn (repeatable)")
+    parser.add_argument("--relay", action="append", default=[], type=relayed, metavar="NAME=FILE",
+                        help="with more than one node: the front of service NAME (its --inbound listener and its "
+                             "--front port) relayed to the other nodes over TLS, published in FILE (repeatable)")
+    parser.add_argument("--no-tls", action="store_true", help="--relay in plain text (config network.tls: false)")
     return parser.parse_args(argv)
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    fronts = {instances[0]: port for port, instances in args.front}
+    try:
+        for name, published in args.relay:
+            relay_front(args.scratch, name, published, dict(args.inbound)[name], fronts[name], args.no_tls)
+    except AllocstackError as error:
+        return report(error)
 
     async def until_stopped() -> None:
         task = asyncio.ensure_future(portsockets.serve(args.scratch, args.publish,
@@ -65,7 +112,11 @@ def main(argv: list[str] | None = None) -> int:
         except asyncio.CancelledError:
             pass
 
-    asyncio.run(ending_quietly(until_stopped(), ENDING_SIGNALS))
+    try:
+        asyncio.run(ending_quietly(until_stopped(), ENDING_SIGNALS))
+    finally:
+        for _, published in args.relay:
+            published.unlink(missing_ok=True)
     return EXIT_OK
 
 

@@ -23,7 +23,8 @@ keeps it up while any of them runs and stops it (SIGTERM) once the last one is d
 6. with ``--replica-space NAME`` (a replica of a service that listens, config ``services.<name>.replicas``), one
    more holder and pasta for each: a namespace beside the stack's, published as ``network-HOST.NAME.json``, in
    which that replica alone runs (launch.py ``--network-space``); ``--front PORT=NAME,...`` is that service's port
-   in the stack's namespace, carried to its replicas in turn (port_sockets.py);
+   in the stack's namespace, carried to its replicas in turn (port_sockets.py), and with ``--relay NAME=FILE``
+   (more than one node) relayed to the other nodes as a service's supervisor relays its service;
 7. waits for SIGTERM (the stack is done), SIGINT or SIGHUP, or for the holder or pasta to end by themselves
    (the stack's network is gone: one [network] line, exit 69), then stops them all and removes the records.
 """
@@ -169,15 +170,17 @@ def echo(proc: subprocess.Popen[str]) -> None:
 
 
 def start_port_sockets(held: stacknet.Held, scratch: Path, published: list[str],
-                       address: str, fronts: list[str]) -> subprocess.Popen[str] | None:
+                       address: str, args) -> subprocess.Popen[str] | None:
     """port_sockets.py in the namespace: each published port as an owner-only socket in scratch, the way in of
     each of ``held.inbound`` (to ``address`` and its port there) and the front of each service whose replicas listen
-    in namespaces of their own (``fronts``: ``PORT=NAME,...``); returned once its sockets exist."""
-    if not published and not held.inbound and not fronts:
+    in namespaces of their own (``args.front``: ``PORT=NAME,...``; ``args.relay``: those the other nodes use);
+    returned once its sockets exist."""
+    if not published and not held.inbound and not args.front:
         return None
     options = [f"--scratch={scratch}", *(f"--publish={name}" for name in published),
                *(f"--inbound={name}={address}:{port}" for name, port in held.inbound.items()),
-               *(f"--front={front}" for front in fronts)]
+               *(f"--front={front}" for front in args.front), *(f"--relay={relay}" for relay in args.relay),
+               *(["--no-tls"] if args.no_tls else [])]
     return start_helper(held, "port_sockets.py", options,
                         f"the stack's published ports could not be made sockets in {scratch}")
 
@@ -214,6 +217,10 @@ def parse_args(argv: list[str] | None):
     parser.add_argument("--front", action="append", default=[], metavar="PORT=NAME,...",
                         help="the port of a service whose replicas listen in namespaces of their own, in the stack's "
                              "namespace: each connection carried to the next replica in turn (repeatable)")
+    parser.add_argument("--relay", action="append", default=[], metavar="NAME=FILE",
+                        help="with --inbound NAME and --front: that front relayed to the other nodes over TLS, "
+                             "published in FILE (port_sockets.py; repeatable)")
+    parser.add_argument("--no-tls", action="store_true", help="--relay in plain text (config network.tls: false)")
     return parser.parse_args(argv)
 
 
@@ -268,7 +275,7 @@ def main(argv: list[str] | None = None) -> int:
                                         template if template and template[0] != routed else None, space)
         held = {space: stacknet.Held(holder, stacknet.started_at(holder) or 0, user=os.getuid() != 0,
                                      inbound=inbound if not space else {}) for space, holder in holders.items()}
-        sockets = start_port_sockets(held[""], scratch, args.publish, address, args.front)
+        sockets = start_port_sockets(held[""], scratch, args.publish, address, args)
         start_gateway(scratch, listening)
         forwards = start_forwards(held[""], scratch, args.published, args.forward)
         for space in reversed(spaces):  # the stack's last: what waits for it finds the replicas' too

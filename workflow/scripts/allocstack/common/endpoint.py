@@ -20,6 +20,7 @@ import ipaddress
 import os
 import pwd
 import re
+import secrets
 import socket
 import time
 from collections.abc import Mapping
@@ -128,6 +129,24 @@ def instances_environment(scratch: Path, instances: dict[str, str]) -> dict[str,
         endpoint = read_endpoint(service_endpoint_path(scratch, instance))
         env.update(service_variables(name, endpoint.url, endpoint.token))
     return env
+
+
+def shared_token(directory: Path, name: str) -> str:
+    """The token every replica of service ``name`` publishes (in ``directory``, the run's services): made by the first
+    to ask (a replica, or the front that relays them to the other nodes: port_sockets.py), a file linked into place
+    so that two asking at once agree, read by the others."""
+    path = directory / f"{name}.token"
+    token = secrets.token_urlsafe(32)
+    made = directory / f".{name}.token.{os.getpid()}"
+    made.write_text(token, encoding="ascii")
+    os.chmod(made, 0o600)
+    try:
+        os.link(made, path)
+    except FileExistsError:
+        token = path.read_text(encoding="ascii").strip()
+    finally:
+        made.unlink()
+    return token
 
 
 def services_environment(scratch: Path, services: list[str], coordinator: bool = False) -> dict[str, str]:

@@ -1041,9 +1041,9 @@ def import_stack(compose: dict[str, Any], compose_dir: Path, project_dir: Path, 
 def service_replicas(config: dict[str, Any], counts: dict[str, int], scaled: set[str], report: Report) -> None:
     """A replicated service other than the workers (``deploy.replicas``, ``scale:``, ``--scale NAME=N``): its
     ``replicas`` where the plan allows copies of it (not main, an init job or global; with a port, each in a network
-    of its own: the stack's private network, one node), else the plan's own refusal (allocstack/plan/refusals.py), at the key that asked for them."""
+    of its own: the stack's private network), else the plan's own refusal (allocstack/plan/refusals.py), at the key that asked for them."""
     services, base = config["services"], service_defaults()
-    view = {"main": config.get("main"), "init_jobs": config.get("init_jobs", []), "nodes": config.get("nodes", 1),
+    view = {"main": config.get("main"), "init_jobs": config.get("init_jobs", []),
             "network": {"isolation": (config.get("network") or {}).get("isolation", "private")},
             "services": {name: {**base, **spec, "readiness": {**base["readiness"], **(spec.get("readiness") or {})}}
                          for name, spec in services.items()}}

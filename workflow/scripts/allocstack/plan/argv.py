@@ -306,7 +306,8 @@ def service(plan: Plan, run: str, service: str, node: str = "", replica: str = "
         own = [("--service-file", files.service_file(service))]
     if spec["replicas"] > 1:  # $ALLOCSTACK_REPLICA, $ALLOCSTACK_REPLICAS
         own += [("--replica", replica or 1), ("--replicas", spec["replicas"])]
-    relay = [] if service not in plan.relayed_services or replica else network(plan, files.shared_service_endpoint(service))
+    relayed = service in plan.relayed_services and not replica and service not in plan.fronted  # (its front is)
+    relay = network(plan, files.shared_service_endpoint(service)) if relayed else []
     if service in plan.fronted:  # each replica in a network of its own, the stack's services put there
         own += [*each("--forward", forwards(plan, service))]
     return [*options(*own, ("--name", service),
@@ -531,8 +532,12 @@ def stack_network(plan: Plan, run: str, node: str = "") -> list[str]:
     published = coordinator + [name for name in plan.services if name not in plan.init_jobs]
     inbound = [] if plan.nodes == 1 else coordinator + plan.relayed_services
     fronts = [f"{port}={','.join(plan.instances(name))}" for name, port in plan.fronted.items()]
+    # the other nodes reach such a front through a relay port_sockets.py makes, as a service's supervisor relays it
+    relays = [] if plan.nodes == 1 else [f"{name}={plan.files(run).shared_service_endpoint(name)}"
+                                         for name in plan.fronted]
     return options(*where, *each("--publish", published), *each("--inbound", inbound),
-                   *each("--replica-space", plan.replica_spaces), *each("--front", fronts))
+                   *each("--replica-space", plan.replica_spaces), *each("--front", fronts), *each("--relay", relays),
+                   flags=("--no-tls",) if relays and not plan.config["network"]["tls"] else ())
 
 
 def serve(plan: Plan, run: str) -> list[str]:

@@ -198,8 +198,9 @@ def refuse_bad_restarts(config: Mapping[str, Any], spelled: Mapping[str, str]) -
 def replicas_refusal(name: str, config: Mapping[str, Any]) -> str | None:
     """Why services.<name> may not have more than one replica, or None. Each replica is its own program on the first
     node. One with no port shares the stack's network (nothing of its can collide: a second kind of Celery or RQ
-    consumer, a service with a healthcheck command); one with a port listens on it in a network of its own (the
-    stack's private network, one node), reached through the service's front on that port, in turn."""
+    consumer, a service with a healthcheck command); one with a port listens on it in a network of its own (beside
+    the stack's private network), reached through the service's front on that port, in turn (from the other nodes
+    through that front's relay)."""
     spec = config["services"][name]
     if name == config["main"]:
         return "it is main: it runs once and its end ends the stack"
@@ -220,9 +221,6 @@ def replicas_refusal(name: str, config: Mapping[str, Any]) -> str | None:
         return (f"it has port {spec['port']}: each replica listens on it in a network of its own, which needs "
                 "network.isolation: private (else they would share the node's one loopback, and its port); run one "
                 "copy, or write each copy as a service of its own on a port of its own")
-    if config["nodes"] > 1:
-        return (f"it has port {spec['port']}: replicas of a service with a port run with nodes: 1 (each in a network "
-                "of its own on the first node; not built for the other nodes' relays)")
     return None
 
 
