@@ -72,7 +72,9 @@ def relay_front(scratch: Path, name: str, published: Path, where: tuple[str, int
         raise AllocstackError("network", f"cannot relay the front of service {name} to {where[0]}: {exc}") from exc
     write_endpoint(published, listener.url(listening), token, "", tls=listener.tls is not None,
                    fingerprint=listener.fingerprint, service_port=port)
-    print(f"port_sockets: the front of {name} relayed to the other nodes on {listener.url(listening)}", flush=True)
+    # (stderr: its first line on stdout is "ready", which stack_network.py waits for)
+    print(f"port_sockets: the front of {name} relayed to the other nodes on {listener.url(listening)}",
+          file=sys.stderr, flush=True)
 
 
 def parse_args(argv: list[str] | None):

@@ -158,7 +158,8 @@ def start_helper(held: stacknet.Held, script: str, options: list[str], failed: s
     said = proc.stdout.readline().strip() if proc.stdout else ""
     if said != "ready":
         proc.kill()
-        raise AllocstackError("network", f"{failed} ({script} exited {proc.wait()})")
+        raise AllocstackError("network", f"{failed} ({script} exited {proc.wait()}"
+                                         f"{f' after it said {said!r}, not ready' if said else ''})")
     threading.Thread(target=echo, args=(proc,), daemon=True).start()
     return proc
 
