@@ -96,7 +96,6 @@ from allocstack.common.errors import DIAGNOSTICS, AllocstackError, report
 from allocstack.common.events import append_event
 from allocstack.common.jsonio import atomic_write_json
 from allocstack.common.listening import process_start
-from allocstack.common.network import plan_listener
 from allocstack.common.scratch import make_private, private_level
 from allocstack.launch import exposure, stacknet
 from allocstack.launch.portsockets import serve_replica_network, target
@@ -112,7 +111,7 @@ from allocstack.launch.program import (
 from allocstack.launch.restart import RestartPolicy, exhausted
 from allocstack.launch.restart import add_arguments as add_restart_arguments
 from allocstack.launch.supervise import Outcome, Supervised
-from allocstack.launch.tunnel import relay_key, relay_to_loopback
+from allocstack.launch.tunnel import relay_service
 
 #: Where the kernel takes the local ports of outgoing connections from (Linux; "32768 60999" by default).
 EPHEMERAL_RANGE = Path("/proc/sys/net/ipv4/ip_local_port_range")
@@ -254,13 +253,8 @@ def relay_for_other_nodes(args, name: str, port: int, token: str) -> tuple[str, 
         return None
     private_level(args.network_endpoint_file.parent, "prerequisite")
     args.network_endpoint_file.unlink(missing_ok=True)
-    listener = plan_listener(args.interface, args.address, args.no_tls, args.scratch / names.SERVICES, name)
-    try:
-        listening = relay_to_loopback(listener.address, listener.tls, port, relay_key(token),
-                                      stacknet.inbound_port(args.scratch, name))
-        return listener.url(listening), listener.fingerprint
-    except OSError as exc:
-        raise AllocstackError("network", f"cannot relay service {name} to {listener.address}: {exc}") from exc
+    return relay_service(args.interface, args.address, args.no_tls, args.scratch / names.SERVICES, name, port, token,
+                         stacknet.inbound_port(args.scratch, name))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -21,10 +21,9 @@ from allocstack.common.cli import ENDING_SIGNALS, ArgumentParser, run
 from allocstack.common.endpoint import shared_token, write_endpoint
 from allocstack.common.errors import EXIT_OK, AllocstackError, report
 from allocstack.common.loopsignals import ending_quietly
-from allocstack.common.network import plan_listener
 from allocstack.common.scratch import make_private, private_level
 from allocstack.launch import portsockets
-from allocstack.launch.tunnel import relay_key, relay_to_loopback
+from allocstack.launch.tunnel import relay_service
 
 
 def inbound(text: str) -> tuple[str, tuple[str, int]]:
@@ -65,16 +64,10 @@ def relay_front(scratch: Path, name: str, published: Path, where: tuple[str, int
     private_level(published.parent, "prerequisite")
     published.unlink(missing_ok=True)
     token = shared_token(services, name)
-    listener = plan_listener("", where[0], plain, services, name)
-    try:
-        listening = relay_to_loopback(listener.address, listener.tls, port, relay_key(token), where[1])
-    except OSError as exc:
-        raise AllocstackError("network", f"cannot relay the front of service {name} to {where[0]}: {exc}") from exc
-    write_endpoint(published, listener.url(listening), token, "", tls=listener.tls is not None,
-                   fingerprint=listener.fingerprint, service_port=port)
+    url, fingerprint = relay_service("", where[0], plain, services, name, port, token, where[1])
+    write_endpoint(published, url, token, "", tls=fingerprint is not None, fingerprint=fingerprint, service_port=port)
     # (stderr: its first line on stdout is "ready", which stack_network.py waits for)
-    print(f"port_sockets: the front of {name} relayed to the other nodes on {listener.url(listening)}",
-          file=sys.stderr, flush=True)
+    print(f"port_sockets: the front of {name} relayed to the other nodes on {url}", file=sys.stderr, flush=True)
 
 
 def parse_args(argv: list[str] | None):
@@ -90,7 +83,12 @@ def parse_args(argv: list[str] | None):
                         help="with more than one node: the front of service NAME (its --inbound listener and its "
                              "--front port) relayed to the other nodes over TLS, published in FILE (repeatable)")
     parser.add_argument("--no-tls", action="store_true", help="--relay in plain text (config network.tls: false)")
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    fronted, carried_in = {instances[0] for _, instances in args.front}, {name for name, _ in args.inbound}
+    for name, _ in args.relay:
+        if name not in fronted or name not in carried_in:
+            parser.error(f"--relay {name}=FILE needs --front PORT={name},... and --inbound {name}=ADDRESS:PORT")
+    return args
 
 
 def main(argv: list[str] | None = None) -> int:

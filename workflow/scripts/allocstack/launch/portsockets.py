@@ -13,8 +13,8 @@ and later); on the node itself, ``curl --unix-socket SCRATCH/ports/NAME.sock htt
 
 A service of more than one replica that listens runs each replica in a namespace of its own, on the service's own
 port there (allocstack/launch/stacknet.py). :func:`serve_front` is its port in the stack's namespace: each
-connection goes to the next replica in turn, through that replica's socket (``ports/NAME.sock``,
-``ports/NAME-replica-K.sock``), which :func:`serve_carrier` (its supervisor, in the replica's namespace) carries to
+connection goes to the next replica in turn, through that replica's socket (``ports/replica-NAME.sock``,
+``ports/replica-NAME-replica-K.sock``), which :func:`serve_carrier` (its supervisor, in the replica's namespace) carries to
 the port there. The carrier first connects to the replica's program and answers one byte (:data:`ACCEPTED`) once
 it has: a replica that is not listening (starting, restarting, ended) is then skipped for the next one, as a Unix
 socket would accept the connection whatever the program behind it does. Compose's own replicas are reached the same

@@ -156,6 +156,25 @@ def relay_to_loopback(address: str, context: ssl.SSLContext | None, target_port:
     return in_thread(listen)[1]
 
 
+def relay_service(interface: str, address: str, plain: bool, private_dir: Path, name: str, port: int, token: str,
+                  listen_port: int = 0) -> tuple[str, str | None]:
+    """Service ``name`` (``port`` on this namespace's loopback) relayed to the node's network address for the other
+    nodes (:func:`relay_to_loopback`, keyed with ``token``; ``listen_port``: the one the stack's gateway carries in,
+    0: any): its URL there and its certificate's fingerprint (None in plain text). A service's supervisor relays its
+    own (app_service.py); the stack's network job relays the front of a service's replicas (port_sockets.py).
+
+    :raises AllocstackError: ``network`` for a wrong address or one it cannot listen on.
+    """
+    from ..common.network import plan_listener
+
+    listener = plan_listener(interface, address, plain, private_dir, name)
+    try:
+        listening = relay_to_loopback(listener.address, listener.tls, port, relay_key(token), listen_port)
+    except OSError as exc:
+        raise AllocstackError("network", f"cannot relay service {name} to {listener.address}: {exc}") from exc
+    return listener.url(listening), listener.fingerprint
+
+
 async def pinned_connection(host: str, port: int, fingerprint: str,
                             context: ssl.SSLContext) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
     """A TLS connection to ``host:port`` whose certificate has SHA-256 ``fingerprint``.
