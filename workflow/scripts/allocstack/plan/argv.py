@@ -190,11 +190,9 @@ def network_space(plan: Plan, component: str, wildcards: dict[str, str]) -> str:
     """The network of its own a replica of a service that listens runs in, and its gate (:attr:`Plan.fronted`),
     by the replica's name; "" for the stack's."""
     service = wildcards.get("service", "")
-    if component in ("service", "service_gate"):
-        return plan.network_space(service)
-    if component in ("replica", "replica_gate"):
-        return plan.network_space(placement.replica_name(service, wildcards["replica"]))
-    return ""
+    if service not in plan.fronted or component not in ("service", "service_gate", "replica", "replica_gate"):
+        return ""
+    return placement.replica_name(service, wildcards["replica"]) if component.startswith("replica") else service
 
 
 def hosts_names(plan: Plan) -> list[str]:

@@ -225,12 +225,6 @@ class Plan:
         return {name: spec["port"] for name, spec in self.services.items()
                 if spec["replicas"] > 1 and isinstance(spec["port"], int)}
 
-    def network_space(self, service: str) -> str:
-        """The network of its own that ``service`` (a replica's name: ``NAME``, ``NAME-replica-K``) runs in, by that
-        name; "" for the stack's."""
-        base = service.rsplit("-replica-", 1)[0] if service not in self.services else service
-        return service if base in self.fronted else ""
-
     @property
     def replica_spaces(self) -> list[str]:
         """Every replica with a network of its own, by name: what the stack's network job makes beside its own."""
