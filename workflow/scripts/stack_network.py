@@ -106,21 +106,12 @@ def start_gateway(scratch: Path, listening: dict[str, socket.socket]) -> None:
     if not listening:
         return
 
-    def carry(name: str):
-        path = str(portsockets.socket_path(scratch, portsockets.inbound_name(name)))
-
-        async def accept(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-            await tunnel.relay(reader, writer, asyncio.ensure_future(asyncio.open_unix_connection(path)))
-
-        return accept
-
     async def listen() -> list[asyncio.Server]:
-        return [await asyncio.start_server(carry(name), sock=sock) for name, sock in listening.items()]
+        return [await asyncio.start_server(
+                    portsockets.to_socket(portsockets.socket_path(scratch, portsockets.inbound_name(name))), sock=sock)
+                for name, sock in listening.items()]
 
-    loop = asyncio.new_event_loop()
-    servers = loop.run_until_complete(listen())
-    threading.Thread(target=loop.run_forever, name="allocstack-gateway", daemon=True).start()
-    del servers  # they serve until this process ends
+    tunnel.serve_in_thread(listen, "allocstack-gateway")
 
 
 def start_pasta(pasta: str, holder: int, scratch: Path, template: tuple[str, str] | None,

@@ -37,14 +37,13 @@ import hashlib
 import itertools
 import os
 import stat
-import threading
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from urllib.parse import urlsplit
 
 from ..common import names
 from ..common.endpoint import LOOPBACK
-from .tunnel import relay
+from .tunnel import relay, serve_in_thread
 
 PORTS_DIR = names.PORTS
 COORDINATOR = names.COORDINATOR_PORT
@@ -223,15 +222,19 @@ async def serve_front(scratch: Path, port: int, instances: list[str]) -> asyncio
     return await asyncio.start_server(carry, LOOPBACK, port)
 
 
+def to_socket(path: Path) -> Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]:
+    """A server's handler: each connection carried to the Unix socket ``path`` (a published port's, a way in's)."""
+
+    async def carry(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await relay(reader, writer, asyncio.ensure_future(asyncio.open_unix_connection(str(path))))
+
+    return carry
+
+
 async def serve_forward(scratch: Path, name: str, port: int) -> asyncio.AbstractServer:
     """Service ``name`` in a replica's namespace: ``port`` on its loopback, each connection carried through the
     service's published socket (``ports/NAME.sock``) to where it listens in the stack's namespace."""
-
-    async def carry(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        path = str(socket_path(scratch, name))
-        await relay(reader, writer, asyncio.ensure_future(asyncio.open_unix_connection(path)))
-
-    return await asyncio.start_server(carry, LOOPBACK, port)
+    return await asyncio.start_server(to_socket(socket_path(scratch, name)), LOOPBACK, port)
 
 
 def serve_replica_network(scratch: Path, instance: str, port: int, forwards: dict[str, int]) -> None:
@@ -248,7 +251,4 @@ def serve_replica_network(scratch: Path, instance: str, port: int, forwards: dic
             servers.append(await serve_forward(scratch, name, at))
         return servers
 
-    loop = asyncio.new_event_loop()
-    servers = loop.run_until_complete(listen())
-    threading.Thread(target=loop.run_forever, name=f"allocstack-replica-{instance}", daemon=True).start()
-    del servers  # they serve until this process ends
+    serve_in_thread(listen, f"allocstack-replica-{instance}")

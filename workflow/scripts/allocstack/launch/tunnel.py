@@ -30,7 +30,9 @@ import socket
 import ssl
 import threading
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import TypeVar
 from urllib.parse import urlsplit
 
 from ..common.endpoint import read_endpoint, service_variables
@@ -40,6 +42,7 @@ from ..common.names import in_private_network
 from ..common.tls import certificate_matches, client_context
 
 CHUNK = 64 * 1024
+T = TypeVar("T")
 #: How long the relay waits for a connection's key before it closes it.
 KEY_SECONDS = 30.0
 
@@ -112,29 +115,30 @@ async def relay(reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
         upstream_writer.close()
 
 
-def in_thread(listen) -> tuple[asyncio.AbstractEventLoop, int]:
-    """Run the server that ``listen()`` (a coroutine function) starts in its own event loop, in a
-    daemon thread, for as long as this process runs; return the loop and the port it got.
+def serve_in_thread(listen: Callable[[], Awaitable[T]], name: str) -> tuple[asyncio.AbstractEventLoop, T]:
+    """Start what ``listen()`` (a coroutine function) starts (a server, servers) on an event loop of its own, then
+    run that loop in a daemon thread ``name`` for as long as this process runs; return the loop and what it
+    started.
+
+    :raises OSError: when it could not listen (in the caller, with its own reason).
+    """
+    loop = asyncio.new_event_loop()
+    try:
+        served = loop.run_until_complete(listen())
+    except BaseException:
+        loop.close()
+        raise
+    threading.Thread(target=loop.run_forever, name=name, daemon=True).start()
+    return loop, served
+
+
+def in_thread(listen: Callable[[], Awaitable[asyncio.AbstractServer]]) -> tuple[asyncio.AbstractEventLoop, int]:
+    """:func:`serve_in_thread` for one server: the loop and the port it got.
 
     :raises OSError: when it could not listen.
     """
-    loop = asyncio.new_event_loop()
-    started, port = threading.Event(), []
-
-    def run() -> None:
-        asyncio.set_event_loop(loop)
-        try:
-            server = loop.run_until_complete(listen())
-            port.append(server.sockets[0].getsockname()[1])
-        finally:
-            started.set()
-        loop.run_forever()
-
-    threading.Thread(target=run, name="allocstack-tunnel", daemon=True).start()
-    started.wait(30)
-    if not port:
-        raise OSError("the tunnel could not listen")
-    return loop, port[0]
+    loop, server = serve_in_thread(listen, "allocstack-tunnel")
+    return loop, server.sockets[0].getsockname()[1]
 
 
 def relay_to_loopback(address: str, context: ssl.SSLContext | None, target_port: int, key: bytes,
